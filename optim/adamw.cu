@@ -1,0 +1,135 @@
+// CUDA kernel of the fused AdamW update: one block per work chunk, 16-byte accesses, every
+// stream touched once (read-once loads and stores marked evict-first).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/error.h"
+#include "optim/adamw.h"
+
+namespace optim {
+
+namespace {
+
+constexpr int kUpdateThreads = 256;
+
+__device__ __forceinline__ void store_mirror4(__nv_bfloat16* dst, float4 w) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(w.x, w.y);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(w.z, w.w);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const unsigned int*>(&lo);
+  packed.y = *reinterpret_cast<const unsigned int*>(&hi);
+  __stcs(reinterpret_cast<uint2*>(dst), packed);
+}
+
+__device__ __forceinline__ void store_mirror4(__half* dst, float4 w) {
+  const __half2 lo = __floats2half2_rn(w.x, w.y);
+  const __half2 hi = __floats2half2_rn(w.z, w.w);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const unsigned int*>(&lo);
+  packed.y = *reinterpret_cast<const unsigned int*>(&hi);
+  __stcs(reinterpret_cast<uint2*>(dst), packed);
+}
+
+__device__ __forceinline__ __nv_bfloat16 to_mirror(float x, __nv_bfloat16*) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __half to_mirror(float x, __half*) { return __float2half_rn(x); }
+
+template <typename Half>
+__global__ void __launch_bounds__(kUpdateThreads)
+adamw_update_kernel(float* __restrict__ master, float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
+                    float* __restrict__ grad, Half* __restrict__ mirror, std::int64_t owned_begin,
+                    const WorkChunk* __restrict__ chunks, std::int64_t num_chunks,
+                    const Segment* __restrict__ segments, StepScalars* __restrict__ scalars, AdamWStepParams params) {
+  __shared__ AdamWElementParams shared_params;
+  __shared__ bool shared_skip;
+  __shared__ WorkChunk shared_chunk;
+  const bool has_chunk = blockIdx.x < num_chunks;
+  if (threadIdx.x == 0) {
+    // Every block derives clip, skip and bias correction from the step's statistics itself.
+    const bool skip = skips_step(params.policy, scalars->nonfinite);
+    shared_skip = skip;
+    if (has_chunk) {
+      const WorkChunk chunk = chunks[blockIdx.x];
+      const Segment seg = segments[chunk.segment];
+      const float clip = clip_coefficient(scalars->grad_sq_sum, params.max_norm);
+      shared_params = adamw_element_params(params, clip, scalars->step + 1, seg.lr_scale, seg.decay);
+      shared_chunk = chunk;
+    }
+  }
+  __syncthreads();
+
+  if (has_chunk) {
+    const WorkChunk chunk = shared_chunk;
+    const AdamWElementParams e = shared_params;
+    const std::int64_t local = chunk.offset - owned_begin;
+    float* w = master + local;
+    float* m = exp_avg + local;
+    float* v = exp_avg_sq + local;
+    float* g = grad + chunk.offset;
+    Half* out = mirror + chunk.offset;
+    const int vectors = chunk.length >> 2;
+    float4* g4 = reinterpret_cast<float4*>(g);
+    const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (shared_skip) {
+      for (int i = threadIdx.x; i < vectors; i += kUpdateThreads) __stcs(g4 + i, zero4);
+      for (int i = (vectors << 2) + threadIdx.x; i < chunk.length; i += kUpdateThreads) g[i] = 0.0f;
+    } else {
+      float4* w4 = reinterpret_cast<float4*>(w);
+      float4* m4 = reinterpret_cast<float4*>(m);
+      float4* v4 = reinterpret_cast<float4*>(v);
+      for (int i = threadIdx.x; i < vectors; i += kUpdateThreads) {
+        const float4 gi = __ldcs(g4 + i);
+        float4 wi = __ldcs(w4 + i);
+        float4 mi = __ldcs(m4 + i);
+        float4 vi = __ldcs(v4 + i);
+        adamw_element(wi.x, mi.x, vi.x, gi.x, e);
+        adamw_element(wi.y, mi.y, vi.y, gi.y, e);
+        adamw_element(wi.z, mi.z, vi.z, gi.z, e);
+        adamw_element(wi.w, mi.w, vi.w, gi.w, e);
+        __stcs(w4 + i, wi);
+        __stcs(m4 + i, mi);
+        __stcs(v4 + i, vi);
+        __stcs(g4 + i, zero4);
+        store_mirror4(out + 4 * i, wi);
+      }
+      for (int i = (vectors << 2) + threadIdx.x; i < chunk.length; i += kUpdateThreads) {
+        adamw_element(w[i], m[i], v[i], g[i], e);
+        out[i] = to_mirror(w[i], out);
+        g[i] = 0.0f;
+      }
+    }
+  }
+
+  // The last block to finish advances the step counters; every block has read them by then.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&scalars->update_arrivals, 1u) == gridDim.x - 1) {
+      if (shared_skip) {
+        ++scalars->skipped;
+      } else {
+        ++scalars->step;
+      }
+      scalars->update_arrivals = 0;
+    }
+  }
+}
+
+}  // namespace
+
+void launch_adamw_update(const AdamWBuffers& b, const WorkChunk* chunks, std::int64_t num_chunks,
+                         const Segment* segments, StepScalars* scalars, const AdamWStepParams& params,
+                         cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned int>(num_chunks > 0 ? num_chunks : 1);
+  if (b.mirror_dtype == core::DType::bf16) {
+    adamw_update_kernel<<<blocks, kUpdateThreads, 0, stream>>>(b.master, b.exp_avg, b.exp_avg_sq, b.grad,
+                                                               static_cast<__nv_bfloat16*>(b.mirror), b.owned_begin,
+                                                               chunks, num_chunks, segments, scalars, params);
+  } else {
+    adamw_update_kernel<<<blocks, kUpdateThreads, 0, stream>>>(b.master, b.exp_avg, b.exp_avg_sq, b.grad,
+                                                               static_cast<__half*>(b.mirror), b.owned_begin, chunks,
+                                                               num_chunks, segments, scalars, params);
+  }
+  CUDA_CHECK_LAUNCH("adamw_update_kernel");
+}
+
+}  // namespace optim

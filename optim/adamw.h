@@ -1,0 +1,44 @@
+// Fused multi-tensor AdamW over the slab: fp32 master, exp_avg (m) and exp_avg_sq (v) for the
+// owned range; one statistics launch and one update launch per step whatever the number of
+// tensors (optimizer.h describes the step).
+#pragma once
+
+#include "optim/adamw_math.h"
+#include "optim/optimizer.h"
+
+namespace optim {
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context,
+        std::int64_t chunk_elements = kDefaultChunkElements);
+
+  std::vector<StateBuffer> state_buffers() override;
+  core::Buffer& exp_avg() { return exp_avg_; }
+  core::Buffer& exp_avg_sq() { return exp_avg_sq_; }
+
+ private:
+  void update(double lr) override;
+  void update_cpu(const AdamWStepParams& params);
+
+  core::Buffer exp_avg_;
+  core::Buffer exp_avg_sq_;
+};
+
+// Arguments of the update launch: buffers by their base pointers; master and state cover the
+// owned range starting at global index `owned_begin`, grad and mirror the whole slab.
+struct AdamWBuffers {
+  float* master;
+  float* exp_avg;
+  float* exp_avg_sq;
+  float* grad;
+  void* mirror;
+  core::DType mirror_dtype;
+  std::int64_t owned_begin;
+};
+
+void launch_adamw_update(const AdamWBuffers& buffers, const WorkChunk* chunks, std::int64_t num_chunks,
+                         const Segment* segments, StepScalars* scalars, const AdamWStepParams& params,
+                         cudaStream_t stream);
+
+}  // namespace optim

@@ -1,0 +1,91 @@
+#include "optim/optimizer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "optim/adamw.h"
+#include "optim/grad_stats.h"
+
+namespace optim {
+
+Optimizer::Optimizer(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context,
+                     std::int64_t chunk_elements)
+    : config_(config), slab_(slab), context_(context) {
+  validate(config_, "optimizer config");
+  if (!(slab.device() == context.device())) {
+    throw core::Error("optimizer: slab lives on " + slab.device().str() + " but the context is " +
+                      context.device().str());
+  }
+  chunks_ = make_work_chunks(slab.segments(), chunk_elements);
+  const core::Device device = context.device();
+  scalars_ = core::Buffer(device, sizeof(StepScalars));
+  if (on_cuda()) {
+    chunk_table_ = core::Buffer(device, chunks_.size() * sizeof(WorkChunk));
+    core::copy_bytes(chunk_table_.data(), chunks_.data(), chunk_table_.bytes(), context.stream());
+    const auto blocks = static_cast<std::size_t>(grad_stats_blocks(num_chunks()));
+    partial_sums_ = core::Buffer(device, blocks * sizeof(double));
+    partial_counts_ = core::Buffer(device, blocks * sizeof(unsigned long long));
+    report_ = core::Buffer(core::Device::cpu(), sizeof(StepScalars), /*pinned=*/true);
+    *report_.as<StepScalars>() = StepScalars{};
+    const StepScalars initial{};
+    core::copy_bytes(scalars_.data(), &initial, sizeof(initial), context.stream());
+    CUDA_CHECK(cudaEventCreateWithFlags(&report_ready_, cudaEventDisableTiming));
+    context.synchronize();
+  } else {
+    *scalars() = StepScalars{};
+  }
+}
+
+Optimizer::~Optimizer() {
+  if (report_ready_) (void)cudaEventDestroy(report_ready_);
+}
+
+const WorkChunk* Optimizer::chunk_table() const {
+  return on_cuda() ? chunk_table_.as<WorkChunk>() : chunks_.data();
+}
+
+core::Buffer Optimizer::make_state(core::DType dtype) const {
+  core::Buffer b(context_.device(), static_cast<std::size_t>(slab_.owned().size()) * core::dtype_size(dtype));
+  b.fill_bytes(0, context_.stream());
+  return b;
+}
+
+void Optimizer::step(double lr) {
+  if (!std::isfinite(lr) || lr < 0) throw core::Error("optimizer step: learning rate must be finite and >= 0");
+  const float* grad = slab_.grad().as<float>();
+  if (on_cuda()) {
+    launch_grad_stats(grad, chunk_table(), num_chunks(), partial_sums_.as<double>(),
+                      partial_counts_.as<unsigned long long>(), scalars(), context_.stream());
+    update(lr);
+    core::copy_bytes(report_.data(), scalars_.data(), sizeof(StepScalars), context_.stream());
+    CUDA_CHECK(cudaEventRecord(report_ready_, context_.stream()));
+  } else {
+    grad_stats_cpu(grad, chunks_.data(), num_chunks(), *scalars());
+    update(lr);
+  }
+}
+
+StepReport Optimizer::report() {
+  StepScalars s;
+  if (on_cuda()) {
+    CUDA_CHECK(cudaEventSynchronize(report_ready_));
+    s = *report_.as<StepScalars>();
+  } else {
+    s = *scalars();
+  }
+  StepReport r;
+  r.step = s.step;
+  r.skipped_steps = s.skipped;
+  r.grad_norm = std::sqrt(s.grad_sq_sum);
+  r.nonfinite = s.nonfinite;
+  r.skipped = skips_step(config_.nonfinite, s.nonfinite);
+  return r;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, Slab& slab,
+                                          const core::DeviceContext& context, std::int64_t chunk_elements) {
+  if (config.type == "adamw") return std::make_unique<AdamW>(config, slab, context, chunk_elements);
+  throw core::InputError("optimizer.type: unknown optimizer '" + config.type + "' (expected adamw)");
+}
+
+}  // namespace optim

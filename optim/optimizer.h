@@ -1,0 +1,85 @@
+// The interface the trainer drives: an optimizer made from a config section and a slab, with
+// step(lr) doing the whole step for the slab range this rank owns:
+//   1. gradient statistics (sum of squares, non-finite count)  -- one launch
+//   2. update: clip derived on the device, master + state update, mirror write, grads zeroed
+//      -- one launch
+// On cuda a step allocates nothing, never waits for the device and can be captured in a CUDA
+// graph; the host learns the step's statistics when it asks for report(). On cpu the same
+// semantics run as plain C++ (the reference the GPU kernels are tested against).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/buffer.h"
+#include "core/device.h"
+#include "optim/optimizer_config.h"
+#include "optim/segments.h"
+#include "optim/slab.h"
+#include "optim/step_scalars.h"
+
+namespace optim {
+
+// A buffer of optimizer state covering the slab's owned range, e.g. AdamW's exp_avg.
+struct StateBuffer {
+  std::string name;
+  core::DType dtype;
+  core::Buffer* buffer;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  void step(double lr);
+
+  // Statistics of the most recent step (blocks until it has finished on the device).
+  StepReport report();
+
+  const OptimizerConfig& config() const { return config_; }
+  Slab& slab() { return slab_; }
+  virtual std::vector<StateBuffer> state_buffers() = 0;
+
+  // Work chunk size used by both launches (elements).
+  static constexpr std::int64_t kDefaultChunkElements = 16384;
+
+ protected:
+  Optimizer(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context,
+            std::int64_t chunk_elements);
+
+  // The update launch (cuda) or loop (cpu), after the statistics are in scalars().
+  virtual void update(double lr) = 0;
+
+  StepScalars* scalars() { return scalars_.as<StepScalars>(); }  // device memory on cuda
+  const WorkChunk* chunk_table() const;                         // device memory on cuda
+  std::int64_t num_chunks() const { return static_cast<std::int64_t>(chunks_.size()); }
+  const std::vector<WorkChunk>& chunks() const { return chunks_; }
+  const core::DeviceContext& context() const { return context_; }
+  bool on_cuda() const { return context_.is_cuda(); }
+  // Zero-initialised state buffer of `dtype` covering the owned range.
+  core::Buffer make_state(core::DType dtype) const;
+
+  OptimizerConfig config_;
+  Slab& slab_;
+
+ private:
+  const core::DeviceContext& context_;
+  std::vector<WorkChunk> chunks_;
+  core::Buffer chunk_table_;      // device copy of chunks_
+  core::Buffer scalars_;          // StepScalars (device on cuda)
+  core::Buffer partial_sums_;     // grad-stats partials (cuda)
+  core::Buffer partial_counts_;
+  core::Buffer report_;           // pinned host copy of the scalars after a step (cuda)
+  cudaEvent_t report_ready_ = nullptr;
+};
+
+// Builds the optimizer named by config.type over `slab`. Throws core::InputError for an unknown type.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, Slab& slab,
+                                          const core::DeviceContext& context,
+                                          std::int64_t chunk_elements = Optimizer::kDefaultChunkElements);
+
+}  // namespace optim

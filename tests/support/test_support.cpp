@@ -1,0 +1,83 @@
+#include "support/test_support.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace test {
+
+std::uint64_t fresh_seed() {
+  std::uint64_t seed = 0;
+  if (const char* fixed = std::getenv("LLMTRAIN_TEST_SEED")) {
+    seed = std::strtoull(fixed, nullptr, 10);
+  } else {
+    seed = static_cast<std::uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count()) ^
+           std::random_device{}();
+  }
+  std::printf("[ seed     ] LLMTRAIN_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
+  return seed;
+}
+
+std::vector<float> random_normal(std::mt19937_64& rng, std::size_t n, float scale) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> out(n);
+  for (float& x : out) x = dist(rng);
+  return out;
+}
+
+std::vector<optim::ParamSpec> random_specs(std::mt19937_64& rng, int count, std::int64_t max_numel) {
+  static const std::int64_t awkward[] = {0, 1, 2, 3, 5, 7, 63, 64, 65, 127, 255, 256, 257, 1000, 1023, 4097};
+  std::vector<optim::ParamSpec> specs;
+  std::uniform_int_distribution<int> pick(0, 9);
+  for (int i = 0; i < count; ++i) {
+    optim::ParamSpec s;
+    s.name = "p" + std::to_string(i);
+    const int kind = pick(rng);
+    if (kind < 4) {
+      s.shape = {awkward[std::uniform_int_distribution<std::size_t>(0, std::size(awkward) - 1)(rng)]};
+    } else if (kind < 7) {
+      const std::int64_t rows = std::uniform_int_distribution<std::int64_t>(1, 97)(rng);
+      const std::int64_t cols = std::uniform_int_distribution<std::int64_t>(1, std::max<std::int64_t>(1, max_numel / rows))(rng);
+      s.shape = {rows, cols};
+    } else {
+      s.shape = {std::uniform_int_distribution<std::int64_t>(1, max_numel)(rng)};
+    }
+    s.decay = pick(rng) < 7;
+    s.lr_scale = pick(rng) < 8 ? 1.0f : 0.25f * static_cast<float>(pick(rng) + 1);
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+::testing::AssertionResult all_close(const std::vector<float>& actual, const std::vector<float>& expected,
+                                     double rtol, double atol) {
+  if (actual.size() != expected.size()) {
+    return ::testing::AssertionFailure() << "size " << actual.size() << " != expected " << expected.size();
+  }
+  std::size_t bad = 0, worst = 0;
+  double worst_excess = -1;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    const double a = actual[i], b = expected[i];
+    const double limit = rtol * std::fabs(b) + atol;
+    const double err = std::fabs(a - b);
+    const bool ok = (std::isnan(a) && std::isnan(b)) || (a == b) || err <= limit;
+    if (!ok) {
+      ++bad;
+      const double excess = std::isfinite(err) ? err / (limit > 0 ? limit : 1e-300) : 1e300;
+      if (excess > worst_excess) {
+        worst_excess = excess;
+        worst = i;
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  std::ostringstream os;
+  os.precision(9);
+  os << bad << " of " << actual.size() << " elements differ (rtol " << rtol << ", atol " << atol << "); worst at ["
+     << worst << "]: " << actual[worst] << " vs expected " << expected[worst];
+  return ::testing::AssertionFailure() << os.str();
+}
+
+}  // namespace test

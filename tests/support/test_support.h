@@ -1,0 +1,68 @@
+// Helpers shared by the test suites: fresh random data, random parameter lists, closeness checks
+// that report the worst element, and the GPU-availability guard.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/buffer.h"
+#include "core/device.h"
+#include "optim/param_spec.h"
+
+namespace test {
+
+// A seed that differs on every run (fresh inputs), printed so a failure can be replayed with
+// LLMTRAIN_TEST_SEED=<seed>.
+std::uint64_t fresh_seed();
+
+// Values from N(0, scale^2).
+std::vector<float> random_normal(std::mt19937_64& rng, std::size_t n, float scale = 1.0f);
+
+// A random list of parameters with awkward sizes: empty, one element, primes, non-multiples of
+// 4/64/256, 1-D and 2-D, some without decay, some with lr scales.
+std::vector<optim::ParamSpec> random_specs(std::mt19937_64& rng, int count, std::int64_t max_numel = 5000);
+
+// Copies between host vectors and (host or device) buffers.
+template <typename T>
+std::vector<T> to_host(const core::Buffer& buffer) {
+  std::vector<T> out(buffer.bytes() / sizeof(T));
+  if (buffer.kind() == core::MemoryKind::device) {
+    if (!out.empty()) {
+      const cudaError_t e = cudaMemcpy(out.data(), buffer.data(), buffer.bytes(), cudaMemcpyDeviceToHost);
+      if (e != cudaSuccess) throw std::runtime_error(std::string("cudaMemcpy to host: ") + cudaGetErrorString(e));
+    }
+  } else if (!out.empty()) {
+    std::memcpy(out.data(), buffer.data(), buffer.bytes());
+  }
+  return out;
+}
+
+template <typename T>
+void from_host(core::Buffer& buffer, const std::vector<T>& values) {
+  if (values.size() * sizeof(T) != buffer.bytes()) throw std::runtime_error("from_host: size mismatch");
+  if (values.empty()) return;
+  if (buffer.kind() == core::MemoryKind::device) {
+    const cudaError_t e = cudaMemcpy(buffer.data(), values.data(), buffer.bytes(), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) throw std::runtime_error(std::string("cudaMemcpy to device: ") + cudaGetErrorString(e));
+  } else {
+    std::memcpy(buffer.data(), values.data(), buffer.bytes());
+  }
+}
+
+// Every element satisfies |a - b| <= rtol * |b| + atol; on failure names the worst element.
+::testing::AssertionResult all_close(const std::vector<float>& actual, const std::vector<float>& expected,
+                                     double rtol, double atol);
+
+}  // namespace test
+
+// Skips the current test, with the reason, when no CUDA device is usable.
+#define REQUIRE_GPU()                                                                              \
+  do {                                                                                             \
+    if (::core::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device available (no driver or no GPU)"; \
+  } while (0)
