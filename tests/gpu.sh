@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Everything the GPU machine runs in one go: configure + build with all cores, the gpu (and cpu)
+# tests, the fixture generators, and the benchmarks with their PyTorch peers.
+# Logs and results go to $OUT (default ./gpu-out). Usage: tests/gpu.sh [build|test|fixtures|bench]...
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(build fixtures test bench)
+status=0
+
+run_step() {
+  case "$1" in
+    build)
+      nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+      cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/configure.log" 2>&1 &&
+        cmake --build build -j"$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log" "$OUT/configure.log"; return 1; }
+      ;;
+    fixtures)
+      python3 tests/fixtures/make_adamw_golden.py && cp tests/fixtures/adamw_golden.json "$OUT/"
+      ;;
+    test)
+      (cd build && ctest -L 'gpu|cpu' --output-on-failure --timeout 900) > "$OUT/ctest.log" 2>&1
+      local rc=$?
+      grep -E "tests passed|tests failed|Failed|SKIPPED|\*\*\*" "$OUT/ctest.log" | tail -20
+      return $rc
+      ;;
+    bench)
+      build/bench/optimizer_bench > "$OUT/adamw_ours.json" 2> "$OUT/adamw_ours.err" || { cat "$OUT/adamw_ours.err"; return 1; }
+      python3 bench/peer_adamw.py > "$OUT/adamw_peer.json" 2> "$OUT/adamw_peer.err" || { tail "$OUT/adamw_peer.err"; return 1; }
+      python3 bench/record.py "$OUT/adamw_ours.json" "$OUT/adamw_peer.json" "$OUT/optimizers.jsonl" --commit "$COMMIT"
+      cat "$OUT/adamw_ours.json"
+      ;;
+    *) echo "unknown step $1"; return 2 ;;
+  esac
+}
+
+for s in "${steps[@]}"; do
+  echo "=== $s"
+  start=$(date +%s)
+  run_step "$s" || { echo "step $s FAILED"; status=1; }
+  echo "=== $s took $(( $(date +%s) - start )) s"
+done
+exit $status
