@@ -14,9 +14,9 @@ status=0
 run_step() {
   case "$1" in
     build)
-      nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-      cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/configure.log" 2>&1 &&
-        cmake --build build -j"$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log" "$OUT/configure.log"; return 1; }
+      nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv
+      { cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build -j"$(nproc)"; } \
+        > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; return 1; }
       ;;
     fixtures)
       python3 tests/fixtures/make_adamw_golden.py && cp tests/fixtures/adamw_golden.json "$OUT/"
@@ -28,8 +28,8 @@ run_step() {
       return $rc
       ;;
     bench)
-      build/bench/optimizer_bench > "$OUT/adamw_ours.json" 2> "$OUT/adamw_ours.err" || { cat "$OUT/adamw_ours.err"; return 1; }
-      python3 bench/peer_adamw.py > "$OUT/adamw_peer.json" 2> "$OUT/adamw_peer.err" || { tail "$OUT/adamw_peer.err"; return 1; }
+      build/bench/optimizer_bench > "$OUT/adamw_ours.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
+      python3 bench/peer_adamw.py > "$OUT/adamw_peer.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
       python3 bench/record.py "$OUT/adamw_ours.json" "$OUT/adamw_peer.json" "$OUT/optimizers.jsonl" --commit "$COMMIT"
       cat "$OUT/adamw_ours.json"
       ;;

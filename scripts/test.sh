@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command: installs missing dependencies, builds (release preset) and runs every test.
+# Tests labelled gpu skip, saying why, on a machine without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+export PATH="$PATH:/usr/local/cuda/bin"
+cmake --preset release
+cmake --build --preset release -j"$(nproc)"
+ctest --preset release -j"$(nproc)"
