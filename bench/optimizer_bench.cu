@@ -1,10 +1,11 @@
-// Benchmark of the fused AdamW step (statistics + update + mirror + grad zeroing) on the
+// Benchmark of a fused optimizer step (statistics + update + mirror + grad zeroing) on the
 // Qwen3-0.6B parameter list, fp32 gradients. Prints one JSON object with the median step time,
 // achieved bandwidth at the bytes the step must move, and the device-to-device copy bandwidth
-// measured in the same run. The PyTorch peer is bench/peer_adamw.py; bench/record.py joins them.
+// measured in the same run. PyTorch peers are bench/peer_*.py; bench/record.py joins them.
 //
-// Bytes per element: stats read g (4); update reads g, w, m, v (16), writes w, m, v, g=0 (16)
-// and the bf16 mirror (2): 38 B.
+// Bytes per element the step must move (bf16 mirror):
+//   adamw:     stats read g (4); update reads g, w, m, v (16), writes w, m, v, g=0 (16), mirror (2): 38
+//   adamw8bit: as adamw with 1-byte m and v (+ 2 fp32 scales per 256 elements): 26 + 2/32
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -16,7 +17,7 @@
 #include "bench/qwen3_params.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 
 namespace {
 
@@ -31,6 +32,13 @@ void fill(core::Buffer& b, std::uint64_t seed, float scale, cudaStream_t stream)
   const auto n = static_cast<std::int64_t>(b.bytes() / sizeof(float));
   fill_normal<<<4096, 256, 0, stream>>>(b.as<float>(), n, seed, scale);
   CUDA_CHECK_LAUNCH("fill_normal");
+}
+
+// Bytes per parameter element a step must move at least (see the header comment).
+double step_bytes_per_element(const std::string& type, const optim::SlabLayout& layout) {
+  if (type == "adamw") return 38.0;
+  if (type == "adamw8bit") return 26.0 + 2.0 * 4.0 * 2.0 / 256.0;
+  throw core::Error("no byte count for optimizer type '" + type + "'");
 }
 
 double median(std::vector<double> v) {
@@ -74,8 +82,10 @@ double copy_bandwidth_gbps(const core::DeviceContext& ctx, std::size_t bytes, in
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Fused AdamW step benchmark (Qwen3-0.6B parameter list)"};
+  CLI::App app{"Fused optimizer step benchmark (Qwen3-0.6B parameter list)"};
   int warmup = 5, reps = 30;
+  std::string type = "adamw";
+  app.add_option("--optimizer", type, "adamw | adamw8bit | adafactor");
   std::vector<std::int64_t> chunks = {4096, 16384, 65536};
   app.add_option("--warmup", warmup, "untimed steps");
   app.add_option("--reps", reps, "timed steps (median reported)");
@@ -90,11 +100,13 @@ int main(int argc, char** argv) {
     core::DeviceContext ctx(core::Device::cuda(0));
     const optim::SlabLayout layout(bench::qwen3_0_6b_params(), 1);
     const auto elements = layout.parameter_count();
-    const double bytes = 38.0 * static_cast<double>(elements);
+    const double bytes_per_element = step_bytes_per_element(type, layout);
+    const double bytes = bytes_per_element * static_cast<double>(elements);
     const double copy_gbps = copy_bandwidth_gbps(ctx, std::size_t{4} << 30, 20);
 
     optim::OptimizerConfig config;
-    config.lr = 3e-4;
+    config.type = type;
+    config.lr = type == "adafactor" ? 1e-2 : 3e-4;
     config.beta1 = 0.9;
     config.beta2 = 0.95;
     config.weight_decay = 0.1;
@@ -104,19 +116,19 @@ int main(int argc, char** argv) {
     std::int64_t best_chunk = 0;
     for (std::int64_t chunk : chunks) {
       optim::Slab slab(layout, ctx);
-      optim::AdamW adamw(config, slab, ctx, chunk);
+      const auto optimizer = optim::make_optimizer(config, slab, ctx, chunk);
       fill(slab.master(), 1, 0.02f, ctx.stream());
       Timer t;
       std::vector<double> ms;
       for (int i = 0; i < warmup + reps; ++i) {
         fill(slab.grad(), 100 + static_cast<std::uint64_t>(i), 1e-3f, ctx.stream());  // fresh, untimed
         CUDA_CHECK(cudaEventRecord(t.start, ctx.stream()));
-        adamw.step(config.lr);
+        optimizer->step(config.lr);
         CUDA_CHECK(cudaEventRecord(t.stop, ctx.stream()));
         const double e = t.elapsed_ms();
         if (i >= warmup) ms.push_back(e);
       }
-      const auto report = adamw.report();
+      const auto report = optimizer->report();
       if (report.step != warmup + reps) throw core::Error("benchmark steps were skipped");
       const double med = median(ms);
       sweep.push_back({{"chunk_elements", chunk}, {"ms", med}, {"gbps", bytes / (med * 1e-3) / 1e9}});
@@ -126,18 +138,17 @@ int main(int argc, char** argv) {
       }
     }
     nlohmann::json out = {
-        {"bench", "adamw_step"},
+        {"bench", type + "_step"},
         {"device", ctx.device_name()},
         {"params", "qwen3-0.6b"},
         {"tensors", layout.tensors().size()},
         {"elements", elements},
         {"ours_ms", best_ms},
         {"chunk_elements", best_chunk},
-        {"bytes_per_element", 38},
+        {"bytes_per_element", bytes_per_element},
         {"gbps", bytes / (best_ms * 1e-3) / 1e9},
         {"copy_gbps", copy_gbps},
         {"fraction_of_copy", bytes / (best_ms * 1e-3) / 1e9 / copy_gbps},
-        {"launches_per_step", 2},
         {"sweep", sweep},
     };
     std::printf("%s\n", out.dump().c_str());

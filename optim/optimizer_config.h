@@ -2,6 +2,8 @@
 // as PyTorch keeps them, and rounded to fp32 only where the element formulas use them.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include <yaml-cpp/yaml.h>
@@ -10,23 +12,63 @@
 
 namespace optim {
 
+// How adamw8bit encodes its moments (docs/optimizers.md explains both).
+enum class Quantization {
+  companded,  // m: sign + square-root code; v: fourth-root code; stochastic rounding (default)
+  linear,     // m and v: signed int8, per-block absmax, round to nearest (the baseline scheme)
+};
+
+// Where Adafactor's eps1 enters the second-moment estimate.
+enum class Eps1Mode {
+  add,    // statistics of g*g + eps1 (the paper, Hugging Face)
+  clamp,  // statistics of g*g; the row mean is clamped at eps1 and V at eps1^2 (torch.optim.Adafactor)
+};
+
+// What Adafactor's decoupled weight decay is multiplied by.
+enum class DecayScale {
+  lr,     // the step's learning rate: w *= 1 - lr*wd (torch.optim.Adafactor, AdamW)
+  alpha,  // the relative step size incl. parameter scale: w -= alpha*wd*w (Hugging Face)
+};
+
+struct AdamW8bitConfig {
+  std::int64_t min_8bit_size = 4096;  // tensors with fewer elements keep fp32 state
+  Quantization quantization = Quantization::companded;
+};
+
+struct AdafactorConfig {
+  double eps1 = 1e-30;
+  double eps2 = 1e-3;
+  double clip_threshold = 1.0;
+  double decay_rate = -0.8;
+  std::optional<double> beta1;  // first moment off unless set
+  bool relative_step = true;    // step size min(lr, 1/sqrt(t)) (min(1e-6 t, 1/sqrt(t)) with warmup_init)
+  bool scale_parameter = true;  // multiply the step size by max(eps2, rms(w))
+  bool warmup_init = false;
+  Eps1Mode eps1_mode = Eps1Mode::add;
+  DecayScale decay_scale = DecayScale::lr;
+};
+
 struct OptimizerConfig {
-  std::string type = "adamw";
+  std::string type = "adamw";  // adamw | adamw8bit | adafactor
   double lr = 3e-4;            // peak learning rate (a schedule scales it per step)
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
+  double beta1 = 0.9;          // adamw, adamw8bit
+  double beta2 = 0.95;         // adamw, adamw8bit
+  double eps = 1e-8;           // adamw, adamw8bit
   double weight_decay = 0.1;   // decoupled; applied only to tensors with decay
   double grad_clip = 1.0;      // max global L2 norm of the gradients; 0 disables clipping
   NonFinitePolicy nonfinite = NonFinitePolicy::skip_step;
+  AdamW8bitConfig adamw8bit;
+  AdafactorConfig adafactor;
 };
 
 // Throws core::InputError naming `where` and the key when a value is out of range.
 void validate(const OptimizerConfig& config, const std::string& where);
 
-// Reads an `optimizer:` mapping (keys: type, lr, betas, eps, weight_decay, grad_clip, nonfinite).
-// Unknown keys, wrong types and out-of-range values throw core::InputError naming `file`,
-// the line and the key.
+// Reads an `optimizer:` mapping. Keys: type, lr, betas, eps, weight_decay, grad_clip, nonfinite;
+// adamw8bit: min_8bit_size, quantization; adafactor: eps1, eps2, clip_threshold, decay_rate,
+// beta1, relative_step, scale_parameter, warmup_init, eps1_mode, decay_scale.
+// Unknown keys, keys of another optimizer type, wrong types and out-of-range values throw
+// core::InputError naming `file`, the line and the key.
 OptimizerConfig optimizer_config_from_yaml(const YAML::Node& node, const std::string& file);
 
 const char* nonfinite_policy_name(NonFinitePolicy policy);
