@@ -6,6 +6,8 @@
 // Bytes per element the step must move (bf16 mirror):
 //   adamw:     stats read g (4); update reads g, w, m, v (16), writes w, m, v, g=0 (16), mirror (2): 38
 //   adamw8bit: as adamw with 1-byte m and v (+ 2 fp32 scales per 256 elements): 26 + 2/32
+//   adafactor: g read 3 times (row/column statistics, sum of U*U, update), w read twice and
+//              written once, mirror 2, g=0 4: 30 (ours reads g once more for the global norm: 34)
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -38,6 +40,7 @@ void fill(core::Buffer& b, std::uint64_t seed, float scale, cudaStream_t stream)
 double step_bytes_per_element(const std::string& type, const optim::SlabLayout& layout) {
   if (type == "adamw") return 38.0;
   if (type == "adamw8bit") return 26.0 + 2.0 * 4.0 * 2.0 / 256.0;
+  if (type == "adafactor") return 30.0;
   throw core::Error("no byte count for optimizer type '" + type + "'");
 }
 
@@ -98,7 +101,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     core::DeviceContext ctx(core::Device::cuda(0));
-    const optim::SlabLayout layout(bench::qwen3_0_6b_params(), 1);
+    auto specs = bench::qwen3_0_6b_params();
+    if (type == "adafactor") {
+      for (auto& spec : specs) spec.factored = spec.shape.size() == 2;
+    }
+    const optim::SlabLayout layout(specs, 1);
     const auto elements = layout.parameter_count();
     const double bytes_per_element = step_bytes_per_element(type, layout);
     const double bytes = bytes_per_element * static_cast<double>(elements);
@@ -128,10 +135,33 @@ int main(int argc, char** argv) {
         const double e = t.elapsed_ms();
         if (i >= warmup) ms.push_back(e);
       }
+      // Where the time goes: each phase timed alone (same fresh-gradient protocol).
+      const int phases = optimizer->phase_count();
+      std::vector<cudaEvent_t> marks(static_cast<std::size_t>(phases) + 1);
+      for (auto& m : marks) CUDA_CHECK(cudaEventCreate(&m));
+      std::vector<std::vector<double>> phase_ms(static_cast<std::size_t>(phases));
+      for (int i = 0; i < reps; ++i) {
+        fill(slab.grad(), 1000 + static_cast<std::uint64_t>(i), 1e-3f, ctx.stream());
+        CUDA_CHECK(cudaEventRecord(marks[0], ctx.stream()));
+        for (int p = 0; p < phases; ++p) {
+          optimizer->run_phase(p, config.lr);
+          CUDA_CHECK(cudaEventRecord(marks[static_cast<std::size_t>(p) + 1], ctx.stream()));
+        }
+        CUDA_CHECK(cudaEventSynchronize(marks.back()));
+        for (int p = 0; p < phases; ++p) {
+          float e = 0;
+          CUDA_CHECK(cudaEventElapsedTime(&e, marks[static_cast<std::size_t>(p)], marks[static_cast<std::size_t>(p) + 1]));
+          phase_ms[static_cast<std::size_t>(p)].push_back(e);
+        }
+      }
+      for (auto& m : marks) CUDA_CHECK(cudaEventDestroy(m));
+      nlohmann::json phase_medians = nlohmann::json::array();
+      for (auto& v : phase_ms) phase_medians.push_back(median(v));
       const auto report = optimizer->report();
-      if (report.step != warmup + reps) throw core::Error("benchmark steps were skipped");
+      if (report.step != warmup + 2 * reps) throw core::Error("benchmark steps were skipped");
       const double med = median(ms);
-      sweep.push_back({{"chunk_elements", chunk}, {"ms", med}, {"gbps", bytes / (med * 1e-3) / 1e9}});
+      sweep.push_back({{"chunk_elements", chunk}, {"ms", med}, {"gbps", bytes / (med * 1e-3) / 1e9},
+                       {"phase_ms", phase_medians}});
       if (med < best_ms) {
         best_ms = med;
         best_chunk = chunk;

@@ -7,12 +7,13 @@
 
 namespace core {
 
-enum class DType : std::uint8_t { f32, f64, bf16, f16, i8, u8, i32, u32, i64, u16 };
+enum class DType : std::uint8_t { f32, f64, bf16, f16, i8, u8, i32, u32, i64, u64, u16 };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::f64:
-    case DType::i64: return 8;
+    case DType::i64:
+    case DType::u64: return 8;
     case DType::f32:
     case DType::i32:
     case DType::u32: return 4;
@@ -36,6 +37,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::i32: return "i32";
     case DType::u32: return "u32";
     case DType::i64: return "i64";
+    case DType::u64: return "u64";
     case DType::u16: return "u16";
   }
   return "?";
@@ -50,5 +52,6 @@ template <> struct dtype_of<std::uint8_t> { static constexpr DType value = DType
 template <> struct dtype_of<std::int32_t> { static constexpr DType value = DType::i32; };
 template <> struct dtype_of<std::uint32_t> { static constexpr DType value = DType::u32; };
 template <> struct dtype_of<std::int64_t> { static constexpr DType value = DType::i64; };
+template <> struct dtype_of<std::uint64_t> { static constexpr DType value = DType::u64; };
 
 }  // namespace core

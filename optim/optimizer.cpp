@@ -3,7 +3,9 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "optim/adafactor.h"
 #include "optim/adamw.h"
+#include "optim/adamw8bit.h"
 #include "optim/grad_stats.h"
 
 namespace optim {
@@ -51,18 +53,41 @@ core::Buffer Optimizer::make_state(core::DType dtype) const {
 }
 
 void Optimizer::step(double lr) {
-  if (!std::isfinite(lr) || lr < 0) throw core::Error("optimizer step: learning rate must be finite and >= 0");
-  const float* grad = slab_.grad().as<float>();
-  if (on_cuda()) {
-    launch_grad_stats(grad, chunk_table(), num_chunks(), partial_sums_.as<double>(),
-                      partial_counts_.as<unsigned long long>(), scalars(), context_.stream());
-    update(lr);
-    core::copy_bytes(report_.data(), scalars_.data(), sizeof(StepScalars), context_.stream());
-    CUDA_CHECK(cudaEventRecord(report_ready_, context_.stream()));
-  } else {
-    grad_stats_cpu(grad, chunks_.data(), num_chunks(), *scalars());
-    update(lr);
+  const int phases = phase_count();
+  for (int phase = 0; phase < phases; ++phase) {
+    run_phase(phase, lr);
+    if (reducer_ && phase + 1 < phases) reducer_(phase_partials(phase));
   }
+}
+
+void Optimizer::run_phase(int phase, double lr) {
+  if (!std::isfinite(lr) || lr < 0) throw core::Error("optimizer step: learning rate must be finite and >= 0");
+  const int last = phase_count() - 1;
+  if (phase < 0 || phase > last) throw core::Error("optimizer: phase " + std::to_string(phase) + " out of range");
+  if (phase == 0) {
+    const float* grad = slab_.grad().as<float>();
+    if (on_cuda()) {
+      launch_grad_stats(grad, chunk_table(), num_chunks(), partial_sums_.as<double>(),
+                        partial_counts_.as<unsigned long long>(), scalars(), context_.stream());
+    } else {
+      grad_stats_cpu(grad, chunks_.data(), num_chunks(), *scalars());
+    }
+  } else if (phase < last) {
+    run_middle_phase(phase, lr);
+  } else {
+    update(lr);
+    if (on_cuda()) {
+      core::copy_bytes(report_.data(), scalars_.data(), sizeof(StepScalars), context_.stream());
+      // External: inside a stream capture the graph records the event on every replay.
+      CUDA_CHECK(cudaEventRecordWithFlags(report_ready_, context_.stream(), cudaEventRecordExternal));
+    }
+  }
+}
+
+std::vector<Partial> Optimizer::phase_partials(int phase) {
+  if (phase != 0) return {};
+  StepScalars* s = scalars();
+  return {{&s->grad_sq_sum, core::DType::f64, 1}, {&s->nonfinite, core::DType::u64, 1}};
 }
 
 StepReport Optimizer::report() {
@@ -85,6 +110,8 @@ StepReport Optimizer::report() {
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, Slab& slab,
                                           const core::DeviceContext& context, std::int64_t chunk_elements) {
   if (config.type == "adamw") return std::make_unique<AdamW>(config, slab, context, chunk_elements);
+  if (config.type == "adamw8bit") return std::make_unique<AdamW8bit>(config, slab, context, chunk_elements);
+  if (config.type == "adafactor") return std::make_unique<Adafactor>(config, slab, context, chunk_elements);
   throw core::InputError("optimizer.type: unknown optimizer '" + config.type + "' (expected adamw)");
 }
 

@@ -1,14 +1,18 @@
 // The interface the trainer drives: an optimizer made from a config section and a slab, with
-// step(lr) doing the whole step for the slab range this rank owns:
-//   1. gradient statistics (sum of squares, non-finite count)  -- one launch
-//   2. update: clip derived on the device, master + state update, mirror write, grads zeroed
-//      -- one launch
+// step(lr) doing the whole step for the slab range this rank owns, as a few phases:
+//   phase 0: gradient statistics (sum of squares, non-finite count)  -- one launch
+//   ...      optimizer-specific statistics (Adafactor's row/column sums, per-tensor sums)
+//   last:    update: clip derived on the device, master + state update, mirror write, grads zeroed
+// After each phase but the last, the phase's partial results (small buffers of doubles or
+// counts, see phase_partials) are complete for this rank's shard only; with several ranks they
+// are summed across ranks before the next phase (the reducer set by set_partials_reducer).
 // On cuda a step allocates nothing, never waits for the device and can be captured in a CUDA
 // graph; the host learns the step's statistics when it asks for report(). On cpu the same
 // semantics run as plain C++ (the reference the GPU kernels are tested against).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,13 +33,32 @@ struct StateBuffer {
   core::Buffer* buffer;
 };
 
+// A small buffer of per-rank partial sums that must be summed across ranks between phases.
+struct Partial {
+  void* data;        // device memory on cuda
+  core::DType dtype; // f64 or u64
+  std::size_t count;
+};
+
 class Optimizer {
  public:
+  using PartialsReducer = std::function<void(const std::vector<Partial>&)>;
+
   virtual ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
+  // The whole step: every phase, with the reducer (if any) between phases.
   void step(double lr);
+
+  // The phases of a step, for callers that interleave their own reductions (e.g. tests that
+  // simulate several shards on one device). run_phase must be called in order 0..count-1.
+  virtual int phase_count() const { return 2; }
+  void run_phase(int phase, double lr);
+  // Buffers holding this rank's partial results after `phase` (empty for the last phase).
+  virtual std::vector<Partial> phase_partials(int phase);
+  // Called between phases with phase_partials(phase); sums them across ranks in place.
+  void set_partials_reducer(PartialsReducer reducer) { reducer_ = std::move(reducer); }
 
   // Statistics of the most recent step (blocks until it has finished on the device).
   StepReport report();
@@ -53,6 +76,8 @@ class Optimizer {
 
   // The update launch (cuda) or loop (cpu), after the statistics are in scalars().
   virtual void update(double lr) = 0;
+  // Phases between the gradient statistics (phase 0) and the update (the last phase).
+  virtual void run_middle_phase(int phase, double lr) {}
 
   StepScalars* scalars() { return scalars_.as<StepScalars>(); }  // device memory on cuda
   const WorkChunk* chunk_table() const;                         // device memory on cuda
@@ -75,6 +100,7 @@ class Optimizer {
   core::Buffer partial_counts_;
   core::Buffer report_;           // pinned host copy of the scalars after a step (cuda)
   cudaEvent_t report_ready_ = nullptr;
+  PartialsReducer reducer_;
 };
 
 // Builds the optimizer named by config.type over `slab`. Throws core::InputError for an unknown type.

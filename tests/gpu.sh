@@ -11,6 +11,16 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(build fixtures test bench)
 status=0
 
+# Runs optimizer_bench for one optimizer and its PyTorch peer; appends the joined record.
+bench_with_peer() {
+  local type=$1 peer=$2 tmp
+  tmp=$(mktemp -d)
+  build/bench/optimizer_bench --optimizer "$type" > "$tmp/ours.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
+  python3 "$peer" > "$tmp/peer.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
+  cat "$tmp/ours.json" >> "$OUT/bench.log"
+  python3 bench/record.py "$tmp/ours.json" "$tmp/peer.json" "$OUT/optimizers.jsonl" --commit "$COMMIT"
+}
+
 run_step() {
   case "$1" in
     build)
@@ -19,7 +29,8 @@ run_step() {
         > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; return 1; }
       ;;
     fixtures)
-      python3 tests/fixtures/make_adamw_golden.py && cp tests/fixtures/adamw_golden.json "$OUT/"
+      python3 tests/fixtures/make_adamw_golden.py && cp tests/fixtures/adamw_golden.json "$OUT/" &&
+        python3 tests/fixtures/make_adafactor_golden.py && cp tests/fixtures/adafactor_golden.json "$OUT/"
       ;;
     test)
       (cd build && ctest -L 'gpu|cpu' --output-on-failure --timeout 900) > "$OUT/ctest.log" 2>&1
@@ -28,10 +39,8 @@ run_step() {
       return $rc
       ;;
     bench)
-      build/bench/optimizer_bench > "$OUT/adamw_ours.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
-      python3 bench/peer_adamw.py > "$OUT/adamw_peer.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
-      python3 bench/record.py "$OUT/adamw_ours.json" "$OUT/adamw_peer.json" "$OUT/optimizers.jsonl" --commit "$COMMIT"
-      cat "$OUT/adamw_ours.json"
+      bench_with_peer adamw bench/peer_adamw.py || return 1
+      bench_with_peer adafactor bench/peer_adafactor.py || return 1
       ;;
     *) echo "unknown step $1"; return 2 ;;
   esac

@@ -34,7 +34,9 @@ std::vector<T> to_host(const core::Buffer& buffer) {
   std::vector<T> out(buffer.bytes() / sizeof(T));
   if (buffer.kind() == core::MemoryKind::device) {
     if (!out.empty()) {
-      const cudaError_t e = cudaMemcpy(out.data(), buffer.data(), buffer.bytes(), cudaMemcpyDeviceToHost);
+      // The library works on non-blocking streams: finish their work before and after the copy.
+      cudaError_t e = cudaDeviceSynchronize();
+      if (e == cudaSuccess) e = cudaMemcpy(out.data(), buffer.data(), buffer.bytes(), cudaMemcpyDeviceToHost);
       if (e != cudaSuccess) throw std::runtime_error(std::string("cudaMemcpy to host: ") + cudaGetErrorString(e));
     }
   } else if (!out.empty()) {
@@ -48,7 +50,11 @@ void from_host(core::Buffer& buffer, const std::vector<T>& values) {
   if (values.size() * sizeof(T) != buffer.bytes()) throw std::runtime_error("from_host: size mismatch");
   if (values.empty()) return;
   if (buffer.kind() == core::MemoryKind::device) {
-    const cudaError_t e = cudaMemcpy(buffer.data(), values.data(), buffer.bytes(), cudaMemcpyHostToDevice);
+    // A pageable copy may return before it lands, and the library's streams do not wait for
+    // the legacy stream: synchronise the device on both sides.
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaMemcpy(buffer.data(), values.data(), buffer.bytes(), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
     if (e != cudaSuccess) throw std::runtime_error(std::string("cudaMemcpy to device: ") + cudaGetErrorString(e));
   } else {
     std::memcpy(buffer.data(), values.data(), buffer.bytes());

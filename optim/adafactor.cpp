@@ -1,0 +1,353 @@
+#include "optim/adafactor.h"
+
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "core/half.h"
+
+namespace optim {
+
+namespace {
+
+template <typename T>
+core::Buffer table_on_device(const core::DeviceContext& context, const std::vector<T>& host) {
+  core::Buffer b(context.device(), host.size() * sizeof(T));
+  core::copy_bytes(b.data(), host.data(), b.bytes(), context.stream());
+  return b;
+}
+
+core::Buffer zeroed(const core::DeviceContext& context, std::size_t bytes) {
+  core::Buffer b(context.device(), bytes);
+  b.fill_bytes(0, context.stream());
+  return b;
+}
+
+}  // namespace
+
+Adafactor::Adafactor(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context,
+                     std::int64_t chunk_elements)
+    : Optimizer(config, slab, context, chunk_elements),
+      plan_(make_adafactor_plan(slab.layout(), slab.segments(), chunk_elements)) {
+  for (const auto& t : slab.layout().tensors()) {
+    if (t.spec.factored && t.spec.shape[1] > 0 && t.spec.shape[0] > std::numeric_limits<std::int32_t>::max()) {
+      throw core::Error("adafactor: factored tensor '" + t.spec.name + "' has too many rows");
+    }
+  }
+  row_col_state_ = zeroed(context, static_cast<std::size_t>(plan_.row_col_state_size) * sizeof(float));
+  row_means_ = zeroed(context, slab.layout().tensors().size() * sizeof(double));
+  v_state_ = zeroed(context, static_cast<std::size_t>(plan_.v_state_size) * sizeof(float));
+  if (config.adafactor.beta1) exp_avg_ = make_state(core::DType::f32);
+  stats_ = zeroed(context, static_cast<std::size_t>(plan_.stats_size) * sizeof(double));
+  u_stats_ = zeroed(context, static_cast<std::size_t>(plan_.u_stats_size) * sizeof(double));
+  item_partials_ = zeroed(context, plan_.items.size() * sizeof(double));
+  col_partials_ = zeroed(context, static_cast<std::size_t>(plan_.col_partials_size) * sizeof(float));
+  if (on_cuda()) {
+    items_ = table_on_device(context, plan_.items);
+    segment_info_ = table_on_device(context, plan_.segments);
+    reduce_stats_ = table_on_device(context, plan_.reduce_stats);
+    reduce_u_ = table_on_device(context, plan_.reduce_u);
+    factored_segments_ = table_on_device(context, plan_.factored_segments);
+    context.synchronize();  // the host tables must outlive the copies
+  }
+}
+
+std::vector<Partial> Adafactor::phase_partials(int phase) {
+  if (phase == 1) return {{stats_.data(), core::DType::f64, static_cast<std::size_t>(plan_.stats_size)}};
+  if (phase == 2) return {{u_stats_.data(), core::DType::f64, static_cast<std::size_t>(plan_.u_stats_size)}};
+  return Optimizer::phase_partials(phase);
+}
+
+std::vector<StateBuffer> Adafactor::state_buffers() {
+  std::vector<StateBuffer> s = {{"row_col", core::DType::f32, &row_col_state_},
+                                {"row_means", core::DType::f64, &row_means_},
+                                {"v", core::DType::f32, &v_state_}};
+  if (config_.adafactor.beta1) s.push_back({"exp_avg", core::DType::f32, &exp_avg_});
+  return s;
+}
+
+AdafactorStepParams Adafactor::step_params(double lr) const {
+  const AdafactorConfig& a = config_.adafactor;
+  AdafactorStepParams p;
+  p.lr = lr;
+  p.eps1 = a.eps1;
+  p.eps2 = a.eps2;
+  p.clip_threshold = a.clip_threshold;
+  p.decay_rate = a.decay_rate;
+  p.beta1 = a.beta1 ? *a.beta1 : -1.0;
+  p.weight_decay = config_.weight_decay;
+  p.max_norm = config_.grad_clip;
+  p.relative_step = a.relative_step;
+  p.scale_parameter = a.scale_parameter;
+  p.warmup_init = a.warmup_init;
+  p.eps1_mode = a.eps1_mode;
+  p.decay_scale = a.decay_scale;
+  p.policy = config_.nonfinite;
+  return p;
+}
+
+AdafactorDeviceView Adafactor::device_view() {
+  return AdafactorDeviceView{slab_.master().as<float>(),
+                        slab_.grad().as<float>(),
+                        slab_.mirror().data(),
+                        slab_.mirror_dtype(),
+                        slab_.owned().begin,
+                        slab_.segment_table(),
+                        segment_info_.as<AdafactorSegment>(),
+                        items_.as<AdafactorItem>(),
+                        static_cast<std::int64_t>(plan_.items.size()),
+                        reduce_stats_.as<AdafactorReduceItem>(),
+                        static_cast<std::int64_t>(plan_.reduce_stats.size()),
+                        reduce_u_.as<AdafactorReduceItem>(),
+                        static_cast<std::int64_t>(plan_.reduce_u.size()),
+                        factored_segments_.as<std::int32_t>(),
+                        static_cast<std::int64_t>(plan_.factored_segments.size()),
+                        row_col_state_.as<float>(),
+                        row_means_.as<double>(),
+                        v_state_.as<float>(),
+                        exp_avg_.as<float>(),
+                        stats_.as<double>(),
+                        plan_.stats_size,
+                        u_stats_.as<double>(),
+                        item_partials_.as<double>(),
+                        col_partials_.as<float>(),
+                        scalars()};
+}
+
+void Adafactor::run_middle_phase(int phase, double lr) {
+  const AdafactorStepParams p = step_params(lr);
+  if (!on_cuda()) {
+    if (phase == 1) {
+      statistics_cpu(p);
+    } else {
+      second_moments_cpu(p, lr);
+    }
+    return;
+  }
+  const AdafactorDeviceView v = device_view();
+  if (phase == 1) {
+    stats_.fill_bytes(0, context().stream());
+    launch_adafactor_statistics(v, p, context().stream());
+  } else {
+    u_stats_.fill_bytes(0, context().stream());
+    launch_adafactor_second_moments(v, p, context().stream());
+  }
+}
+
+void Adafactor::update(double lr) {
+  const AdafactorStepParams p = step_params(lr);
+  if (!on_cuda()) {
+    update_cpu(p, lr);
+    return;
+  }
+  const AdafactorDeviceView v = device_view();
+  launch_adafactor_update(v, p, context().stream());
+}
+
+// ---- CPU reference -------------------------------------------------------------------------
+
+void Adafactor::statistics_cpu(const AdafactorStepParams& p) {
+  const StepScalars& s = *scalars();
+  const float clip = clip_coefficient(s.grad_sq_sum, p.max_norm);
+  const float* grad = slab_.grad().as<float>();
+  const float* master = slab_.master().as<float>();
+  const std::int64_t owned_begin = slab_.owned().begin;
+  double* stats = stats_.as<double>();
+  double* partials = item_partials_.as<double>();
+  float* col_partials = col_partials_.as<float>();
+  const auto& segments = slab_.segments();
+  std::memset(stats, 0, stats_.bytes());
+
+  const auto item_count = static_cast<std::int64_t>(plan_.items.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t i = 0; i < item_count; ++i) {
+    const AdafactorItem& item = plan_.items[static_cast<std::size_t>(i)];
+    const Segment& seg = segments[static_cast<std::size_t>(item.segment)];
+    const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(item.segment)];
+    const std::int64_t lo = seg.offset, hi = seg.offset + seg.length;
+    double weight_sq = 0;
+    auto add_weight = [&](std::int64_t e) {
+      if (p.scale_parameter) {
+        const double w = master[e - owned_begin];
+        weight_sq += w * w;
+      }
+    };
+    if (item.kind == kTileItem) {
+      const std::int64_t cols = seg.cols;
+      std::vector<double> col_sum(static_cast<std::size_t>(cols), 0.0);
+      for (std::int32_t r = 0; r < item.count; ++r) {
+        double row_sum = 0;
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const std::int64_t e = item.first + r * cols + c;
+          if (e < lo || e >= hi) continue;
+          const float g = adafactor_grad(grad[e], clip);
+          const double g2 = fp::mul(g, g);
+          row_sum += g2;
+          col_sum[static_cast<std::size_t>(c)] += g2;
+          add_weight(e);
+        }
+        stats[info.row_stats + item.row0 + r] = row_sum;
+      }
+      for (std::int64_t c = 0; c < cols; ++c) {
+        col_partials[item.col_partials + c] = static_cast<float>(col_sum[static_cast<std::size_t>(c)]);
+      }
+    } else {
+      for (std::int64_t e = item.first; e < item.first + item.count; ++e) add_weight(e);
+    }
+    partials[i] = weight_sq;
+  }
+
+  const auto reduce_count = static_cast<std::int64_t>(plan_.reduce_stats.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t k = 0; k < reduce_count; ++k) {
+    const AdafactorReduceItem& r = plan_.reduce_stats[static_cast<std::size_t>(k)];
+    const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(r.segment)];
+    const Segment& seg = segments[static_cast<std::size_t>(r.segment)];
+    if (r.kind == kReduceColumns) {
+      const std::int64_t end = std::min<std::int64_t>(r.col0 + kAdafactorReduceColumns, seg.cols);
+      for (std::int64_t c = r.col0; c < end; ++c) {
+        double sum = 0;
+        for (std::int64_t t = 0; t < info.item_count; ++t) sum += col_partials[info.first_col_partial + t * seg.cols + c];
+        stats[info.row_stats + seg.rows + c] = sum;
+      }
+    } else {
+      double sum = 0;
+      for (std::int64_t t = 0; t < info.item_count; ++t) sum += partials[info.first_item + t];
+      stats[info.weight_stats] = sum;
+    }
+  }
+}
+
+void Adafactor::second_moments_cpu(const AdafactorStepParams& p, double lr) {
+  const StepScalars& s = *scalars();
+  double* u_stats = u_stats_.as<double>();
+  std::memset(u_stats, 0, u_stats_.bytes());
+  if (skips_step(p.policy, s.nonfinite)) return;
+  const float clip = clip_coefficient(s.grad_sq_sum, p.max_norm);
+  const long long t = s.step + 1;
+  const double beta2 = adafactor_beta2(p, t);
+  const double* stats = stats_.as<double>();
+  float* row_col = row_col_state_.as<float>();
+  double* row_means = row_means_.as<double>();
+  const auto& segments = slab_.segments();
+
+  // C: EMA of the row and column statistics.
+  for (std::int32_t si : plan_.factored_segments) {
+    const Segment& seg = segments[static_cast<std::size_t>(si)];
+    const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(si)];
+    float* R = row_col + info.row_state;
+    float* C = R + seg.rows;
+    double row_total = 0;
+    for (std::int64_t i = 0; i < seg.rows; ++i) {
+      R[i] = adafactor_ema(p, beta2, R[i], stats[info.row_stats + i] / seg.cols);
+      row_total += R[i];
+    }
+    row_means[info.tensor] = seg.rows > 0 ? row_total / seg.rows : 0.0;
+    for (std::int64_t j = 0; j < seg.cols; ++j) {
+      C[j] = adafactor_ema(p, beta2, C[j], stats[info.row_stats + seg.rows + j] / seg.rows);
+    }
+  }
+
+  // D: per-item sums of U*U (and the full-v EMA).
+  const float* grad = slab_.grad().as<float>();
+  float* v_state = v_state_.as<float>();
+  double* partials = item_partials_.as<double>();
+  const auto item_count = static_cast<std::int64_t>(plan_.items.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t i = 0; i < item_count; ++i) {
+    const AdafactorItem& item = plan_.items[static_cast<std::size_t>(i)];
+    const Segment& seg = segments[static_cast<std::size_t>(item.segment)];
+    const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(item.segment)];
+    const AdafactorElementParams e =
+        adafactor_element_params(p, t, clip, lr * seg.lr_scale, seg.decay, stats[info.weight_stats], 0.0, info.numel,
+                                 row_means[info.tensor]);
+    double u_sq = 0;
+    if (item.kind == kTileItem) {
+      const float* R = row_col + info.row_state;
+      const float* C = R + seg.rows;
+      for (std::int64_t c = 0; c < seg.cols; ++c) {
+        for (std::int32_t r = 0; r < item.count; ++r) {
+          const std::int64_t el = item.first + r * seg.cols + c;
+          if (el < seg.offset || el >= seg.offset + seg.length) continue;
+          const float u = adafactor_u(adafactor_grad(grad[el], clip), adafactor_factored_v(e, R[item.row0 + r], C[c]));
+          u_sq += static_cast<double>(u) * u;
+        }
+      }
+    } else {
+      for (std::int64_t el = item.first; el < item.first + item.count; ++el) {
+        const float g = adafactor_grad(grad[el], clip);
+        const float u = adafactor_u(g, adafactor_full_v(e, v_state[info.v_state + (el - seg.offset)], g));
+        u_sq += static_cast<double>(u) * u;
+      }
+    }
+    partials[i] = u_sq;
+  }
+
+  // E: per-tensor sums of U*U.
+  for (const AdafactorReduceItem& r : plan_.reduce_u) {
+    const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(r.segment)];
+    double sum = 0;
+    for (std::int64_t k = 0; k < info.item_count; ++k) sum += partials[info.first_item + k];
+    u_stats[info.u_stats] = sum;
+  }
+}
+
+void Adafactor::update_cpu(const AdafactorStepParams& p, double lr) {
+  StepScalars& s = *scalars();
+  float* grad = slab_.grad().as<float>();
+  const bool skip = skips_step(p.policy, s.nonfinite);
+  const auto& segments = slab_.segments();
+  if (skip) {
+    for (const Segment& seg : segments) std::fill(grad + seg.offset, grad + seg.offset + seg.length, 0.0f);
+    ++s.skipped;
+    return;
+  }
+  const float clip = clip_coefficient(s.grad_sq_sum, p.max_norm);
+  const long long t = s.step + 1;
+  const double* stats = stats_.as<double>();
+  const double* u_stats = u_stats_.as<double>();
+  const float* row_col = row_col_state_.as<float>();
+  const double* row_means = row_means_.as<double>();
+  const float* v_state = v_state_.as<float>();
+  float* master = slab_.master().as<float>();
+  float* exp_avg = exp_avg_.as<float>();
+  auto* mirror = slab_.mirror().as<std::uint16_t>();
+  const bool bf16 = slab_.mirror_dtype() == core::DType::bf16;
+  const std::int64_t owned_begin = slab_.owned().begin;
+
+  const auto item_count = static_cast<std::int64_t>(plan_.items.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t i = 0; i < item_count; ++i) {
+    const AdafactorItem& item = plan_.items[static_cast<std::size_t>(i)];
+    const Segment& seg = segments[static_cast<std::size_t>(item.segment)];
+    const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(item.segment)];
+    const AdafactorElementParams e =
+        adafactor_element_params(p, t, clip, lr * seg.lr_scale, seg.decay, stats[info.weight_stats],
+                                 u_stats[info.u_stats], info.numel, row_means[info.tensor]);
+    auto apply = [&](std::int64_t el, float v) {
+      const std::int64_t local = el - owned_begin;
+      const float u = adafactor_u(adafactor_grad(grad[el], clip), v);
+      adafactor_apply(e, master[local], e.use_beta1 ? exp_avg + local : nullptr, u);
+      mirror[el] = bf16 ? core::float_to_bf16(master[local]) : core::float_to_fp16(master[local]);
+      grad[el] = 0.0f;
+    };
+    if (item.kind == kTileItem) {
+      const float* R = row_col + info.row_state;
+      const float* C = R + seg.rows;
+      for (std::int64_t c = 0; c < seg.cols; ++c) {
+        for (std::int32_t r = 0; r < item.count; ++r) {
+          const std::int64_t el = item.first + r * seg.cols + c;
+          if (el < seg.offset || el >= seg.offset + seg.length) continue;
+          apply(el, adafactor_factored_v(e, R[item.row0 + r], C[c]));
+        }
+      }
+    } else {
+      for (std::int64_t el = item.first; el < item.first + item.count; ++el) {
+        apply(el, adafactor_full_v_read(e, v_state[info.v_state + (el - seg.offset)]));
+      }
+    }
+  }
+  ++s.step;
+}
+
+}  // namespace optim

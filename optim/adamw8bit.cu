@@ -1,0 +1,323 @@
+// CUDA kernel of the fused 8-bit AdamW update: one thread block per work chunk.
+//   fp32 chunk (a small tensor): AdamW on packed fp32 state, 16-byte accesses.
+//   quantised chunk: each warp takes whole 256-element blocks; lane l holds the 4-element groups
+//   at 4l and 128 + 4l (coalesced 16-byte loads of w and g, 4-byte loads of the codes), so a
+//   block's maxima are two warp reductions with no shared memory and no barrier.
+// Clip, skip, bias correction and the rounding seed come from StepScalars on the device; the
+// last block to finish advances the step counter (as in adamw.cu).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/error.h"
+#include "optim/adamw8bit.h"
+#include "optim/mirror_store.cuh"
+#include "optim/quantization.h"
+
+namespace optim {
+
+namespace {
+
+constexpr int kUpdateThreads = 256;
+constexpr int kUpdateWarps = kUpdateThreads / 32;
+
+// 4 consecutive floats; `mask` bit e says element e may be touched (others read as 0).
+__device__ __forceinline__ float4 load4(const float* p, unsigned mask) {
+  if (mask == 0xFu) return __ldcs(reinterpret_cast<const float4*>(p));
+  float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (mask & 1u) r.x = p[0];
+  if (mask & 2u) r.y = p[1];
+  if (mask & 4u) r.z = p[2];
+  if (mask & 8u) r.w = p[3];
+  return r;
+}
+
+__device__ __forceinline__ void store4(float* p, float4 x, unsigned mask) {
+  if (mask == 0xFu) {
+    __stcs(reinterpret_cast<float4*>(p), x);
+    return;
+  }
+  if (mask & 1u) p[0] = x.x;
+  if (mask & 2u) p[1] = x.y;
+  if (mask & 4u) p[2] = x.z;
+  if (mask & 8u) p[3] = x.w;
+}
+
+template <typename Half>
+__device__ __forceinline__ void store_mirror_masked(Half* p, float4 w, unsigned mask) {
+  if (mask == 0xFu) {
+    store_mirror4(p, w);
+    return;
+  }
+  if (mask & 1u) store_mirror(p + 0, w.x);
+  if (mask & 2u) store_mirror(p + 1, w.y);
+  if (mask & 4u) store_mirror(p + 2, w.z);
+  if (mask & 8u) store_mirror(p + 3, w.w);
+}
+
+__device__ __forceinline__ float& lane_of(float4& v, int e) {
+  return e == 0 ? v.x : (e == 1 ? v.y : (e == 2 ? v.z : v.w));
+}
+
+__device__ __forceinline__ float lane_value(const float4& v, int e) {
+  return e == 0 ? v.x : (e == 1 ? v.y : (e == 2 ? v.z : v.w));
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, offset));
+  return x;
+}
+
+// Which elements of the 4-aligned group at global index i lie in a quantised segment of the
+// chunk. `cursor` walks the chunk's segments forward (a lane's groups only move forward).
+// Tensors start at multiples of 64, so a group that starts inside a segment is inside it up to
+// the segment's end.
+__device__ __forceinline__ unsigned member_mask(std::int64_t i, int& cursor, const std::int64_t* seg_begin,
+                                                const std::int64_t* seg_end, int count) {
+  while (cursor < count && seg_end[cursor] <= i) ++cursor;
+  if (cursor >= count || seg_begin[cursor] > i) return 0u;
+  const std::int64_t left = seg_end[cursor] - i;
+  return left >= 4 ? 0xFu : (1u << left) - 1u;
+}
+
+struct ChunkShared {
+  AdamWElementParams params[kMaxChunkSegments];
+  std::int64_t seg_begin[kMaxChunkSegments];
+  std::int64_t seg_end[kMaxChunkSegments];
+};
+
+// One 4-element group of a quantised block: dequantise, AdamW in fp32, store w / mirror / g.
+// Leaves the updated m and v (0 for non-members) for the block maxima and the requantisation.
+template <Quantization Q, typename Half>
+__device__ __forceinline__ void update_group(const AdamW8bitBuffers& b, Half* mirror, std::int64_t i, unsigned mask,
+                                             std::uint32_t codes_m, std::uint32_t codes_v, float scale_m,
+                                             float scale_v, const AdamWElementParams& e, float4& m, float4& v) {
+  using Codec = MomentCodec<Q>;
+  m = make_float4(0.f, 0.f, 0.f, 0.f);
+  v = m;
+  if (mask == 0u) return;
+  const std::int64_t local = i - b.owned_begin;
+  float4 w = load4(b.master + local, mask);
+  const float4 g = load4(b.grad + i, mask);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (mask & (1u << k)) {
+      float mk = Codec::decode_m(static_cast<std::uint8_t>(codes_m >> (8 * k)), scale_m);
+      float vk = Codec::decode_v(static_cast<std::uint8_t>(codes_v >> (8 * k)), scale_v);
+      adamw_element(lane_of(w, k), mk, vk, lane_value(g, k), e);
+      lane_of(m, k) = mk;
+      lane_of(v, k) = vk;
+    }
+  }
+  store4(b.master + local, w, mask);
+  store4(b.grad + i, make_float4(0.f, 0.f, 0.f, 0.f), mask);
+  store_mirror_masked(mirror + i, w, mask);
+}
+
+// The codes of one group under the block's new scales (0 for non-members), packed little-endian.
+template <Quantization Q>
+__device__ __forceinline__ void encode_group(std::int64_t i, unsigned mask, const float4& m, const float4& v,
+                                             CodeScale code_m, CodeScale code_v, std::uint64_t seed,
+                                             std::uint32_t& codes_m, std::uint32_t& codes_v) {
+  using Codec = MomentCodec<Q>;
+  codes_m = 0;
+  codes_v = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (mask & (1u << k)) {
+      RoundingDraws u{0.f, 0.f};
+      if constexpr (Q == Quantization::companded) u = rounding_draws(seed, i + k);
+      const std::uint32_t cm = Codec::encode_m(lane_value(m, k), code_m, u.m);
+      const std::uint32_t cv = Codec::encode_v(lane_value(v, k), code_v, u.v);
+      codes_m |= cm << (8 * k);
+      codes_v |= cv << (8 * k);
+    }
+  }
+}
+
+template <Quantization Q, typename Half>
+__device__ __forceinline__ void update_quantised_chunk(const AdamW8bitBuffers& b, Half* mirror,
+                                                       const AdamW8bitChunk& chunk, const ChunkShared& shared,
+                                                       bool skip, std::uint64_t seed) {
+  using Codec = MomentCodec<Q>;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int count = chunk.segment_count;
+  const int blocks = chunk.length / static_cast<int>(kQuantBlock);
+  int cursor0 = 0, cursor1 = 0;
+  for (int blk = warp; blk < blocks; blk += kUpdateWarps) {
+    const std::int64_t base = chunk.offset + static_cast<std::int64_t>(blk) * kQuantBlock;
+    const std::int64_t i0 = base + 4 * lane;
+    const std::int64_t i1 = i0 + 128;
+    const unsigned mask0 = member_mask(i0, cursor0, shared.seg_begin, shared.seg_end, count);
+    const unsigned mask1 = member_mask(i1, cursor1, shared.seg_begin, shared.seg_end, count);
+    if (skip) {
+      store4(b.grad + i0, make_float4(0.f, 0.f, 0.f, 0.f), mask0);
+      store4(b.grad + i1, make_float4(0.f, 0.f, 0.f, 0.f), mask1);
+      continue;
+    }
+    const std::int64_t local0 = i0 - b.owned_begin;
+    const std::int64_t block = (base - b.owned_begin) / kQuantBlock;
+    const auto* qm = reinterpret_cast<const std::uint32_t*>(b.q_m + local0);
+    const auto* qv = reinterpret_cast<const std::uint32_t*>(b.q_v + local0);
+    const std::uint32_t cm0 = __ldcs(qm), cm1 = __ldcs(qm + 32);
+    const std::uint32_t cv0 = __ldcs(qv), cv1 = __ldcs(qv + 32);
+    const float scale_m = b.scale_m[block];
+    const float scale_v = b.scale_v[block];
+    const int p0 = cursor0 < count ? cursor0 : count - 1;
+    const int p1 = cursor1 < count ? cursor1 : count - 1;
+    float4 m0, v0, m1, v1;
+    update_group<Q>(b, mirror, i0, mask0, cm0, cv0, scale_m, scale_v, shared.params[p0], m0, v0);
+    update_group<Q>(b, mirror, i1, mask1, cm1, cv1, scale_m, scale_v, shared.params[p1], m1, v1);
+
+    // Block maxima over the quantised elements (non-members are 0); max is order-free, so the
+    // result is the CPU reference's.
+    float max_m = fmaxf(fmaxf(fmaxf(fabsf(m0.x), fabsf(m0.y)), fmaxf(fabsf(m0.z), fabsf(m0.w))),
+                        fmaxf(fmaxf(fabsf(m1.x), fabsf(m1.y)), fmaxf(fabsf(m1.z), fabsf(m1.w))));
+    float max_v = fmaxf(fmaxf(fmaxf(v0.x, v0.y), fmaxf(v0.z, v0.w)), fmaxf(fmaxf(v1.x, v1.y), fmaxf(v1.z, v1.w)));
+    max_m = warp_max(max_m);
+    max_v = warp_max(max_v);
+    const CodeScale code_m = Codec::code_scale(max_m);
+    const CodeScale code_v = Codec::code_scale(max_v);
+    std::uint32_t out_m0, out_v0, out_m1, out_v1;
+    encode_group<Q>(i0, mask0, m0, v0, code_m, code_v, seed, out_m0, out_v0);
+    encode_group<Q>(i1, mask1, m1, v1, code_m, code_v, seed, out_m1, out_v1);
+    auto* wm = reinterpret_cast<std::uint32_t*>(b.q_m + local0);
+    auto* wv = reinterpret_cast<std::uint32_t*>(b.q_v + local0);
+    __stcs(wm, out_m0);
+    __stcs(wm + 32, out_m1);
+    __stcs(wv, out_v0);
+    __stcs(wv + 32, out_v1);
+    if (lane == 0) {
+      b.scale_m[block] = max_m;
+      b.scale_v[block] = max_v;
+    }
+  }
+}
+
+template <typename Half>
+__device__ __forceinline__ void update_fp32_chunk(const AdamW8bitBuffers& b, Half* mirror, const AdamW8bitChunk& chunk,
+                                                  const AdamWElementParams& e, bool skip) {
+  const int n = chunk.length;
+  const int vectors = n >> 2;
+  float* g = b.grad + chunk.offset;
+  float4* g4 = reinterpret_cast<float4*>(g);
+  const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (skip) {
+    for (int i = threadIdx.x; i < vectors; i += kUpdateThreads) __stcs(g4 + i, zero4);
+    for (int i = (vectors << 2) + threadIdx.x; i < n; i += kUpdateThreads) g[i] = 0.0f;
+    return;
+  }
+  float* w = b.master + (chunk.offset - b.owned_begin);
+  float* m = b.small_m + chunk.state_offset;
+  float* v = b.small_v + chunk.state_offset;
+  Half* out = mirror + chunk.offset;
+  float4* w4 = reinterpret_cast<float4*>(w);
+  float4* m4 = reinterpret_cast<float4*>(m);
+  float4* v4 = reinterpret_cast<float4*>(v);
+  for (int i = threadIdx.x; i < vectors; i += kUpdateThreads) {
+    const float4 gi = __ldcs(g4 + i);
+    float4 wi = __ldcs(w4 + i);
+    float4 mi = m4[i];
+    float4 vi = v4[i];
+    adamw_element(wi.x, mi.x, vi.x, gi.x, e);
+    adamw_element(wi.y, mi.y, vi.y, gi.y, e);
+    adamw_element(wi.z, mi.z, vi.z, gi.z, e);
+    adamw_element(wi.w, mi.w, vi.w, gi.w, e);
+    __stcs(w4 + i, wi);
+    m4[i] = mi;
+    v4[i] = vi;
+    __stcs(g4 + i, zero4);
+    store_mirror4(out + 4 * i, wi);
+  }
+  for (int i = (vectors << 2) + threadIdx.x; i < n; i += kUpdateThreads) {
+    adamw_element(w[i], m[i], v[i], g[i], e);
+    store_mirror(out + i, w[i]);
+    g[i] = 0.0f;
+  }
+}
+
+template <Quantization Q, typename Half>
+__global__ void __launch_bounds__(kUpdateThreads)
+adamw8bit_update_kernel(AdamW8bitBuffers b, const AdamW8bitChunk* __restrict__ chunks, std::int64_t num_chunks,
+                        const Segment* __restrict__ segments, const Segment* __restrict__ quantised_segments,
+                        StepScalars* __restrict__ scalars, AdamWStepParams params) {
+  __shared__ ChunkShared shared;
+  __shared__ AdamW8bitChunk shared_chunk;
+  __shared__ bool shared_skip;
+  __shared__ std::uint64_t shared_seed;
+  const bool has_chunk = blockIdx.x < num_chunks;
+  if (threadIdx.x == 0) {
+    shared_skip = skips_step(params.policy, scalars->nonfinite);
+    if (has_chunk) shared_chunk = chunks[blockIdx.x];
+  }
+  __syncthreads();
+
+  if (has_chunk) {
+    const AdamW8bitChunk chunk = shared_chunk;
+    const bool skip = shared_skip;
+    if (static_cast<int>(threadIdx.x) < chunk.segment_count) {
+      // Each segment's step parameters, one thread per segment.
+      const Segment seg = chunk.kind == ChunkKind::fp32 ? segments[chunk.first_segment]
+                                                        : quantised_segments[chunk.first_segment + threadIdx.x];
+      const float clip = clip_coefficient(scalars->grad_sq_sum, params.max_norm);
+      const long long t = scalars->step + 1;
+      shared.params[threadIdx.x] = adamw_element_params(params, clip, t, seg.lr_scale, seg.decay);
+      shared.seg_begin[threadIdx.x] = seg.offset;
+      shared.seg_end[threadIdx.x] = seg.offset + seg.length;
+      if (threadIdx.x == 0) shared_seed = rounding_seed(t);
+    }
+    __syncthreads();
+    Half* mirror = static_cast<Half*>(b.mirror);
+    if (chunk.kind == ChunkKind::fp32) {
+      update_fp32_chunk(b, mirror, chunk, shared.params[0], skip);
+    } else {
+      update_quantised_chunk<Q>(b, mirror, chunk, shared, skip, shared_seed);
+    }
+  }
+
+  // The last block to finish advances the step counters; every block has read them by then.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&scalars->update_arrivals, 1u) == gridDim.x - 1) {
+      if (shared_skip) {
+        ++scalars->skipped;
+      } else {
+        ++scalars->step;
+      }
+      scalars->update_arrivals = 0;
+    }
+  }
+}
+
+template <Quantization Q>
+void launch_for_code(const AdamW8bitBuffers& b, const AdamW8bitChunk* chunks, std::int64_t num_chunks,
+                     const Segment* segments, const Segment* quantised_segments, StepScalars* scalars,
+                     const AdamWStepParams& params, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned int>(num_chunks > 0 ? num_chunks : 1);
+  if (b.mirror_dtype == core::DType::bf16) {
+    adamw8bit_update_kernel<Q, __nv_bfloat16><<<blocks, kUpdateThreads, 0, stream>>>(
+        b, chunks, num_chunks, segments, quantised_segments, scalars, params);
+  } else {
+    adamw8bit_update_kernel<Q, __half><<<blocks, kUpdateThreads, 0, stream>>>(b, chunks, num_chunks, segments,
+                                                                              quantised_segments, scalars, params);
+  }
+  CUDA_CHECK_LAUNCH("adamw8bit_update_kernel");
+}
+
+}  // namespace
+
+void launch_adamw8bit_update(const AdamW8bitBuffers& buffers, const AdamW8bitChunk* chunks, std::int64_t num_chunks,
+                             const Segment* segments, const Segment* quantised_segments, StepScalars* scalars,
+                             const AdamWStepParams& params, Quantization quantization, cudaStream_t stream) {
+  if (quantization == Quantization::companded) {
+    launch_for_code<Quantization::companded>(buffers, chunks, num_chunks, segments, quantised_segments, scalars,
+                                             params, stream);
+  } else {
+    launch_for_code<Quantization::linear>(buffers, chunks, num_chunks, segments, quantised_segments, scalars, params,
+                                          stream);
+  }
+}
+
+}  // namespace optim
