@@ -121,9 +121,13 @@ int main(int argc, char** argv) {
     nlohmann::json sweep = nlohmann::json::array();
     double best_ms = 1e30;
     std::int64_t best_chunk = 0;
+    double state_bytes_per_param = 0;  // optimizer state (all state buffers) per parameter
     for (std::int64_t chunk : chunks) {
       optim::Slab slab(layout, ctx);
       const auto optimizer = optim::make_optimizer(config, slab, ctx, chunk);
+      std::size_t state_bytes = 0;
+      for (const auto& state : optimizer->state_buffers()) state_bytes += state.buffer->bytes();
+      state_bytes_per_param = static_cast<double>(state_bytes) / static_cast<double>(elements);
       fill(slab.master(), 1, 0.02f, ctx.stream());
       Timer t;
       std::vector<double> ms;
@@ -176,6 +180,7 @@ int main(int argc, char** argv) {
         {"ours_ms", best_ms},
         {"chunk_elements", best_chunk},
         {"bytes_per_element", bytes_per_element},
+        {"state_bytes_per_param", state_bytes_per_param},
         {"gbps", bytes / (best_ms * 1e-3) / 1e9},
         {"copy_gbps", copy_gbps},
         {"fraction_of_copy", bytes / (best_ms * 1e-3) / 1e9 / copy_gbps},

@@ -78,8 +78,15 @@ void Optimizer::run_phase(int phase, double lr) {
     update(lr);
     if (on_cuda()) {
       core::copy_bytes(report_.data(), scalars_.data(), sizeof(StepScalars), context_.stream());
-      // External: inside a stream capture the graph records the event on every replay.
-      CUDA_CHECK(cudaEventRecordWithFlags(report_ready_, context_.stream(), cudaEventRecordExternal));
+      // Inside a stream capture the record must be external, so every replay of the graph
+      // records the event; outside a capture that flag is refused.
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      CUDA_CHECK(cudaStreamIsCapturing(context_.stream(), &capture));
+      if (capture == cudaStreamCaptureStatusActive) {
+        CUDA_CHECK(cudaEventRecordWithFlags(report_ready_, context_.stream(), cudaEventRecordExternal));
+      } else {
+        CUDA_CHECK(cudaEventRecord(report_ready_, context_.stream()));
+      }
     }
   }
 }
