@@ -35,7 +35,7 @@ Adafactor::Adafactor(const OptimizerConfig& config, Slab& slab, const core::Devi
     }
   }
   row_col_state_ = zeroed(context, static_cast<std::size_t>(plan_.row_col_state_size) * sizeof(float));
-  row_means_ = zeroed(context, slab.layout().tensors().size() * sizeof(double));
+  row_partials_ = zeroed(context, static_cast<std::size_t>(plan_.row_partials_size) * sizeof(double));
   v_state_ = zeroed(context, static_cast<std::size_t>(plan_.v_state_size) * sizeof(float));
   if (config.adafactor.beta1) exp_avg_ = make_state(core::DType::f32);
   stats_ = zeroed(context, static_cast<std::size_t>(plan_.stats_size) * sizeof(double));
@@ -47,7 +47,7 @@ Adafactor::Adafactor(const OptimizerConfig& config, Slab& slab, const core::Devi
     segment_info_ = table_on_device(context, plan_.segments);
     reduce_stats_ = table_on_device(context, plan_.reduce_stats);
     reduce_u_ = table_on_device(context, plan_.reduce_u);
-    factored_segments_ = table_on_device(context, plan_.factored_segments);
+    ema_items_ = table_on_device(context, plan_.ema_items);
     context.synchronize();  // the host tables must outlive the copies
   }
 }
@@ -60,7 +60,6 @@ std::vector<Partial> Adafactor::phase_partials(int phase) {
 
 std::vector<StateBuffer> Adafactor::state_buffers() {
   std::vector<StateBuffer> s = {{"row_col", core::DType::f32, &row_col_state_},
-                                {"row_means", core::DType::f64, &row_means_},
                                 {"v", core::DType::f32, &v_state_}};
   if (config_.adafactor.beta1) s.push_back({"exp_avg", core::DType::f32, &exp_avg_});
   return s;
@@ -100,10 +99,10 @@ AdafactorDeviceView Adafactor::device_view() {
                         static_cast<std::int64_t>(plan_.reduce_stats.size()),
                         reduce_u_.as<AdafactorReduceItem>(),
                         static_cast<std::int64_t>(plan_.reduce_u.size()),
-                        factored_segments_.as<std::int32_t>(),
-                        static_cast<std::int64_t>(plan_.factored_segments.size()),
+                        ema_items_.as<AdafactorEmaItem>(),
+                        static_cast<std::int64_t>(plan_.ema_items.size()),
                         row_col_state_.as<float>(),
-                        row_means_.as<double>(),
+                        row_partials_.as<double>(),
                         v_state_.as<float>(),
                         exp_avg_.as<float>(),
                         stats_.as<double>(),
@@ -218,6 +217,14 @@ void Adafactor::statistics_cpu(const AdafactorStepParams& p) {
   }
 }
 
+double Adafactor::row_mean(const AdafactorSegment& info, const Segment& seg) const {
+  if (!info.factored || seg.rows == 0) return 0.0;
+  const double* partials = row_partials_.as<double>() + info.first_row_partial;
+  double total = 0;
+  for (std::int64_t k = 0; k < info.row_partial_count; ++k) total += partials[k];
+  return total / static_cast<double>(seg.rows);
+}
+
 void Adafactor::second_moments_cpu(const AdafactorStepParams& p, double lr) {
   const StepScalars& s = *scalars();
   double* u_stats = u_stats_.as<double>();
@@ -228,24 +235,22 @@ void Adafactor::second_moments_cpu(const AdafactorStepParams& p, double lr) {
   const double beta2 = adafactor_beta2(p, t);
   const double* stats = stats_.as<double>();
   float* row_col = row_col_state_.as<float>();
-  double* row_means = row_means_.as<double>();
+  double* row_partials = row_partials_.as<double>();
   const auto& segments = slab_.segments();
 
-  // C: EMA of the row and column statistics.
-  for (std::int32_t si : plan_.factored_segments) {
-    const Segment& seg = segments[static_cast<std::size_t>(si)];
-    const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(si)];
-    float* R = row_col + info.row_state;
-    float* C = R + seg.rows;
-    double row_total = 0;
-    for (std::int64_t i = 0; i < seg.rows; ++i) {
-      R[i] = adafactor_ema(p, beta2, R[i], stats[info.row_stats + i] / seg.cols);
-      row_total += R[i];
+  // C: EMA of the row and column statistics; partial sums of the new rows.
+  for (const AdafactorEmaItem& item : plan_.ema_items) {
+    const Segment& seg = segments[static_cast<std::size_t>(item.segment)];
+    const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(item.segment)];
+    float* state = row_col + info.row_state + (item.rows ? 0 : seg.rows) + item.begin;
+    const double* sums = stats + info.row_stats + (item.rows ? 0 : seg.rows) + item.begin;
+    const double count = item.rows ? seg.cols : seg.rows;
+    double total = 0;
+    for (std::int32_t i = 0; i < item.count; ++i) {
+      state[i] = adafactor_ema(p, beta2, state[i], sums[i] / count);
+      total += state[i];
     }
-    row_means[info.tensor] = seg.rows > 0 ? row_total / seg.rows : 0.0;
-    for (std::int64_t j = 0; j < seg.cols; ++j) {
-      C[j] = adafactor_ema(p, beta2, C[j], stats[info.row_stats + seg.rows + j] / seg.rows);
-    }
+    if (item.rows) row_partials[item.row_partial] = total;
   }
 
   // D: per-item sums of U*U (and the full-v EMA).
@@ -260,7 +265,7 @@ void Adafactor::second_moments_cpu(const AdafactorStepParams& p, double lr) {
     const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(item.segment)];
     const AdafactorElementParams e =
         adafactor_element_params(p, t, clip, lr * seg.lr_scale, seg.decay, stats[info.weight_stats], 0.0, info.numel,
-                                 row_means[info.tensor]);
+                                 row_mean(info, seg));
     double u_sq = 0;
     if (item.kind == kTileItem) {
       const float* R = row_col + info.row_state;
@@ -307,7 +312,6 @@ void Adafactor::update_cpu(const AdafactorStepParams& p, double lr) {
   const double* stats = stats_.as<double>();
   const double* u_stats = u_stats_.as<double>();
   const float* row_col = row_col_state_.as<float>();
-  const double* row_means = row_means_.as<double>();
   const float* v_state = v_state_.as<float>();
   float* master = slab_.master().as<float>();
   float* exp_avg = exp_avg_.as<float>();
@@ -323,7 +327,7 @@ void Adafactor::update_cpu(const AdafactorStepParams& p, double lr) {
     const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(item.segment)];
     const AdafactorElementParams e =
         adafactor_element_params(p, t, clip, lr * seg.lr_scale, seg.decay, stats[info.weight_stats],
-                                 u_stats[info.u_stats], info.numel, row_means[info.tensor]);
+                                 u_stats[info.u_stats], info.numel, row_mean(info, seg));
     auto apply = [&](std::int64_t el, float v) {
       const std::int64_t local = el - owned_begin;
       const float u = adafactor_u(adafactor_grad(grad[el], clip), v);

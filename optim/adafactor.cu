@@ -14,7 +14,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kRowBatch = 8;  // rows of a tile whose loads are issued together
+constexpr int kRowBatch = 8;   // rows of a tile whose loads are issued together (scalar path)
+constexpr int kRowBatch4 = 4;  // the same for the float4 path
 
 struct StepState {
   float clip;
@@ -97,13 +98,23 @@ reduce_kernel(AdafactorDeviceView v, const AdafactorReduceItem* reduce, double* 
   const AdafactorReduceItem r = reduce[blockIdx.x];
   const AdafactorSegment info = v.info[r.segment];
   if (r.kind == kReduceColumns) {
+    // Lane = column, warp = every kWarps-th tile; the warps' sums are then added in warp order.
+    __shared__ double warp_sums[kWarps][kAdafactorReduceColumns];
     const Segment seg = v.segments[r.segment];
-    const std::int64_t c = r.col0 + threadIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const std::int64_t c = r.col0 + lane;
+    double sum = 0;
     if (c < seg.cols) {
-      double sum = 0;
       const float* p = v.col_partials + info.first_col_partial + c;
-      for (std::int64_t t = 0; t < info.item_count; ++t) sum += p[t * seg.cols];
-      v.stats[info.row_stats + seg.rows + c] = sum;
+#pragma unroll 8
+      for (std::int64_t t = warp; t < info.item_count; t += kWarps) sum += p[t * seg.cols];
+    }
+    warp_sums[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && c < seg.cols) {
+      double total = 0;
+      for (int w = 0; w < kWarps; ++w) total += warp_sums[w][lane];
+      v.stats[info.row_stats + seg.rows + c] = total;
     }
     return;
   }
@@ -122,35 +133,54 @@ reduce_kernel(AdafactorDeviceView v, const AdafactorReduceItem* reduce, double* 
 // ---- phase 2 -----------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(kThreads)
-row_col_ema_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
+ema_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
   __shared__ double scratch[kWarps];
   const StepState st = read_step_state(v.scalars, p);
   if (st.skip) return;
-  const std::int32_t si = v.factored_segments[blockIdx.x];
-  const Segment seg = v.segments[si];
-  const AdafactorSegment info = v.info[si];
+  const AdafactorEmaItem item = v.ema_items[blockIdx.x];
+  const Segment seg = v.segments[item.segment];
+  const AdafactorSegment info = v.info[item.segment];
   const double beta2 = adafactor_beta2(p, st.t);
-  float* R = v.row_col_state + info.row_state;
-  float* C = R + seg.rows;
-  double row_total = 0;
-  for (std::int64_t i = threadIdx.x; i < seg.rows; i += kThreads) {
-    const float r = adafactor_ema(p, beta2, R[i], v.stats[info.row_stats + i] / seg.cols);
-    R[i] = r;
-    row_total += r;
+  float* state = v.row_col_state + info.row_state + (item.rows ? 0 : seg.rows) + item.begin;
+  const double* sums = v.stats + info.row_stats + (item.rows ? 0 : seg.rows) + item.begin;
+  const double count = item.rows ? seg.cols : seg.rows;
+  double total = 0;
+  for (int i = threadIdx.x; i < item.count; i += kThreads) {
+    const float x = adafactor_ema(p, beta2, state[i], sums[i] / count);
+    state[i] = x;
+    total += x;
   }
-  row_total = block_sum(row_total, scratch);
-  if (threadIdx.x == 0) v.row_means[info.tensor] = seg.rows > 0 ? row_total / seg.rows : 0.0;
-  for (std::int64_t j = threadIdx.x; j < seg.cols; j += kThreads) {
-    C[j] = adafactor_ema(p, beta2, C[j], v.stats[info.row_stats + seg.rows + j] / seg.rows);
-  }
+  total = block_sum(total, scratch);
+  if (threadIdx.x == 0 && item.rows) v.row_partials[item.row_partial] = total;
 }
 
-__device__ AdafactorElementParams element_params(const AdafactorDeviceView& v, const AdafactorStepParams& p,
-                                                 const StepState& st, const Segment& seg,
-                                                 const AdafactorSegment& info, double u_sq_sum) {
-  return adafactor_element_params(p, st.t, st.clip, p.lr * seg.lr_scale, seg.decay, v.stats[info.weight_stats],
-                                  u_sq_sum, info.numel, v.row_means[info.tensor]);
+// mean(R) of a factored segment from the EMA items' partial sums; call from a whole warp.
+__device__ double warp_row_mean(const AdafactorDeviceView& v, const AdafactorSegment& info, const Segment& seg) {
+  if (!info.factored || seg.rows == 0) return 0.0;
+  double total = 0;
+  for (std::int64_t k = threadIdx.x & 31; k < info.row_partial_count; k += 32) {
+    total += v.row_partials[info.first_row_partial + k];
+  }
+  return warp_sum(total) / static_cast<double>(seg.rows);
 }
+
+// The block's element constants, computed by warp 0 into shared memory.
+__device__ void block_element_params(const AdafactorDeviceView& v, const AdafactorStepParams& p,
+                                     const StepState& st, const Segment& seg, const AdafactorSegment& info,
+                                     double u_sq_sum, AdafactorElementParams* out) {
+  if (threadIdx.x < 32) {
+    const double mean = warp_row_mean(v, info, seg);
+    if (threadIdx.x == 0) {
+      *out = adafactor_element_params(p, st.t, st.clip, p.lr * seg.lr_scale, seg.decay, v.stats[info.weight_stats],
+                                      u_sq_sum, info.numel, mean);
+    }
+  }
+  __syncthreads();
+}
+
+// Tiles whose rows are whole float4 groups (cols % 4 == 0; tensors start at multiples of 64,
+// and shard cuts at multiples of 256, so a group lies wholly inside or outside the segment).
+__device__ __forceinline__ bool vector_tile(const Segment& seg) { return (seg.cols & 3) == 0; }
 
 __global__ void __launch_bounds__(kThreads)
 u_statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
@@ -161,11 +191,41 @@ u_statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
   const AdafactorItem item = v.items[blockIdx.x];
   const Segment seg = v.segments[item.segment];
   const AdafactorSegment info = v.info[item.segment];
-  if (threadIdx.x == 0) shared_e = element_params(v, p, st, seg, info, 0.0);
-  __syncthreads();
+  block_element_params(v, p, st, seg, info, 0.0, &shared_e);
   const AdafactorElementParams e = shared_e;
   double u_sq = 0;
-  if (item.kind == kTileItem) {
+  if (item.kind == kTileItem && vector_tile(seg)) {
+    const float* R = v.row_col_state + info.row_state;
+    const float4* C4 = reinterpret_cast<const float4*>(R + seg.rows);
+    const std::int64_t cols4 = seg.cols / 4;
+    const float4* g4 = reinterpret_cast<const float4*>(v.grad + item.first);
+    for (std::int64_t c = threadIdx.x; c < cols4; c += kThreads) {
+      const float4 col = C4[c];
+      for (int r0 = 0; r0 < item.count; r0 += kRowBatch4) {
+        float4 g[kRowBatch4];
+        bool ok[kRowBatch4];
+#pragma unroll
+        for (int k = 0; k < kRowBatch4; ++k) {
+          const std::int64_t i4 = (r0 + k) * cols4 + c;
+          ok[k] = r0 + k < item.count && in_segment(seg, item.first + 4 * i4);
+          g[k] = ok[k] ? __ldcs(g4 + i4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int k = 0; k < kRowBatch4; ++k) {
+          if (!ok[k]) continue;
+          const float row = R[item.row0 + r0 + k];
+          const float u0 = adafactor_u(adafactor_grad(g[k].x, st.clip), adafactor_factored_v(e, row, col.x));
+          const float u1 = adafactor_u(adafactor_grad(g[k].y, st.clip), adafactor_factored_v(e, row, col.y));
+          const float u2 = adafactor_u(adafactor_grad(g[k].z, st.clip), adafactor_factored_v(e, row, col.z));
+          const float u3 = adafactor_u(adafactor_grad(g[k].w, st.clip), adafactor_factored_v(e, row, col.w));
+          u_sq = fma(static_cast<double>(u0), static_cast<double>(u0), u_sq);
+          u_sq = fma(static_cast<double>(u1), static_cast<double>(u1), u_sq);
+          u_sq = fma(static_cast<double>(u2), static_cast<double>(u2), u_sq);
+          u_sq = fma(static_cast<double>(u3), static_cast<double>(u3), u_sq);
+        }
+      }
+    }
+  } else if (item.kind == kTileItem) {
     const float* R = v.row_col_state + info.row_state;
     const float* C = R + seg.rows;
     const std::int64_t cols = seg.cols;
@@ -201,6 +261,21 @@ u_statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
 
 // ---- phase 3 -----------------------------------------------------------------------------
 
+__device__ __forceinline__ void store_mirror4(void* mirror, core::DType dtype, std::int64_t i, float4 w) {
+  uint2 packed;
+  if (dtype == core::DType::bf16) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(w.x, w.y), hi = __floats2bfloat162_rn(w.z, w.w);
+    packed.x = *reinterpret_cast<const unsigned int*>(&lo);
+    packed.y = *reinterpret_cast<const unsigned int*>(&hi);
+    __stcs(reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(mirror) + i), packed);
+  } else {
+    const __half2 lo = __floats2half2_rn(w.x, w.y), hi = __floats2half2_rn(w.z, w.w);
+    packed.x = *reinterpret_cast<const unsigned int*>(&lo);
+    packed.y = *reinterpret_cast<const unsigned int*>(&hi);
+    __stcs(reinterpret_cast<uint2*>(static_cast<__half*>(mirror) + i), packed);
+  }
+}
+
 __device__ __forceinline__ void store_mirror(void* mirror, core::DType dtype, std::int64_t i, float w) {
   if (dtype == core::DType::bf16) {
     static_cast<__nv_bfloat16*>(mirror)[i] = __float2bfloat16_rn(w);
@@ -212,24 +287,57 @@ __device__ __forceinline__ void store_mirror(void* mirror, core::DType dtype, st
 __global__ void __launch_bounds__(kThreads)
 update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
   __shared__ AdafactorElementParams shared_e;
-  __shared__ StepState shared_st;
   const bool has_item = blockIdx.x < v.item_count;  // a slab without items still counts the step
   const AdafactorItem item = has_item ? v.items[blockIdx.x] : AdafactorItem{};
-  if (threadIdx.x == 0) {
-    shared_st = read_step_state(v.scalars, p);
-    if (has_item && !shared_st.skip) {
-      const Segment seg = v.segments[item.segment];
-      shared_e = element_params(v, p, shared_st, seg, v.info[item.segment], v.u_stats[v.info[item.segment].u_stats]);
-    }
+  const StepState st = read_step_state(v.scalars, p);
+  if (has_item && !st.skip) {
+    const AdafactorSegment info = v.info[item.segment];
+    block_element_params(v, p, st, v.segments[item.segment], info, v.u_stats[info.u_stats], &shared_e);
   }
-  __syncthreads();
-  const StepState st = shared_st;
 
   if (has_item) {
     const Segment seg = v.segments[item.segment];
     const AdafactorSegment info = v.info[item.segment];
     const AdafactorElementParams e = shared_e;
-    if (item.kind == kTileItem) {
+    if (item.kind == kTileItem && vector_tile(seg) && !st.skip) {
+      const float* R = v.row_col_state + info.row_state;
+      const float4* C4 = reinterpret_cast<const float4*>(R + seg.rows);
+      const std::int64_t cols4 = seg.cols / 4;
+      float4* g4 = reinterpret_cast<float4*>(v.grad + item.first);
+      const std::int64_t local0 = item.first - v.owned_begin;
+      float4* w4 = reinterpret_cast<float4*>(v.master + local0);
+      float4* m4 = e.use_beta1 ? reinterpret_cast<float4*>(v.exp_avg + local0) : nullptr;
+      const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (std::int64_t c = threadIdx.x; c < cols4; c += kThreads) {
+        const float4 col = C4[c];
+        for (int r0 = 0; r0 < item.count; r0 += kRowBatch4) {
+          float4 g[kRowBatch4], w[kRowBatch4];
+          bool ok[kRowBatch4];
+#pragma unroll
+          for (int k = 0; k < kRowBatch4; ++k) {  // all loads of the batch first: many in flight
+            const std::int64_t i4 = (r0 + k) * cols4 + c;
+            ok[k] = r0 + k < item.count && in_segment(seg, item.first + 4 * i4);
+            g[k] = ok[k] ? __ldcs(g4 + i4) : zero4;
+            w[k] = ok[k] ? __ldcs(w4 + i4) : zero4;
+          }
+#pragma unroll
+          for (int k = 0; k < kRowBatch4; ++k) {
+            if (!ok[k]) continue;
+            const std::int64_t i4 = (r0 + k) * cols4 + c;
+            const float row = R[item.row0 + r0 + k];
+            float4 m = m4 ? m4[i4] : zero4;
+            adafactor_apply(e, w[k].x, &m.x, adafactor_u(adafactor_grad(g[k].x, st.clip), adafactor_factored_v(e, row, col.x)));
+            adafactor_apply(e, w[k].y, &m.y, adafactor_u(adafactor_grad(g[k].y, st.clip), adafactor_factored_v(e, row, col.y)));
+            adafactor_apply(e, w[k].z, &m.z, adafactor_u(adafactor_grad(g[k].z, st.clip), adafactor_factored_v(e, row, col.z)));
+            adafactor_apply(e, w[k].w, &m.w, adafactor_u(adafactor_grad(g[k].w, st.clip), adafactor_factored_v(e, row, col.w)));
+            if (m4) m4[i4] = m;
+            __stcs(w4 + i4, w[k]);
+            __stcs(g4 + i4, zero4);
+            store_mirror4(v.mirror, v.mirror_dtype, item.first + 4 * i4, w[k]);
+          }
+        }
+      }
+    } else     if (item.kind == kTileItem) {
       const float* R = v.row_col_state + info.row_state;
       const float* C = R + seg.rows;
       const std::int64_t cols = seg.cols;
@@ -309,9 +417,9 @@ void launch_adafactor_statistics(const AdafactorDeviceView& v, const AdafactorSt
 
 void launch_adafactor_second_moments(const AdafactorDeviceView& v, const AdafactorStepParams& p,
                                      cudaStream_t stream) {
-  if (v.factored_count > 0) {
-    row_col_ema_kernel<<<grid_of(v.factored_count), kThreads, 0, stream>>>(v, p);
-    CUDA_CHECK_LAUNCH("adafactor row_col_ema_kernel");
+  if (v.ema_count > 0) {
+    ema_kernel<<<grid_of(v.ema_count), kThreads, 0, stream>>>(v, p);
+    CUDA_CHECK_LAUNCH("adafactor ema_kernel");
   }
   if (v.item_count > 0) {
     u_statistics_kernel<<<grid_of(v.item_count), kThreads, 0, stream>>>(v, p);

@@ -3,7 +3,7 @@
 //   phase 0: gradient statistics (shared with every optimizer)
 //   phase 1: A  row sums, column partials and weight sums of squares (tiles / chunks)
 //            B  column sums and per-tensor weight sums from the partials      -> `stats` slab
-//   phase 2: C  EMA of the row/column statistics, mean of the rows (factored tensors)
+//   phase 2: C  EMA of the row/column statistics, partial sums of the new rows (factored tensors)
 //            D  per-item sums of U*U (and the full-v EMA of non-factored tensors)
 //            E  per-tensor sums of U*U                                          -> `u_stats` slab
 //   phase 3: F  update: weights (+ first moment), mirror, gradient zeroing, step counter
@@ -32,10 +32,10 @@ struct AdafactorDeviceView {
   std::int64_t reduce_stats_count;
   const AdafactorReduceItem* reduce_u;
   std::int64_t reduce_u_count;
-  const std::int32_t* factored_segments;
-  std::int64_t factored_count;
+  const AdafactorEmaItem* ema_items;
+  std::int64_t ema_count;
   float* row_col_state;
-  double* row_means;
+  double* row_partials;
   float* v_state;
   float* exp_avg;  // null without beta1
   double* stats;
@@ -69,10 +69,11 @@ class Adafactor final : public Optimizer {
   void statistics_cpu(const AdafactorStepParams& p);
   void second_moments_cpu(const AdafactorStepParams& p, double lr);
   void update_cpu(const AdafactorStepParams& p, double lr);
+  double row_mean(const AdafactorSegment& info, const Segment& seg) const;  // mean(R), CPU
 
   AdafactorPlan plan_;
   core::Buffer row_col_state_;
-  core::Buffer row_means_;     // double per tensor: mean of R (factored tensors)
+  core::Buffer row_partials_;  // double: partial sums of the updated R (their mean is mean(R))
   core::Buffer v_state_;
   core::Buffer exp_avg_;
   core::Buffer stats_;         // double, plan_.stats_size
@@ -80,7 +81,7 @@ class Adafactor final : public Optimizer {
   core::Buffer item_partials_; // double per item
   core::Buffer col_partials_;  // float, plan_.col_partials_size
   // Device copies of the plan's tables (cuda only).
-  core::Buffer items_, segment_info_, reduce_stats_, reduce_u_, factored_segments_;
+  core::Buffer items_, segment_info_, reduce_stats_, reduce_u_, ema_items_;
 };
 
 void launch_adafactor_statistics(const AdafactorDeviceView& view, const AdafactorStepParams& params,

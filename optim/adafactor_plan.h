@@ -19,7 +19,8 @@
 namespace optim {
 
 inline constexpr int kAdafactorTileRows = 64;
-inline constexpr int kAdafactorReduceColumns = 256;
+inline constexpr int kAdafactorReduceColumns = 32;  // columns per reduction item (one per lane)
+inline constexpr int kAdafactorEmaSpan = 2048;      // row or column statistics per EMA item
 
 enum AdafactorItemKind : std::int32_t { kChunkItem = 0, kTileItem = 1 };
 
@@ -43,6 +44,8 @@ struct AdafactorSegment {
   std::int64_t weight_stats = 0;  // offset of its weight sum of squares in `stats`
   std::int64_t u_stats = 0;       // offset of its sum of U*U in `u_stats`
   std::int64_t first_col_partial = 0;  // factored: column partials of its first tile
+  std::int64_t first_row_partial = 0;  // factored: partial sums of its updated R (mean of R)
+  std::int64_t row_partial_count = 0;
   double numel = 0;                    // elements of the whole tensor
   std::int32_t tensor = 0;
   std::int32_t factored = 0;
@@ -56,17 +59,28 @@ struct AdafactorReduceItem {
   std::int32_t col0 = 0;  // kReduceColumns: first of up to kAdafactorReduceColumns columns
 };
 
+// A range of one factored tensor's row (or column) statistics whose EMA one block updates;
+// row ranges also write the sum of their new values (partial sums of mean(R)).
+struct AdafactorEmaItem {
+  std::int64_t begin = 0;
+  std::int32_t count = 0;
+  std::int32_t segment = 0;
+  std::int32_t rows = 1;           // 1: row statistics, 0: column statistics
+  std::int32_t row_partial = -1;   // rows: index of its partial sum
+};
+
 struct AdafactorPlan {
   std::vector<AdafactorItem> items;
   std::vector<AdafactorSegment> segments;  // parallel to the slab's owned segments
   std::vector<AdafactorReduceItem> reduce_stats;  // columns and weight sums
   std::vector<AdafactorReduceItem> reduce_u;      // sums of U*U
-  std::vector<std::int32_t> factored_segments;    // owned segments that are factored
+  std::vector<AdafactorEmaItem> ema_items;         // statistics EMA work (factored segments)
   std::int64_t stats_size = 0;      // doubles in `stats`
   std::int64_t u_stats_size = 0;    // doubles in `u_stats`
   std::int64_t row_col_state_size = 0;  // floats of R and C for every factored tensor
   std::int64_t v_state_size = 0;        // floats of full v for owned non-factored segments
   std::int64_t col_partials_size = 0;   // floats of tile column partials
+  std::int64_t row_partials_size = 0;   // doubles of partial sums of R
   std::int64_t factored_tensors = 0;
 };
 

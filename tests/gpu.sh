@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs in one go: configure + build with all cores, the gpu (and cpu)
 # tests, the fixture generators, and the benchmarks with their PyTorch peers.
-# Logs and results go to $OUT (default ./gpu-out). Usage: tests/gpu.sh [build|test|fixtures|bench]...
+# Logs and results go to $OUT (default ./gpu-out). Usage: tests/gpu.sh [build|test|fixtures|bench|quality]...
+# (quality, not in the default list, trains on .carry/kjv.txt: a copy of the King James Bible text.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -19,6 +20,17 @@ bench_with_peer() {
   python3 "$peer" > "$tmp/peer.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
   cat "$tmp/ours.json" >> "$OUT/bench.log"
   python3 bench/record.py "$tmp/ours.json" "$tmp/peer.json" "$OUT/optimizers.jsonl" --commit "$COMMIT"
+}
+
+# Runs optimizer_bench for one optimizer and, in the same run, for our fp32 AdamW (its peer);
+# appends the joined record.
+bench_vs_adamw() {
+  local type=$1 tmp
+  tmp=$(mktemp -d)
+  build/bench/optimizer_bench --optimizer adamw > "$tmp/adamw.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
+  build/bench/optimizer_bench --optimizer "$type" > "$tmp/ours.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
+  cat "$tmp/ours.json" >> "$OUT/bench.log"
+  python3 bench/record_vs_adamw.py "$tmp/ours.json" "$tmp/adamw.json" "$OUT/optimizers.jsonl" --commit "$COMMIT"
 }
 
 run_step() {
@@ -39,8 +51,14 @@ run_step() {
       return $rc
       ;;
     bench)
+      bench_vs_adamw adamw8bit || return 1
       bench_with_peer adamw bench/peer_adamw.py || return 1
       bench_with_peer adafactor bench/peer_adafactor.py || return 1
+      ;;
+    quality)
+      [ -f .carry/kjv.txt ] || { echo "quality: .carry/kjv.txt is missing"; return 1; }
+      build/bench/adamw8bit_quality --data .carry/kjv.txt --out "$OUT/optimizers.jsonl" --commit "$COMMIT" \
+        2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
       ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
