@@ -41,6 +41,8 @@ Adafactor::Adafactor(const OptimizerConfig& config, Slab& slab, const core::Devi
   stats_ = zeroed(context, static_cast<std::size_t>(plan_.stats_size) * sizeof(double));
   u_stats_ = zeroed(context, static_cast<std::size_t>(plan_.u_stats_size) * sizeof(double));
   item_partials_ = zeroed(context, plan_.items.size() * sizeof(double));
+  grad_partials_ = zeroed(context, plan_.items.size() * sizeof(double));
+  nonfinite_partials_ = zeroed(context, plan_.items.size() * sizeof(unsigned long long));
   col_partials_ = zeroed(context, static_cast<std::size_t>(plan_.col_partials_size) * sizeof(float));
   if (on_cuda()) {
     items_ = table_on_device(context, plan_.items);
@@ -53,9 +55,13 @@ Adafactor::Adafactor(const OptimizerConfig& config, Slab& slab, const core::Devi
 }
 
 std::vector<Partial> Adafactor::phase_partials(int phase) {
-  if (phase == 1) return {{stats_.data(), core::DType::f64, static_cast<std::size_t>(plan_.stats_size)}};
-  if (phase == 2) return {{u_stats_.data(), core::DType::f64, static_cast<std::size_t>(plan_.u_stats_size)}};
-  return Optimizer::phase_partials(phase);
+  if (phase == 0) {
+    auto partials = Optimizer::phase_partials(0);  // the gradient statistics
+    partials.push_back({stats_.data(), core::DType::f64, static_cast<std::size_t>(plan_.stats_size)});
+    return partials;
+  }
+  if (phase == 1) return {{u_stats_.data(), core::DType::f64, static_cast<std::size_t>(plan_.u_stats_size)}};
+  return {};
 }
 
 std::vector<StateBuffer> Adafactor::state_buffers() {
@@ -109,28 +115,30 @@ AdafactorDeviceView Adafactor::device_view() {
                         plan_.stats_size,
                         u_stats_.as<double>(),
                         item_partials_.as<double>(),
+                        grad_partials_.as<double>(),
+                        nonfinite_partials_.as<unsigned long long>(),
                         col_partials_.as<float>(),
                         scalars()};
+}
+
+void Adafactor::run_first_phase(double lr) {
+  const AdafactorStepParams p = step_params(lr);
+  if (!on_cuda()) {
+    statistics_cpu(p);
+    return;
+  }
+  stats_.fill_bytes(0, context().stream());
+  launch_adafactor_statistics(device_view(), p, context().stream());
 }
 
 void Adafactor::run_middle_phase(int phase, double lr) {
   const AdafactorStepParams p = step_params(lr);
   if (!on_cuda()) {
-    if (phase == 1) {
-      statistics_cpu(p);
-    } else {
-      second_moments_cpu(p, lr);
-    }
+    second_moments_cpu(p, lr);
     return;
   }
-  const AdafactorDeviceView v = device_view();
-  if (phase == 1) {
-    stats_.fill_bytes(0, context().stream());
-    launch_adafactor_statistics(v, p, context().stream());
-  } else {
-    u_stats_.fill_bytes(0, context().stream());
-    launch_adafactor_second_moments(v, p, context().stream());
-  }
+  u_stats_.fill_bytes(0, context().stream());
+  launch_adafactor_second_moments(device_view(), p, context().stream());
 }
 
 void Adafactor::update(double lr) {
@@ -146,13 +154,14 @@ void Adafactor::update(double lr) {
 // ---- CPU reference -------------------------------------------------------------------------
 
 void Adafactor::statistics_cpu(const AdafactorStepParams& p) {
-  const StepScalars& s = *scalars();
-  const float clip = clip_coefficient(s.grad_sq_sum, p.max_norm);
+  StepScalars& s = *scalars();
   const float* grad = slab_.grad().as<float>();
   const float* master = slab_.master().as<float>();
   const std::int64_t owned_begin = slab_.owned().begin;
   double* stats = stats_.as<double>();
   double* partials = item_partials_.as<double>();
+  double* grad_partials = grad_partials_.as<double>();
+  auto* nonfinite_partials = nonfinite_partials_.as<unsigned long long>();
   float* col_partials = col_partials_.as<float>();
   const auto& segments = slab_.segments();
   std::memset(stats, 0, stats_.bytes());
@@ -164,12 +173,22 @@ void Adafactor::statistics_cpu(const AdafactorStepParams& p) {
     const Segment& seg = segments[static_cast<std::size_t>(item.segment)];
     const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(item.segment)];
     const std::int64_t lo = seg.offset, hi = seg.offset + seg.length;
-    double weight_sq = 0;
-    auto add_weight = [&](std::int64_t e) {
+    double weight_sq = 0, grad_sq = 0;
+    unsigned long long nonfinite = 0;
+    // Statistics of the unclipped gradient; a non-finite element counts as 0 (and is counted).
+    auto squared_grad = [&](std::int64_t e) {
       if (p.scale_parameter) {
         const double w = master[e - owned_begin];
         weight_sq += w * w;
       }
+      const float g = grad[e];
+      if (!fp::finite(g)) {
+        ++nonfinite;
+        return 0.0f;
+      }
+      const float g2 = fp::mul(g, g);
+      grad_sq += g2;
+      return g2;
     };
     if (item.kind == kTileItem) {
       const std::int64_t cols = seg.cols;
@@ -179,11 +198,9 @@ void Adafactor::statistics_cpu(const AdafactorStepParams& p) {
         for (std::int64_t c = 0; c < cols; ++c) {
           const std::int64_t e = item.first + r * cols + c;
           if (e < lo || e >= hi) continue;
-          const float g = adafactor_grad(grad[e], clip);
-          const double g2 = fp::mul(g, g);
+          const double g2 = squared_grad(e);
           row_sum += g2;
           col_sum[static_cast<std::size_t>(c)] += g2;
-          add_weight(e);
         }
         stats[info.row_stats + item.row0 + r] = row_sum;
       }
@@ -191,15 +208,28 @@ void Adafactor::statistics_cpu(const AdafactorStepParams& p) {
         col_partials[item.col_partials + c] = static_cast<float>(col_sum[static_cast<std::size_t>(c)]);
       }
     } else {
-      for (std::int64_t e = item.first; e < item.first + item.count; ++e) add_weight(e);
+      for (std::int64_t e = item.first; e < item.first + item.count; ++e) squared_grad(e);
     }
     partials[i] = weight_sq;
+    grad_partials[i] = grad_sq;
+    nonfinite_partials[i] = nonfinite;
   }
 
   const auto reduce_count = static_cast<std::int64_t>(plan_.reduce_stats.size());
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t k = 0; k < reduce_count; ++k) {
     const AdafactorReduceItem& r = plan_.reduce_stats[static_cast<std::size_t>(k)];
+    if (r.kind == kReduceGrad) {
+      double sum = 0;
+      unsigned long long count = 0;
+      for (std::int64_t i = 0; i < item_count; ++i) {
+        sum += grad_partials[i];
+        count += nonfinite_partials[i];
+      }
+      s.grad_sq_sum = sum;
+      s.nonfinite = count;
+      continue;
+    }
     const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(r.segment)];
     const Segment& seg = segments[static_cast<std::size_t>(r.segment)];
     if (r.kind == kReduceColumns) {
@@ -238,7 +268,8 @@ void Adafactor::second_moments_cpu(const AdafactorStepParams& p, double lr) {
   double* row_partials = row_partials_.as<double>();
   const auto& segments = slab_.segments();
 
-  // C: EMA of the row and column statistics; partial sums of the new rows.
+  // C: EMA of the row and column statistics (of the clipped gradient); partial sums of the new rows.
+  const double clip_sq = static_cast<double>(clip) * static_cast<double>(clip);
   for (const AdafactorEmaItem& item : plan_.ema_items) {
     const Segment& seg = segments[static_cast<std::size_t>(item.segment)];
     const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(item.segment)];
@@ -247,7 +278,7 @@ void Adafactor::second_moments_cpu(const AdafactorStepParams& p, double lr) {
     const double count = item.rows ? seg.cols : seg.rows;
     double total = 0;
     for (std::int32_t i = 0; i < item.count; ++i) {
-      state[i] = adafactor_ema(p, beta2, state[i], sums[i] / count);
+      state[i] = adafactor_ema(p, beta2, state[i], clip_sq * sums[i] / count);
       total += state[i];
     }
     if (item.rows) row_partials[item.row_partial] = total;

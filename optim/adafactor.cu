@@ -34,61 +34,133 @@ __device__ __forceinline__ bool in_segment(const Segment& s, std::int64_t e) {
 
 // ---- phase 1 -----------------------------------------------------------------------------
 
+// Tiles whose rows are whole float4 groups (cols % 4 == 0; tensors start at multiples of 64,
+// and shard cuts at multiples of 256, so a group lies wholly inside or outside the segment).
+__device__ __forceinline__ bool vector_tile(const Segment& seg) { return (seg.cols & 3) == 0; }
+
+// Square of an unclipped gradient element for the statistics; non-finite counts as 0 and is counted.
+__device__ __forceinline__ float squared_grad(float g, unsigned int& nonfinite, double& grad_sq) {
+  if (!isfinite(g)) {
+    ++nonfinite;
+    return 0.0f;
+  }
+  const float g2 = fp::mul(g, g);
+  grad_sq += g2;
+  return g2;
+}
+
 __global__ void __launch_bounds__(kThreads)
 statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
-  __shared__ double row_scratch[kWarps][kAdafactorTileRows];
+  __shared__ float row_part[kWarps][kAdafactorTileRows];  // per-warp row sums, lane 0 writes
   __shared__ double scratch[kWarps];
+  __shared__ unsigned long long count_scratch[kWarps];
   const AdafactorItem item = v.items[blockIdx.x];
   const Segment seg = v.segments[item.segment];
   const AdafactorSegment info = v.info[item.segment];
-  const float clip = clip_coefficient(v.scalars->grad_sq_sum, p.max_norm);
-  double weight_sq = 0;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  double weight_sq = 0, grad_sq = 0;
+  unsigned int nonfinite = 0;
 
   if (item.kind == kTileItem) {
-    const std::int64_t cols = seg.cols;
-    float row_acc[kAdafactorTileRows];
+    for (int i = threadIdx.x; i < kWarps * kAdafactorTileRows; i += kThreads) (&row_part[0][0])[i] = 0.0f;
+    __syncthreads();
+    if (vector_tile(seg)) {
+      const std::int64_t cols4 = seg.cols / 4;
+      const float4* g4 = reinterpret_cast<const float4*>(v.grad + item.first);
+      const float4* w4 = reinterpret_cast<const float4*>(v.master + (item.first - v.owned_begin));
+      const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (std::int64_t base = 0; base < cols4; base += kThreads) {  // uniform trip count: shuffles below
+        const std::int64_t c = base + threadIdx.x;
+        double col0 = 0, col1 = 0, col2 = 0, col3 = 0;
+        for (int r0 = 0; r0 < item.count; r0 += kRowBatch4) {
+          float4 g[kRowBatch4], w[kRowBatch4];
+          bool ok[kRowBatch4];
 #pragma unroll
-    for (int r = 0; r < kAdafactorTileRows; ++r) row_acc[r] = 0.0f;
-    for (std::int64_t c = threadIdx.x; c < cols; c += kThreads) {
-      double col = 0;
+          for (int k = 0; k < kRowBatch4; ++k) {  // all loads of the batch first: many in flight
+            const std::int64_t i4 = (r0 + k) * cols4 + c;
+            ok[k] = c < cols4 && r0 + k < item.count && in_segment(seg, item.first + 4 * i4);
+            g[k] = ok[k] ? __ldcs(g4 + i4) : zero4;
+            w[k] = ok[k] && p.scale_parameter ? w4[i4] : zero4;
+          }
 #pragma unroll
-      for (int r = 0; r < kAdafactorTileRows; ++r) {
-        if (r < item.count) {
-          const std::int64_t e = item.first + r * cols + c;
-          if (in_segment(seg, e)) {
-            const float g = adafactor_grad(v.grad[e], clip);
-            const float g2 = fp::mul(g, g);
-            row_acc[r] += g2;
-            col += g2;
-            if (p.scale_parameter) {
-              const double w = v.master[e - v.owned_begin];
-              weight_sq = fma(w, w, weight_sq);
+          for (int k = 0; k < kRowBatch4; ++k) {
+            const float a = squared_grad(g[k].x, nonfinite, grad_sq);
+            const float b = squared_grad(g[k].y, nonfinite, grad_sq);
+            const float cc = squared_grad(g[k].z, nonfinite, grad_sq);
+            const float d = squared_grad(g[k].w, nonfinite, grad_sq);
+            col0 += a;
+            col1 += b;
+            col2 += cc;
+            col3 += d;
+            weight_sq = fma(static_cast<double>(w[k].x), static_cast<double>(w[k].x), weight_sq);
+            weight_sq = fma(static_cast<double>(w[k].y), static_cast<double>(w[k].y), weight_sq);
+            weight_sq = fma(static_cast<double>(w[k].z), static_cast<double>(w[k].z), weight_sq);
+            weight_sq = fma(static_cast<double>(w[k].w), static_cast<double>(w[k].w), weight_sq);
+            const float row = warp_sum((a + b) + (cc + d));
+            if (lane == 0 && r0 + k < item.count) row_part[warp][r0 + k] += row;
+          }
+        }
+        if (c < cols4) {
+          float* out = v.col_partials + item.col_partials + 4 * c;
+          out[0] = static_cast<float>(col0);
+          out[1] = static_cast<float>(col1);
+          out[2] = static_cast<float>(col2);
+          out[3] = static_cast<float>(col3);
+        }
+      }
+    } else {
+      const std::int64_t cols = seg.cols;
+      float row_acc[kAdafactorTileRows];
+#pragma unroll
+      for (int r = 0; r < kAdafactorTileRows; ++r) row_acc[r] = 0.0f;
+      for (std::int64_t c = threadIdx.x; c < cols; c += kThreads) {
+        double col = 0;
+#pragma unroll
+        for (int r = 0; r < kAdafactorTileRows; ++r) {
+          if (r < item.count) {
+            const std::int64_t e = item.first + r * cols + c;
+            if (in_segment(seg, e)) {
+              const float g2 = squared_grad(v.grad[e], nonfinite, grad_sq);
+              row_acc[r] += g2;
+              col += g2;
+              if (p.scale_parameter) {
+                const double w = v.master[e - v.owned_begin];
+                weight_sq = fma(w, w, weight_sq);
+              }
             }
           }
         }
+        v.col_partials[item.col_partials + c] = static_cast<float>(col);
       }
-      v.col_partials[item.col_partials + c] = static_cast<float>(col);
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-    for (int r = 0; r < kAdafactorTileRows; ++r) {
-      const float s = warp_sum(row_acc[r]);
-      if (lane == 0) row_scratch[warp][r] = s;
+      for (int r = 0; r < kAdafactorTileRows; ++r) {
+        const float s = warp_sum(row_acc[r]);
+        if (lane == 0) row_part[warp][r] = s;
+      }
     }
     __syncthreads();
     if (threadIdx.x < item.count) {
       double total = 0;
-      for (int w = 0; w < kWarps; ++w) total += row_scratch[w][threadIdx.x];
+      for (int w = 0; w < kWarps; ++w) total += row_part[w][threadIdx.x];
       v.stats[info.row_stats + item.row0 + threadIdx.x] = total;
     }
-  } else if (p.scale_parameter) {
+  } else {
     for (std::int64_t e = item.first + threadIdx.x; e < item.first + item.count; e += kThreads) {
-      const double w = v.master[e - v.owned_begin];
-      weight_sq = fma(w, w, weight_sq);
+      squared_grad(v.grad[e], nonfinite, grad_sq);
+      if (p.scale_parameter) {
+        const double w = v.master[e - v.owned_begin];
+        weight_sq = fma(w, w, weight_sq);
+      }
     }
   }
-  const double total = block_sum(weight_sq, scratch);
-  if (threadIdx.x == 0) v.item_partials[blockIdx.x] = total;
+  weight_sq = block_sum(weight_sq, scratch);
+  grad_sq = block_sum(grad_sq, scratch);
+  const unsigned long long count = block_sum(static_cast<unsigned long long>(nonfinite), count_scratch);
+  if (threadIdx.x == 0) {
+    v.item_partials[blockIdx.x] = weight_sq;
+    v.grad_partials[blockIdx.x] = grad_sq;
+    v.nonfinite_partials[blockIdx.x] = count;
+  }
 }
 
 // Column sums and per-tensor sums from per-item partials (phases 1 and 2).
@@ -96,6 +168,22 @@ __global__ void __launch_bounds__(kThreads)
 reduce_kernel(AdafactorDeviceView v, const AdafactorReduceItem* reduce, double* out_u) {
   __shared__ double scratch[kWarps];
   const AdafactorReduceItem r = reduce[blockIdx.x];
+  if (r.kind == kReduceGrad) {  // the step's gradient statistics, from every item in order
+    __shared__ unsigned long long count_scratch[kWarps];
+    double sum = 0;
+    unsigned long long count = 0;
+    for (std::int64_t k = threadIdx.x; k < v.item_count; k += kThreads) {
+      sum += v.grad_partials[k];
+      count += v.nonfinite_partials[k];
+    }
+    sum = block_sum(sum, scratch);
+    count = block_sum(count, count_scratch);
+    if (threadIdx.x == 0) {
+      v.scalars->grad_sq_sum = sum;
+      v.scalars->nonfinite = count;
+    }
+    return;
+  }
   const AdafactorSegment info = v.info[r.segment];
   if (r.kind == kReduceColumns) {
     // Lane = column, warp = every kWarps-th tile; the warps' sums are then added in warp order.
@@ -144,9 +232,10 @@ ema_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
   float* state = v.row_col_state + info.row_state + (item.rows ? 0 : seg.rows) + item.begin;
   const double* sums = v.stats + info.row_stats + (item.rows ? 0 : seg.rows) + item.begin;
   const double count = item.rows ? seg.cols : seg.rows;
+  const double clip_sq = static_cast<double>(st.clip) * static_cast<double>(st.clip);  // statistics are of the unclipped g
   double total = 0;
   for (int i = threadIdx.x; i < item.count; i += kThreads) {
-    const float x = adafactor_ema(p, beta2, state[i], sums[i] / count);
+    const float x = adafactor_ema(p, beta2, state[i], clip_sq * sums[i] / count);
     state[i] = x;
     total += x;
   }
@@ -178,10 +267,6 @@ __device__ void block_element_params(const AdafactorDeviceView& v, const Adafact
   __syncthreads();
 }
 
-// Tiles whose rows are whole float4 groups (cols % 4 == 0; tensors start at multiples of 64,
-// and shard cuts at multiples of 256, so a group lies wholly inside or outside the segment).
-__device__ __forceinline__ bool vector_tile(const Segment& seg) { return (seg.cols & 3) == 0; }
-
 __global__ void __launch_bounds__(kThreads)
 u_statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
   __shared__ double scratch[kWarps];
@@ -196,11 +281,11 @@ u_statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
   double u_sq = 0;
   if (item.kind == kTileItem && vector_tile(seg)) {
     const float* R = v.row_col_state + info.row_state;
-    const float4* C4 = reinterpret_cast<const float4*>(R + seg.rows);
+    const float* C = R + seg.rows;  // not 16-byte aligned: read as scalars
     const std::int64_t cols4 = seg.cols / 4;
     const float4* g4 = reinterpret_cast<const float4*>(v.grad + item.first);
     for (std::int64_t c = threadIdx.x; c < cols4; c += kThreads) {
-      const float4 col = C4[c];
+      const float4 col = make_float4(C[4 * c], C[4 * c + 1], C[4 * c + 2], C[4 * c + 3]);
       for (int r0 = 0; r0 < item.count; r0 += kRowBatch4) {
         float4 g[kRowBatch4];
         bool ok[kRowBatch4];
@@ -301,7 +386,7 @@ update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
     const AdafactorElementParams e = shared_e;
     if (item.kind == kTileItem && vector_tile(seg) && !st.skip) {
       const float* R = v.row_col_state + info.row_state;
-      const float4* C4 = reinterpret_cast<const float4*>(R + seg.rows);
+      const float* C = R + seg.rows;  // not 16-byte aligned: read as scalars
       const std::int64_t cols4 = seg.cols / 4;
       float4* g4 = reinterpret_cast<float4*>(v.grad + item.first);
       const std::int64_t local0 = item.first - v.owned_begin;
@@ -309,7 +394,7 @@ update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
       float4* m4 = e.use_beta1 ? reinterpret_cast<float4*>(v.exp_avg + local0) : nullptr;
       const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
       for (std::int64_t c = threadIdx.x; c < cols4; c += kThreads) {
-        const float4 col = C4[c];
+        const float4 col = make_float4(C[4 * c], C[4 * c + 1], C[4 * c + 2], C[4 * c + 3]);
         for (int r0 = 0; r0 < item.count; r0 += kRowBatch4) {
           float4 g[kRowBatch4], w[kRowBatch4];
           bool ok[kRowBatch4];

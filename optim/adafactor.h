@@ -1,14 +1,14 @@
 // Fused multi-tensor Adafactor over the slab (adafactor_math.h has the formulas). A step is a
 // fixed number of launches whatever the number of tensors:
-//   phase 0: gradient statistics (shared with every optimizer)
-//   phase 1: A  row sums, column partials and weight sums of squares (tiles / chunks)
-//            B  column sums and per-tensor weight sums from the partials      -> `stats` slab
-//   phase 2: C  EMA of the row/column statistics, partial sums of the new rows (factored tensors)
+//   phase 0: A  row sums, column partials and weight sums of squares (tiles / chunks), and the
+//               gradient's sum of squares and non-finite count (the step's gradient statistics)
+//            B  column sums, per-tensor weight sums, the gradient norm      -> `stats` slab, scalars
+//   phase 1: C  EMA of the row/column statistics (scaled by clip^2), partial sums of the new rows
 //            D  per-item sums of U*U (and the full-v EMA of non-factored tensors)
 //            E  per-tensor sums of U*U                                          -> `u_stats` slab
-//   phase 3: F  update: weights (+ first moment), mirror, gradient zeroing, step counter
-// Under ZeRO the two statistics slabs are summed across ranks after phases 1 and 2; the row and
-// column state of factored tensors is replicated.
+//   phase 2: F  update: weights (+ first moment), mirror, gradient zeroing, step counter
+// Under ZeRO the statistics slabs (and the gradient statistics) are summed across ranks after
+// phases 0 and 1; the row and column state of factored tensors is replicated.
 #pragma once
 
 #include "optim/adafactor_math.h"
@@ -42,6 +42,8 @@ struct AdafactorDeviceView {
   std::int64_t stats_size;
   double* u_stats;
   double* item_partials;
+  double* grad_partials;
+  unsigned long long* nonfinite_partials;
   float* col_partials;
   StepScalars* scalars;
 };
@@ -51,7 +53,7 @@ class Adafactor final : public Optimizer {
   Adafactor(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context,
             std::int64_t chunk_elements = kDefaultChunkElements);
 
-  int phase_count() const override { return 4; }
+  int phase_count() const override { return 3; }
   std::vector<Partial> phase_partials(int phase) override;
   std::vector<StateBuffer> state_buffers() override;
 
@@ -61,6 +63,7 @@ class Adafactor final : public Optimizer {
   core::Buffer& exp_avg() { return exp_avg_; }              // first moment over the owned range (beta1 only)
 
  private:
+  void run_first_phase(double lr) override;
   void run_middle_phase(int phase, double lr) override;
   void update(double lr) override;
   AdafactorStepParams step_params(double lr) const;
@@ -78,7 +81,9 @@ class Adafactor final : public Optimizer {
   core::Buffer exp_avg_;
   core::Buffer stats_;         // double, plan_.stats_size
   core::Buffer u_stats_;       // double, plan_.u_stats_size
-  core::Buffer item_partials_; // double per item
+  core::Buffer item_partials_; // double per item: weight sums of squares, later U*U sums
+  core::Buffer grad_partials_; // double per item: gradient sums of squares
+  core::Buffer nonfinite_partials_;  // u64 per item
   core::Buffer col_partials_;  // float, plan_.col_partials_size
   // Device copies of the plan's tables (cuda only).
   core::Buffer items_, segment_info_, reduce_stats_, reduce_u_, ema_items_;

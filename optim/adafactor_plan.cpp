@@ -88,6 +88,7 @@ AdafactorPlan make_adafactor_plan(const SlabLayout& layout, const std::vector<Se
     plan.reduce_u.push_back({static_cast<std::int32_t>(si), kReduceU, 0});
     plan.segments.push_back(info);
   }
+  plan.reduce_stats.push_back({0, kReduceGrad, 0});
   return plan;
 }
 

@@ -52,7 +52,7 @@ struct AdafactorSegment {
 };
 
 // A reduction of per-item partials into a statistics slab entry.
-enum AdafactorReduceKind : std::int32_t { kReduceColumns = 0, kReduceWeights = 1, kReduceU = 2 };
+enum AdafactorReduceKind : std::int32_t { kReduceColumns = 0, kReduceWeights = 1, kReduceU = 2, kReduceGrad = 3 };
 struct AdafactorReduceItem {
   std::int32_t segment = 0;
   std::int32_t kind = kReduceColumns;
@@ -72,7 +72,7 @@ struct AdafactorEmaItem {
 struct AdafactorPlan {
   std::vector<AdafactorItem> items;
   std::vector<AdafactorSegment> segments;  // parallel to the slab's owned segments
-  std::vector<AdafactorReduceItem> reduce_stats;  // columns and weight sums
+  std::vector<AdafactorReduceItem> reduce_stats;  // columns, weight sums, and (last) the gradient norm
   std::vector<AdafactorReduceItem> reduce_u;      // sums of U*U
   std::vector<AdafactorEmaItem> ema_items;         // statistics EMA work (factored segments)
   std::int64_t stats_size = 0;      // doubles in `stats`

@@ -102,7 +102,9 @@ struct QuantisedChunkCpu {
         max_m = std::fmax(max_m, std::fabs(mi));
         max_v = std::fmax(max_v, vi);
       }
-      const CodeScale code_m = Codec::code_scale(max_m), code_v = Codec::code_scale(max_v);
+      max_m = block_scale(max_m);
+      max_v = block_scale(max_v);
+      const CodeScale code_m = Codec::code_scale_m(max_m), code_v = Codec::code_scale_v(max_v);
       for (int e = 0; e < kQuantBlock; ++e) {
         std::uint8_t cm = 0, cv = 0;
         if (owner[e] >= 0) {

@@ -87,11 +87,12 @@ struct ChunkShared {
 };
 
 // One 4-element group of a quantised block: dequantise, AdamW in fp32, store w / mirror / g.
-// Leaves the updated m and v (0 for non-members) for the block maxima and the requantisation.
+// All four lanes are computed (no per-element branches); only member elements are stored, and
+// the updated m and v of non-members read as 0 for the block maxima and the requantisation.
 template <Quantization Q, typename Half>
 __device__ __forceinline__ void update_group(const AdamW8bitBuffers& b, Half* mirror, std::int64_t i, unsigned mask,
                                              std::uint32_t codes_m, std::uint32_t codes_v, float scale_m,
-                                             float scale_v, const AdamWElementParams& e, float4& m, float4& v) {
+                                             float scale_v, const AdamWElementParams e, float4& m, float4& v) {
   using Codec = MomentCodec<Q>;
   m = make_float4(0.f, 0.f, 0.f, 0.f);
   v = m;
@@ -101,13 +102,12 @@ __device__ __forceinline__ void update_group(const AdamW8bitBuffers& b, Half* mi
   const float4 g = load4(b.grad + i, mask);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    if (mask & (1u << k)) {
-      float mk = Codec::decode_m(static_cast<std::uint8_t>(codes_m >> (8 * k)), scale_m);
-      float vk = Codec::decode_v(static_cast<std::uint8_t>(codes_v >> (8 * k)), scale_v);
-      adamw_element(lane_of(w, k), mk, vk, lane_value(g, k), e);
-      lane_of(m, k) = mk;
-      lane_of(v, k) = vk;
-    }
+    float mk = Codec::decode_m(static_cast<std::uint8_t>(codes_m >> (8 * k)), scale_m);
+    float vk = Codec::decode_v(static_cast<std::uint8_t>(codes_v >> (8 * k)), scale_v);
+    adamw_element(lane_of(w, k), mk, vk, lane_value(g, k), e);
+    const bool member = (mask >> k) & 1u;
+    lane_of(m, k) = member ? mk : 0.0f;
+    lane_of(v, k) = member ? vk : 0.0f;
   }
   store4(b.master + local, w, mask);
   store4(b.grad + i, make_float4(0.f, 0.f, 0.f, 0.f), mask);
@@ -122,16 +122,16 @@ __device__ __forceinline__ void encode_group(std::int64_t i, unsigned mask, cons
   using Codec = MomentCodec<Q>;
   codes_m = 0;
   codes_v = 0;
+  if (mask == 0u) return;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    if (mask & (1u << k)) {
-      RoundingDraws u{0.f, 0.f};
-      if constexpr (Q == Quantization::companded) u = rounding_draws(seed, i + k);
-      const std::uint32_t cm = Codec::encode_m(lane_value(m, k), code_m, u.m);
-      const std::uint32_t cv = Codec::encode_v(lane_value(v, k), code_v, u.v);
-      codes_m |= cm << (8 * k);
-      codes_v |= cv << (8 * k);
-    }
+    RoundingDraws u{0.f, 0.f};
+    if constexpr (Q == Quantization::companded) u = rounding_draws(seed, i + k);
+    const std::uint32_t cm = Codec::encode_m(lane_value(m, k), code_m, u.m);
+    const std::uint32_t cv = Codec::encode_v(lane_value(v, k), code_v, u.v);
+    const std::uint32_t keep = ((mask >> k) & 1u) ? 0xFFu : 0u;
+    codes_m |= (cm & keep) << (8 * k);
+    codes_v |= (cv & keep) << (8 * k);
   }
 }
 
@@ -144,6 +144,7 @@ __device__ __forceinline__ void update_quantised_chunk(const AdamW8bitBuffers& b
   const int warp = threadIdx.x >> 5;
   const int count = chunk.segment_count;
   const int blocks = chunk.length / static_cast<int>(kQuantBlock);
+  const AdamWElementParams uniform_params = shared.params[0];
   int cursor0 = 0, cursor1 = 0;
   for (int blk = warp; blk < blocks; blk += kUpdateWarps) {
     const std::int64_t base = chunk.offset + static_cast<std::int64_t>(blk) * kQuantBlock;
@@ -164,21 +165,28 @@ __device__ __forceinline__ void update_quantised_chunk(const AdamW8bitBuffers& b
     const std::uint32_t cv0 = __ldcs(qv), cv1 = __ldcs(qv + 32);
     const float scale_m = b.scale_m[block];
     const float scale_v = b.scale_v[block];
+    // Only the step size and the decay factor differ between segments; the rest of the
+    // element parameters is the same for the whole step.
+    AdamWElementParams e0 = uniform_params, e1 = uniform_params;
     const int p0 = cursor0 < count ? cursor0 : count - 1;
     const int p1 = cursor1 < count ? cursor1 : count - 1;
+    e0.step_size = shared.params[p0].step_size;
+    e0.decay_factor = shared.params[p0].decay_factor;
+    e1.step_size = shared.params[p1].step_size;
+    e1.decay_factor = shared.params[p1].decay_factor;
     float4 m0, v0, m1, v1;
-    update_group<Q>(b, mirror, i0, mask0, cm0, cv0, scale_m, scale_v, shared.params[p0], m0, v0);
-    update_group<Q>(b, mirror, i1, mask1, cm1, cv1, scale_m, scale_v, shared.params[p1], m1, v1);
+    update_group<Q>(b, mirror, i0, mask0, cm0, cv0, scale_m, scale_v, e0, m0, v0);
+    update_group<Q>(b, mirror, i1, mask1, cm1, cv1, scale_m, scale_v, e1, m1, v1);
 
     // Block maxima over the quantised elements (non-members are 0); max is order-free, so the
     // result is the CPU reference's.
     float max_m = fmaxf(fmaxf(fmaxf(fabsf(m0.x), fabsf(m0.y)), fmaxf(fabsf(m0.z), fabsf(m0.w))),
                         fmaxf(fmaxf(fabsf(m1.x), fabsf(m1.y)), fmaxf(fabsf(m1.z), fabsf(m1.w))));
     float max_v = fmaxf(fmaxf(fmaxf(v0.x, v0.y), fmaxf(v0.z, v0.w)), fmaxf(fmaxf(v1.x, v1.y), fmaxf(v1.z, v1.w)));
-    max_m = warp_max(max_m);
-    max_v = warp_max(max_v);
-    const CodeScale code_m = Codec::code_scale(max_m);
-    const CodeScale code_v = Codec::code_scale(max_v);
+    max_m = block_scale(warp_max(max_m));
+    max_v = block_scale(warp_max(max_v));
+    const CodeScale code_m = Codec::code_scale_m(max_m);
+    const CodeScale code_v = Codec::code_scale_v(max_v);
     std::uint32_t out_m0, out_v0, out_m1, out_v1;
     encode_group<Q>(i0, mask0, m0, v0, code_m, code_v, seed, out_m0, out_v0);
     encode_group<Q>(i1, mask1, m1, v1, code_m, code_v, seed, out_m1, out_v1);

@@ -64,14 +64,8 @@ void Optimizer::run_phase(int phase, double lr) {
   if (!std::isfinite(lr) || lr < 0) throw core::Error("optimizer step: learning rate must be finite and >= 0");
   const int last = phase_count() - 1;
   if (phase < 0 || phase > last) throw core::Error("optimizer: phase " + std::to_string(phase) + " out of range");
-  if (phase == 0) {
-    const float* grad = slab_.grad().as<float>();
-    if (on_cuda()) {
-      launch_grad_stats(grad, chunk_table(), num_chunks(), partial_sums_.as<double>(),
-                        partial_counts_.as<unsigned long long>(), scalars(), context_.stream());
-    } else {
-      grad_stats_cpu(grad, chunks_.data(), num_chunks(), *scalars());
-    }
+  if (phase == 0 && phase < last) {
+    run_first_phase(lr);
   } else if (phase < last) {
     run_middle_phase(phase, lr);
   } else {
@@ -88,6 +82,16 @@ void Optimizer::run_phase(int phase, double lr) {
         CUDA_CHECK(cudaEventRecord(report_ready_, context_.stream()));
       }
     }
+  }
+}
+
+void Optimizer::gradient_statistics() {
+  const float* grad = slab_.grad().as<float>();
+  if (on_cuda()) {
+    launch_grad_stats(grad, chunk_table(), num_chunks(), partial_sums_.as<double>(),
+                      partial_counts_.as<unsigned long long>(), scalars(), context_.stream());
+  } else {
+    grad_stats_cpu(grad, chunks_.data(), num_chunks(), *scalars());
   }
 }
 

@@ -1,6 +1,7 @@
 // The interface the trainer drives: an optimizer made from a config section and a slab, with
 // step(lr) doing the whole step for the slab range this rank owns, as a few phases:
-//   phase 0: gradient statistics (sum of squares, non-finite count)  -- one launch
+//   phase 0: gradient statistics (sum of squares, non-finite count)  -- one launch, or fused into
+//            the optimizer's own statistics pass
 //   ...      optimizer-specific statistics (Adafactor's row/column sums, per-tensor sums)
 //   last:    update: clip derived on the device, master + state update, mirror write, grads zeroed
 // After each phase but the last, the phase's partial results (small buffers of doubles or
@@ -76,8 +77,13 @@ class Optimizer {
 
   // The update launch (cuda) or loop (cpu), after the statistics are in scalars().
   virtual void update(double lr) = 0;
-  // Phases between the gradient statistics (phase 0) and the update (the last phase).
+  // Phase 0: the gradient statistics into scalars(); an optimizer that computes them within
+  // its own statistics pass overrides this.
+  virtual void run_first_phase(double lr) { gradient_statistics(); }
+  // Phases between the first and the update (the last phase).
   virtual void run_middle_phase(int phase, double lr) {}
+  // The shared statistics launch (sum of squares and non-finite count of the owned gradients).
+  void gradient_statistics();
 
   StepScalars* scalars() { return scalars_.as<StepScalars>(); }  // device memory on cuda
   const WorkChunk* chunk_table() const;                         // device memory on cuda

@@ -7,14 +7,19 @@
 //                        v byte = c,             v  = scale * (c/255)^4  (fourth-root domain),
 //                        and a non-zero v never gets code 0. Stochastic rounding, unbiased in
 //                        value space: between the neighbouring codes lo < hi the code is hi with
-//                        probability (x - value(lo)) / (value(hi) - value(lo)).
+//                        probability (x - value(lo)) / (value(hi) - value(lo)), evaluated on an
+//                        axis linear in x (t = |m| 127^2/scale with codes at k^2; t = v 255^4/scale
+//                        with codes at c^4), which needs no division and no root per element.
 //   linear (baseline):   m and v as signed int8 q, value = scale * q/127, round to nearest
 //                        (ties away from zero); a small v rounds to 0.
 // Every value-determining operation goes through fp:: (correctly rounded, never fused), and the
 // random draws come from core/rng.h keyed by the step and the global element index, so the CPU and
 // the GPU produce the same codes, whatever the thread layout, chunk size or world size.
 // Only the first guess of a code may use approximate roots (fast on the GPU); the guess is then
-// corrected against the exact code values, which makes the result independent of it.
+// corrected against the exact code positions, which makes the result independent of it.
+// Block maxima below kMinScale (2^-90) are stored as 0 (all codes 0): that keeps the axis factors
+// finite, which bounds the guess's error by one code (stochastic_code); such moments are far
+// below any eps (sqrt(2^-90) ~ 3e-14) and do not move the weights.
 #pragma once
 
 #include <cstdint>
@@ -29,77 +34,94 @@ inline constexpr std::int64_t kQuantBlock = 256;  // elements per scale (== kSha
 inline constexpr int kCompandedMTop = 127;        // largest magnitude code of m
 inline constexpr int kCompandedVTop = 255;        // largest code of v
 inline constexpr int kLinearTop = 127;            // largest |q| of the linear code
+inline constexpr float kMinScale = 0x1p-90f;      // smaller block maxima are stored as 0
 
 namespace quant {
 
 inline constexpr float kInv127 = 1.0f / 127.0f;
-inline constexpr float kInv255 = 1.0f / 255.0f;
+inline constexpr float kInv127Squared = 1.0f / 16129.0f;  // 127^2 * fl(1/127^2) == 1 exactly
+inline constexpr float kInv255Squared = 1.0f / 65025.0f;  // 255^2 * fl(1/255^2) == 1 exactly
+inline constexpr float k127Squared = 16129.0f;
+inline constexpr float k255ToThe4 = 4228250625.0f;        // 255^4 (fp32: 4228250624)
 
-// (k/127)^2 for k in [0, 127]; exactly 1 at the top code, so the block maximum is exact.
+// (k/127)^2 for k in [0, 127] (k^2 is exact); exactly 1 at the top code, so the block maximum
+// is stored exactly.
 OPTIM_HD float companded_m_unit(int k) {
-  if (k >= kCompandedMTop) return 1.0f;
-  const float q = fp::mul(static_cast<float>(k), kInv127);
-  return fp::mul(q, q);
+  const auto f = static_cast<float>(k);
+  return fp::mul(fp::mul(f, f), kInv127Squared);
 }
 
 // (c/255)^4 for c in [0, 255]; exactly 1 at the top code.
 OPTIM_HD float companded_v_unit(int c) {
-  if (c >= kCompandedVTop) return 1.0f;
-  const float q = fp::mul(static_cast<float>(c), kInv255);
-  const float q2 = fp::mul(q, q);
+  const auto f = static_cast<float>(c);
+  const float q2 = fp::mul(fp::mul(f, f), kInv255Squared);
   return fp::mul(q2, q2);
 }
 
-// q/127 for q in [-127, 127]; exactly +-1 at the ends.
-OPTIM_HD float linear_unit(int q) {
-  if (q >= kLinearTop) return 1.0f;
-  if (q <= -kLinearTop) return -1.0f;
-  return fp::mul(static_cast<float>(q), kInv127);
+// q/127 for q in [-127, 127]; exactly +-1 at the ends (127 * fl(1/127) == 1; the byte -128 is
+// never written, it would read as -128/127).
+OPTIM_HD float linear_unit(int q) { return fp::mul(static_cast<float>(q), kInv127); }
+
+// Where the codes sit on the encoder's position axis t (t is linear in the moment):
+// m: t = |m| * 127^2 / scale, code k at k^2 (exact); v: t = v * 255^4 / scale, code c at
+// fl(fl(c^2)^2). The decoders' values scale * unit(k) agree with these to fp32 rounding.
+OPTIM_HD float m_code_position(float k) { return fp::mul(k, k); }
+OPTIM_HD float v_code_position(float c) {
+  const float c2 = fp::mul(c, c);
+  return fp::mul(c2, c2);
 }
 
-// First guesses of sqrt(r) and r^(1/4); only used to start the search for a code.
-OPTIM_HD float sqrt_guess(float r) {
 #if defined(__CUDA_ARCH__)
-  return r * rsqrtf(r);  // NaN at r = 0: the caller clamps
+// One hardware approximation (MUFU), denormals flushed: good enough for a first guess.
+__device__ __forceinline__ float rsqrt_approx(float x) {
+  float y;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#endif
+
+// First guesses of sqrt(t) and t^(1/4); only used to start the search for a code.
+OPTIM_HD float sqrt_guess(float t) {
+#if defined(__CUDA_ARCH__)
+  return t * rsqrt_approx(t);  // NaN at t = 0: stochastic_code reads it as 0
 #else
-  return std::sqrt(r);
+  return std::sqrt(t);
 #endif
 }
 
-OPTIM_HD float fourth_root_guess(float r) {
+OPTIM_HD float fourth_root_guess(float t) {
 #if defined(__CUDA_ARCH__)
-  return rsqrtf(rsqrtf(r));
+  return rsqrt_approx(rsqrt_approx(t));
 #else
-  return std::sqrt(std::sqrt(r));
+  return std::sqrt(std::sqrt(t));
 #endif
 }
 
-// Float guess -> integer in [0, top - 1] (NaN -> 0).
-OPTIM_HD int clamp_guess(float x, int top) {
-  const float hi = static_cast<float>(top - 1);
-  const float c = x > 0.0f ? (x < hi ? x : hi) : 0.0f;
-  return static_cast<int>(c);
-}
-
-// The code of `a` (>= 0) in [0, top] under the code values scale * unit(k), rounded
-// stochastically with the uniform draw `u` in [0, 1): lo = the largest k < top with
-// value(k) <= a, hi = lo + 1, and hi is taken when u * (value(hi) - value(lo)) < a - value(lo).
-// `guess` only decides where the search starts.
-template <typename Unit>
-OPTIM_HD int stochastic_code(float a, float scale, int guess, int top, float u, Unit unit) {
-  int k = guess;
-  float lo = fp::mul(scale, unit(k));
-  while (k > 0 && a < lo) {
-    --k;
-    lo = fp::mul(scale, unit(k));
-  }
-  float hi = fp::mul(scale, unit(k + 1));
-  while (k + 1 < top && a >= hi) {
-    ++k;
+// The code in [0, top] of position t >= 0 on an axis whose codes sit at position(k) (increasing,
+// position(0) = 0), rounded stochastically with the uniform draw u in [0, 1): lo = the largest
+// k < top with position(k) <= t, hi = lo + 1, and hi is taken when
+// u * (position(hi) - position(lo)) < t - position(lo), i.e. with probability
+// (t - position(lo)) / (position(hi) - position(lo)).
+// `root` is a guess of the real k with position(k) = t; it must be within one code of lo. That
+// holds for the host's exact roots and for the GPU's approximate ones (relative error < 2^-21,
+// under 1e-3 of a code, t being normal or below the first code because scale >= kMinScale), so
+// both land on the same lo.
+template <typename Position>
+OPTIM_HD int stochastic_code(float t, float root, int top, float u, Position position) {
+  const auto last = static_cast<float>(top - 1);
+  float k = root > 0.0f ? (root < last ? ::floorf(root) : last) : 0.0f;  // NaN -> 0
+  float lo = position(k);
+  float hi = position(k + 1.0f);
+  if (t < lo) {  // k > 0 here: position(0) = 0 <= t
+    k -= 1.0f;
+    hi = lo;
+    lo = position(k);
+  } else if (t >= hi && k < last) {
+    k += 1.0f;
     lo = hi;
-    hi = fp::mul(scale, unit(k + 1));
+    hi = position(k + 1.0f);
   }
-  return fp::mul(u, fp::add(hi, -lo)) < fp::add(a, -lo) ? k + 1 : k;
+  return static_cast<int>(k) + (fp::mul(u, fp::add(hi, -lo)) < fp::add(t, -lo) ? 1 : 0);
 }
 
 }  // namespace quant
@@ -110,22 +132,28 @@ OPTIM_HD std::uint64_t rounding_seed(long long t) {
 }
 
 // The two uniform draws in [0, 1) of element `index` (global slab index) in the step seeded
-// `seed`, 24 bits each from one 64-bit hash: m's is core::uniform01(seed, index) (bits 40..63),
-// v's the next 24 bits (16..39) of the same hash. One hash per element instead of one per draw
-// halves the kernel's integer work; the draws stay independent of thread layout and world size.
+// `seed`, 24 bits each from one SplitMix64 output, core::splitmix64(seed ^ index): m's are its
+// bits 40..63, v's its bits 16..39. The seed is itself a SplitMix64 output, and one mix per
+// element (instead of core::uniform01's two per draw) keeps the kernel's integer work small; the
+// draws depend only on (step, element), never on thread layout or world size.
 struct RoundingDraws {
   float m, v;
 };
 
 OPTIM_HD RoundingDraws rounding_draws(std::uint64_t seed, std::int64_t index) {
-  const std::uint64_t bits = core::splitmix64(seed ^ core::splitmix64(static_cast<std::uint64_t>(index)));
-  return {static_cast<float>(bits >> 40) * 0x1p-24f, static_cast<float>((bits >> 16) & 0xFFFFFFu) * 0x1p-24f};
+  const std::uint64_t bits = core::splitmix64(seed ^ static_cast<std::uint64_t>(index));
+  return {static_cast<float>(static_cast<std::uint32_t>(bits >> 40)) * 0x1p-24f,
+          static_cast<float>(static_cast<std::uint32_t>(bits >> 16) & 0xFFFFFFu) * 0x1p-24f};
 }
+
+// The stored scale of a block whose largest |m| (or v) over its quantised elements is `max`.
+OPTIM_HD float block_scale(float max) { return max >= kMinScale ? max : 0.0f; }
 
 // A block's scale, with what encoding needs of it precomputed once per block.
 struct CodeScale {
-  float scale;   // the block maximum (0 for a block whose elements are all 0)
-  float factor;  // companded: 1/scale (guess only); linear: 127/scale (exact, part of the code)
+  float scale;   // the stored block maximum (0 for a block whose moments are all 0)
+  float factor;  // maps a moment to the code axis: companded 127^2/scale (m), 255^4/scale (v);
+                 // linear 127/scale
 };
 
 // Encoding and decoding of one moment element under one code. Bytes are stored raw: companded
@@ -135,8 +163,12 @@ struct MomentCodec;
 
 template <>
 struct MomentCodec<Quantization::companded> {
-  static OPTIM_HD CodeScale code_scale(float scale) {
-    return {scale, scale > 0.0f ? fp::div(1.0f, scale) : 0.0f};
+  // factor: 127^2 / scale for m, 255^4 / scale for v (the position axis of stochastic_code).
+  static OPTIM_HD CodeScale code_scale_m(float scale) {
+    return {scale, scale > 0.0f ? fp::div(quant::k127Squared, scale) : 0.0f};
+  }
+  static OPTIM_HD CodeScale code_scale_v(float scale) {
+    return {scale, scale > 0.0f ? fp::div(quant::k255ToThe4, scale) : 0.0f};
   }
   static OPTIM_HD float decode_m(std::uint8_t code, float scale) {
     const float magnitude = fp::mul(scale, quant::companded_m_unit(code & 0x7F));
@@ -147,15 +179,14 @@ struct MomentCodec<Quantization::companded> {
   }
   static OPTIM_HD std::uint8_t encode_m(float m, CodeScale s, float u) {
     if (!(s.scale > 0.0f)) return 0;
-    const float a = m < 0.0f ? -m : m;
-    const int guess = quant::clamp_guess(quant::sqrt_guess(a * s.factor) * 127.0f, kCompandedMTop);
-    const int k = quant::stochastic_code(a, s.scale, guess, kCompandedMTop, u, quant::companded_m_unit);
+    const float t = fp::mul(m < 0.0f ? -m : m, s.factor);
+    const int k = quant::stochastic_code(t, quant::sqrt_guess(t), kCompandedMTop, u, quant::m_code_position);
     return static_cast<std::uint8_t>(k == 0 ? 0 : (m < 0.0f ? 0x80 | k : k));
   }
   static OPTIM_HD std::uint8_t encode_v(float v, CodeScale s, float u) {
     if (!(v > 0.0f) || !(s.scale > 0.0f)) return 0;
-    const int guess = quant::clamp_guess(quant::fourth_root_guess(v * s.factor) * 255.0f, kCompandedVTop);
-    const int c = quant::stochastic_code(v, s.scale, guess, kCompandedVTop, u, quant::companded_v_unit);
+    const float t = fp::mul(v, s.factor);
+    const int c = quant::stochastic_code(t, quant::fourth_root_guess(t), kCompandedVTop, u, quant::v_code_position);
     return static_cast<std::uint8_t>(c < 1 ? 1 : c);  // a non-zero v never decodes to 0
   }
 };
@@ -165,6 +196,8 @@ struct MomentCodec<Quantization::linear> {
   static OPTIM_HD CodeScale code_scale(float scale) {
     return {scale, scale > 0.0f ? fp::div(static_cast<float>(kLinearTop), scale) : 0.0f};
   }
+  static OPTIM_HD CodeScale code_scale_m(float scale) { return code_scale(scale); }
+  static OPTIM_HD CodeScale code_scale_v(float scale) { return code_scale(scale); }
   static OPTIM_HD float decode(std::uint8_t code, float scale) {
     return fp::mul(scale, quant::linear_unit(static_cast<std::int8_t>(code)));
   }
