@@ -44,17 +44,32 @@ inline constexpr float kInv255Squared = 1.0f / 65025.0f;  // 255^2 * fl(1/255^2)
 inline constexpr float k127Squared = 16129.0f;
 inline constexpr float k255ToThe4 = 4228250625.0f;        // 255^4 (fp32: 4228250624)
 
-// (k/127)^2 for k in [0, 127] (k^2 is exact); exactly 1 at the top code, so the block maximum
-// is stored exactly.
-OPTIM_HD float companded_m_unit(int k) {
-  const auto f = static_cast<float>(k);
-  return fp::mul(fp::mul(f, f), kInv127Squared);
+// Exact conversions between small non-negative integers (< 2^23) and floats. On the GPU they
+// use the 2^23 bias trick (full-rate ALU instead of the conversion unit); the results are exact,
+// hence the same bits as the host's casts.
+OPTIM_HD float small_int_to_float(std::uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(0x4B000000u | x) - 0x1p23f;
+#else
+  return static_cast<float>(x);
+#endif
 }
 
+OPTIM_HD int small_float_to_int(float x) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<int>(__float_as_uint(x + 0x1p23f) - 0x4B000000u);
+#else
+  return static_cast<int>(x);
+#endif
+}
+
+// (k/127)^2 for k in [0, 127] (k^2 is exact); exactly 1 at the top code, so the block maximum
+// is stored exactly.
+OPTIM_HD float companded_m_unit(float k) { return fp::mul(fp::mul(k, k), kInv127Squared); }
+
 // (c/255)^4 for c in [0, 255]; exactly 1 at the top code.
-OPTIM_HD float companded_v_unit(int c) {
-  const auto f = static_cast<float>(c);
-  const float q2 = fp::mul(fp::mul(f, f), kInv255Squared);
+OPTIM_HD float companded_v_unit(float c) {
+  const float q2 = fp::mul(fp::mul(c, c), kInv255Squared);
   return fp::mul(q2, q2);
 }
 
@@ -105,23 +120,18 @@ OPTIM_HD float fourth_root_guess(float t) {
 // `root` is a guess of the real k with position(k) = t; it must be within one code of lo. That
 // holds for the host's exact roots and for the GPU's approximate ones (relative error < 2^-21,
 // under 1e-3 of a code, t being normal or below the first code because scale >= kMinScale), so
-// both land on the same lo.
+// one correction step lands both on the same lo. Branch-free: selects only.
 template <typename Position>
 OPTIM_HD int stochastic_code(float t, float root, int top, float u, Position position) {
   const auto last = static_cast<float>(top - 1);
-  float k = root > 0.0f ? (root < last ? ::floorf(root) : last) : 0.0f;  // NaN -> 0
-  float lo = position(k);
-  float hi = position(k + 1.0f);
-  if (t < lo) {  // k > 0 here: position(0) = 0 <= t
-    k -= 1.0f;
-    hi = lo;
-    lo = position(k);
-  } else if (t >= hi && k < last) {
-    k += 1.0f;
-    lo = hi;
-    hi = position(k + 1.0f);
-  }
-  return static_cast<int>(k) + (fp::mul(u, fp::add(hi, -lo)) < fp::add(t, -lo) ? 1 : 0);
+  float k = ::floorf(::fminf(::fmaxf(root, 0.0f), last));  // NaN -> 0
+  const float lo0 = position(k);
+  const float hi0 = position(k + 1.0f);
+  k += (t >= hi0 && k < last) ? 1.0f : (t < lo0 ? -1.0f : 0.0f);
+  const float lo = position(k);
+  const float hi = position(k + 1.0f);
+  const float up = fp::mul(u, fp::add(hi, -lo)) < fp::add(t, -lo) ? 1.0f : 0.0f;
+  return small_float_to_int(k + up);
 }
 
 }  // namespace quant
@@ -132,18 +142,27 @@ OPTIM_HD std::uint64_t rounding_seed(long long t) {
 }
 
 // The two uniform draws in [0, 1) of element `index` (global slab index) in the step seeded
-// `seed`, 24 bits each from one SplitMix64 output, core::splitmix64(seed ^ index): m's are its
-// bits 40..63, v's its bits 16..39. The seed is itself a SplitMix64 output, and one mix per
-// element (instead of core::uniform01's two per draw) keeps the kernel's integer work small; the
-// draws depend only on (step, element), never on thread layout or world size.
+// `seed`, 16 bits each: the elements 2j and 2j + 1 share one SplitMix64 output
+// core::splitmix64(seed ^ j), element 2j taking its bits 0..31 (m: 0..15, v: 16..31) and element
+// 2j + 1 its bits 32..63. The seed is itself a SplitMix64 output. One mix per two elements keeps
+// the kernel's integer work small, and 16 bits resolve a rounding probability to 2^-16 of a code
+// gap; the draws depend only on (step, element), never on thread layout or world size.
 struct RoundingDraws {
   float m, v;
 };
 
+OPTIM_HD std::uint64_t rounding_bits(std::uint64_t seed, std::int64_t pair) {
+  return core::splitmix64(seed ^ static_cast<std::uint64_t>(pair));
+}
+
+// The draws of the element whose 32 bits are `half` (the low or high half of rounding_bits).
+OPTIM_HD RoundingDraws rounding_draws_from(std::uint32_t half) {
+  return {static_cast<float>(half & 0xFFFFu) * 0x1p-16f, static_cast<float>(half >> 16) * 0x1p-16f};
+}
+
 OPTIM_HD RoundingDraws rounding_draws(std::uint64_t seed, std::int64_t index) {
-  const std::uint64_t bits = core::splitmix64(seed ^ static_cast<std::uint64_t>(index));
-  return {static_cast<float>(static_cast<std::uint32_t>(bits >> 40)) * 0x1p-24f,
-          static_cast<float>(static_cast<std::uint32_t>(bits >> 16) & 0xFFFFFFu) * 0x1p-24f};
+  const std::uint64_t bits = rounding_bits(seed, index >> 1);
+  return rounding_draws_from(static_cast<std::uint32_t>((index & 1) ? bits >> 32 : bits));
 }
 
 // The stored scale of a block whose largest |m| (or v) over its quantised elements is `max`.
@@ -170,24 +189,25 @@ struct MomentCodec<Quantization::companded> {
   static OPTIM_HD CodeScale code_scale_v(float scale) {
     return {scale, scale > 0.0f ? fp::div(quant::k255ToThe4, scale) : 0.0f};
   }
-  static OPTIM_HD float decode_m(std::uint8_t code, float scale) {
-    const float magnitude = fp::mul(scale, quant::companded_m_unit(code & 0x7F));
+  // Decoded value / scale of each byte (sign included); decode is scale * unit.
+  static OPTIM_HD float unit_m(std::uint8_t code) {
+    const float magnitude = quant::companded_m_unit(quant::small_int_to_float(code & 0x7Fu));
     return (code & 0x80) ? -magnitude : magnitude;
   }
-  static OPTIM_HD float decode_v(std::uint8_t code, float scale) {
-    return fp::mul(scale, quant::companded_v_unit(code));
-  }
+  static OPTIM_HD float unit_v(std::uint8_t code) { return quant::companded_v_unit(quant::small_int_to_float(code)); }
+  static OPTIM_HD float decode_m(std::uint8_t code, float scale) { return fp::mul(scale, unit_m(code)); }
+  static OPTIM_HD float decode_v(std::uint8_t code, float scale) { return fp::mul(scale, unit_v(code)); }
+  // A block of scale 0 has factor 0, so every t is 0 and every code 0.
   static OPTIM_HD std::uint8_t encode_m(float m, CodeScale s, float u) {
-    if (!(s.scale > 0.0f)) return 0;
     const float t = fp::mul(m < 0.0f ? -m : m, s.factor);
     const int k = quant::stochastic_code(t, quant::sqrt_guess(t), kCompandedMTop, u, quant::m_code_position);
     return static_cast<std::uint8_t>(k == 0 ? 0 : (m < 0.0f ? 0x80 | k : k));
   }
+  // A v with t > 0 never gets code 0 (it would decode to 0).
   static OPTIM_HD std::uint8_t encode_v(float v, CodeScale s, float u) {
-    if (!(v > 0.0f) || !(s.scale > 0.0f)) return 0;
     const float t = fp::mul(v, s.factor);
     const int c = quant::stochastic_code(t, quant::fourth_root_guess(t), kCompandedVTop, u, quant::v_code_position);
-    return static_cast<std::uint8_t>(c < 1 ? 1 : c);  // a non-zero v never decodes to 0
+    return static_cast<std::uint8_t>(t > 0.0f ? (c < 1 ? 1 : c) : 0);
   }
 };
 
@@ -198,14 +218,14 @@ struct MomentCodec<Quantization::linear> {
   }
   static OPTIM_HD CodeScale code_scale_m(float scale) { return code_scale(scale); }
   static OPTIM_HD CodeScale code_scale_v(float scale) { return code_scale(scale); }
-  static OPTIM_HD float decode(std::uint8_t code, float scale) {
-    return fp::mul(scale, quant::linear_unit(static_cast<std::int8_t>(code)));
-  }
+  static OPTIM_HD float unit(std::uint8_t code) { return quant::linear_unit(static_cast<std::int8_t>(code)); }
+  static OPTIM_HD float unit_m(std::uint8_t code) { return unit(code); }
+  static OPTIM_HD float unit_v(std::uint8_t code) { return unit(code); }
+  static OPTIM_HD float decode(std::uint8_t code, float scale) { return fp::mul(scale, unit(code)); }
   static OPTIM_HD float decode_m(std::uint8_t code, float scale) { return decode(code, scale); }
   static OPTIM_HD float decode_v(std::uint8_t code, float scale) { return decode(code, scale); }
-  // Round to nearest, ties away from zero (roundf on both sides).
+  // Round to nearest, ties away from zero (roundf on both sides); scale 0 gives factor 0, code 0.
   static OPTIM_HD std::uint8_t encode(float x, CodeScale s) {
-    if (!(s.scale > 0.0f)) return 0;
     float q = ::roundf(fp::mul(x, s.factor));
     q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
     return static_cast<std::uint8_t>(static_cast<std::int8_t>(q));

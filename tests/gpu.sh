@@ -37,7 +37,7 @@ run_step() {
   case "$1" in
     build)
       nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv
-      { cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build -j"$(nproc)"; } \
+      { cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build -j"$(nproc)" -- -k 0; } \
         > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; return 1; }
       ;;
     fixtures)

@@ -1,0 +1,202 @@
+#include "models/qwen3/config.h"
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace models::qwen3 {
+
+namespace {
+
+std::string layer(std::int64_t i) { return "layers." + std::to_string(i) + "."; }
+
+void require_positive(std::int64_t v, const std::string& where, const char* field) {
+  if (v <= 0) throw core::InputError(where + ": " + field + " must be > 0, got " + std::to_string(v));
+}
+
+}  // namespace
+
+std::int64_t Qwen3Config::parameter_count() const {
+  const std::int64_t per_layer = 2 * hidden_size + qkv_size() * hidden_size + 2 * head_dim +
+                                 hidden_size * q_size() + 3 * intermediate_size * hidden_size;
+  return vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + hidden_size;
+}
+
+void validate(const Qwen3Config& c, const std::string& where) {
+  require_positive(c.vocab_size, where, "vocab_size");
+  require_positive(c.hidden_size, where, "hidden_size");
+  require_positive(c.intermediate_size, where, "intermediate_size");
+  require_positive(c.num_layers, where, "num_hidden_layers");
+  require_positive(c.num_heads, where, "num_attention_heads");
+  require_positive(c.num_kv_heads, where, "num_key_value_heads");
+  require_positive(c.head_dim, where, "head_dim");
+  require_positive(c.max_position_embeddings, where, "max_position_embeddings");
+  if (c.num_heads % c.num_kv_heads != 0) {
+    throw core::InputError(where + ": num_attention_heads (" + std::to_string(c.num_heads) +
+                           ") must be a multiple of num_key_value_heads (" + std::to_string(c.num_kv_heads) + ")");
+  }
+  if (c.head_dim % 2 != 0) throw core::InputError(where + ": head_dim must be even (rotary embedding)");
+  if (!(c.rope_theta > 0)) throw core::InputError(where + ": rope_theta must be > 0");
+  if (!(c.rms_norm_eps > 0)) throw core::InputError(where + ": rms_norm_eps must be > 0");
+}
+
+Qwen3Config preset(const std::string& name) {
+  Qwen3Config c;  // defaults are Qwen3-0.6B
+  if (name == "qwen3-0.6b") return c;
+  if (name == "qwen3-1.7b") {
+    c.hidden_size = 2048;
+    c.intermediate_size = 6144;
+    return c;
+  }
+  if (name == "qwen3-tiny") {  // byte-level model for quick runs
+    c.vocab_size = 256;
+    c.hidden_size = 128;
+    c.intermediate_size = 384;
+    c.num_layers = 4;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 32;
+    c.rope_theta = 10000.0;
+    c.max_position_embeddings = 4096;
+    return c;
+  }
+  if (name == "qwen3-test") {  // the shape of tests/fixtures/qwen3
+    c.vocab_size = 1000;
+    c.hidden_size = 64;
+    c.intermediate_size = 160;
+    c.num_layers = 3;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 32;
+    c.rope_theta = 10000.0;
+    c.max_position_embeddings = 256;
+    return c;
+  }
+  std::string known;
+  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  throw core::InputError("unknown Qwen3 preset '" + name + "' (known: " + known + ")");
+}
+
+std::vector<std::string> preset_names() { return {"qwen3-0.6b", "qwen3-1.7b", "qwen3-tiny", "qwen3-test"}; }
+
+Qwen3Config config_from_hf_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw core::InputError(path + ": cannot open config.json");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw core::InputError(path + ": not valid JSON: " + e.what());
+  }
+  Qwen3Config c;
+  auto get_int = [&](const char* key, std::int64_t& out) {
+    if (!j.contains(key)) throw core::InputError(path + ": missing key '" + std::string(key) + "'");
+    if (!j[key].is_number_integer()) throw core::InputError(path + ": '" + std::string(key) + "' must be an integer");
+    out = j[key].get<std::int64_t>();
+  };
+  get_int("vocab_size", c.vocab_size);
+  get_int("hidden_size", c.hidden_size);
+  get_int("intermediate_size", c.intermediate_size);
+  get_int("num_hidden_layers", c.num_layers);
+  get_int("num_attention_heads", c.num_heads);
+  c.num_kv_heads = j.value("num_key_value_heads", c.num_heads);
+  c.head_dim = j.value("head_dim", c.hidden_size / c.num_heads);
+  // transformers 5 nests the rotary settings in rope_parameters; older configs have rope_theta.
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+    const auto& rope = j["rope_parameters"];
+    c.rope_theta = rope.value("rope_theta", 10000.0);
+    const std::string type = rope.value("rope_type", std::string("default"));
+    if (type != "default") throw core::InputError(path + ": rope_parameters.rope_type '" + type + "' is not supported (expected default)");
+  } else {
+    c.rope_theta = j.value("rope_theta", 10000.0);
+  }
+  c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  c.max_position_embeddings = j.value("max_position_embeddings", std::int64_t{32768});
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    throw core::InputError(path + ": rope_scaling is not supported (expected null)");
+  }
+  if (j.value("attention_bias", false)) throw core::InputError(path + ": attention_bias true is not supported");
+  if (j.value("use_sliding_window", false)) throw core::InputError(path + ": use_sliding_window true is not supported");
+  validate(c, path);
+  return c;
+}
+
+void write_hf_config(const Qwen3Config& c, const std::string& path) {
+  const nlohmann::json j = {
+      {"architectures", {"Qwen3ForCausalLM"}},
+      {"model_type", "qwen3"},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"num_hidden_layers", c.num_layers},
+      {"num_attention_heads", c.num_heads},
+      {"num_key_value_heads", c.num_kv_heads},
+      {"head_dim", c.head_dim},
+      {"rope_theta", c.rope_theta},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+      {"max_position_embeddings", c.max_position_embeddings},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"rope_scaling", nullptr},
+      {"torch_dtype", "float32"},
+  };
+  std::ofstream out(path);
+  if (!out) throw core::Error("cannot write " + path);
+  out << j.dump(2) << "\n";
+  if (!out) throw core::Error("writing " + path + " failed");
+}
+
+std::vector<optim::ParamSpec> parameter_specs(const Qwen3Config& c) {
+  using optim::InitKind;
+  std::vector<optim::ParamSpec> p;
+  auto matrix = [&](std::string name, std::int64_t rows, std::int64_t cols) {
+    p.push_back({.name = std::move(name), .shape = {rows, cols}, .decay = true, .factored = true,
+                 .init = InitKind::normal, .init_std = 0.02f});
+  };
+  auto norm = [&](std::string name, std::int64_t n) {
+    p.push_back({.name = std::move(name), .shape = {n}, .decay = false, .init = InitKind::ones});
+  };
+  matrix("embed_tokens", c.vocab_size, c.hidden_size);
+  for (std::int64_t i = 0; i < c.num_layers; ++i) {
+    norm(layer(i) + "input_norm", c.hidden_size);
+    matrix(layer(i) + "qkv", c.qkv_size(), c.hidden_size);
+    norm(layer(i) + "q_norm", c.head_dim);
+    norm(layer(i) + "k_norm", c.head_dim);
+    matrix(layer(i) + "o_proj", c.hidden_size, c.q_size());
+    norm(layer(i) + "post_norm", c.hidden_size);
+    matrix(layer(i) + "gate_up", 2 * c.intermediate_size, c.hidden_size);
+    matrix(layer(i) + "down", c.hidden_size, c.intermediate_size);
+  }
+  norm("final_norm", c.hidden_size);
+  if (!c.tie_word_embeddings) matrix("lm_head", c.vocab_size, c.hidden_size);
+  return p;
+}
+
+std::vector<std::pair<std::string, HfLocation>> hf_tensor_map(const Qwen3Config& c) {
+  std::vector<std::pair<std::string, HfLocation>> m;
+  m.push_back({"model.embed_tokens.weight", {"embed_tokens", 0, c.vocab_size}});
+  for (std::int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string hf = "model.layers." + std::to_string(i) + ".";
+    const std::string ours = layer(i);
+    m.push_back({hf + "input_layernorm.weight", {ours + "input_norm", 0, c.hidden_size}});
+    m.push_back({hf + "self_attn.q_proj.weight", {ours + "qkv", 0, c.q_size()}});
+    m.push_back({hf + "self_attn.k_proj.weight", {ours + "qkv", c.q_size(), c.kv_size()}});
+    m.push_back({hf + "self_attn.v_proj.weight", {ours + "qkv", c.q_size() + c.kv_size(), c.kv_size()}});
+    m.push_back({hf + "self_attn.q_norm.weight", {ours + "q_norm", 0, c.head_dim}});
+    m.push_back({hf + "self_attn.k_norm.weight", {ours + "k_norm", 0, c.head_dim}});
+    m.push_back({hf + "self_attn.o_proj.weight", {ours + "o_proj", 0, c.hidden_size}});
+    m.push_back({hf + "post_attention_layernorm.weight", {ours + "post_norm", 0, c.hidden_size}});
+    m.push_back({hf + "mlp.gate_proj.weight", {ours + "gate_up", 0, c.intermediate_size}});
+    m.push_back({hf + "mlp.up_proj.weight", {ours + "gate_up", c.intermediate_size, c.intermediate_size}});
+    m.push_back({hf + "mlp.down_proj.weight", {ours + "down", 0, c.hidden_size}});
+  }
+  m.push_back({"model.norm.weight", {"final_norm", 0, c.hidden_size}});
+  if (!c.tie_word_embeddings) m.push_back({"lm_head.weight", {"lm_head", 0, c.vocab_size}});
+  return m;
+}
+
+}  // namespace models::qwen3

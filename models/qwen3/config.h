@@ -1,0 +1,59 @@
+// Qwen3 model shape (as Hugging Face's Qwen3Config), named presets, and the parameter list in
+// slab order. q/k/v projections are one tensor `qkv` and gate/up one tensor `gate_up`, so each
+// is a single GEMM; a layer's tensors are contiguous so its gradients are one slab range.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "optim/param_spec.h"
+
+namespace models::qwen3 {
+
+struct Qwen3Config {
+  std::int64_t vocab_size = 151936;
+  std::int64_t hidden_size = 1024;
+  std::int64_t intermediate_size = 3072;
+  std::int64_t num_layers = 28;
+  std::int64_t num_heads = 16;
+  std::int64_t num_kv_heads = 8;
+  std::int64_t head_dim = 128;
+  double rope_theta = 1e6;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = true;
+  std::int64_t max_position_embeddings = 40960;
+
+  std::int64_t q_size() const { return num_heads * head_dim; }
+  std::int64_t kv_size() const { return num_kv_heads * head_dim; }
+  std::int64_t qkv_size() const { return q_size() + 2 * kv_size(); }
+  std::int64_t parameter_count() const;
+};
+
+// Throws core::InputError naming `where` when a field is out of range or inconsistent.
+void validate(const Qwen3Config& config, const std::string& where);
+
+// qwen3-0.6b, qwen3-1.7b, and test sizes qwen3-tiny (byte vocabulary) and qwen3-test.
+Qwen3Config preset(const std::string& name);
+std::vector<std::string> preset_names();
+
+// Reads / writes a Hugging Face config.json (architectures Qwen3ForCausalLM).
+Qwen3Config config_from_hf_json(const std::string& path);
+void write_hf_config(const Qwen3Config& config, const std::string& path);
+
+// Parameter specs in slab order: embed_tokens; per layer input_norm, qkv, q_norm, k_norm,
+// o_proj, post_norm, gate_up, down; final_norm; lm_head (untied only). 2-D weights are marked
+// factored (Adafactor) and decayed; norm weights neither. Initialisation: normal(0, 0.02) for
+// matrices (Hugging Face's initializer_range), ones for norms.
+std::vector<optim::ParamSpec> parameter_specs(const Qwen3Config& config);
+
+// Where a Hugging Face tensor lives in ours: tensor name and first row (q/k/v and gate/up are
+// row blocks of the fused tensors).
+struct HfLocation {
+  std::string name;
+  std::int64_t row_offset = 0;
+  std::int64_t rows = 0;
+};
+std::vector<std::pair<std::string, HfLocation>> hf_tensor_map(const Qwen3Config& config);
+
+}  // namespace models::qwen3

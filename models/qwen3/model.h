@@ -1,0 +1,54 @@
+// The Qwen3 decoder (as transformers' modeling_qwen3) over a slab, on the cpu backend in fp32:
+// forward to the loss, backward to the slab's gradients (accumulated), logits for evaluation,
+// and initialisation from the parameter specs. The GPU path (bf16 compute from the mirror)
+// reuses the same structure with the CUDA ops.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "models/ops/cross_entropy.h"
+#include "models/qwen3/config.h"
+#include "optim/slab.h"
+
+namespace models::qwen3 {
+
+class Qwen3Model {
+ public:
+  // `slab` must be laid out from parameter_specs(config), hold the whole model and live on cpu.
+  Qwen3Model(const Qwen3Config& config, optim::Slab& slab);
+
+  const Qwen3Config& config() const { return config_; }
+
+  // Writes every master weight from its spec's init (normal(0, std) or ones), seeded.
+  void initialize(std::uint64_t seed);
+
+  // Mean cross-entropy of `targets` (ignore index -100) given `ids`, both [batch, seq]; with
+  // `backward`, adds the gradient of grad_scale * loss to the slab's gradients.
+  ops::CrossEntropyResult step(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets,
+                               std::int64_t batch, std::int64_t seq, bool backward, double grad_scale = 1.0);
+
+  // Logits [batch * seq, vocab] for `ids`.
+  void logits(std::span<const std::int32_t> ids, std::int64_t batch, std::int64_t seq, std::span<float> out);
+
+ private:
+  struct LayerWeights {
+    int input_norm, qkv, q_norm, k_norm, o_proj, post_norm, gate_up, down;
+  };
+  struct LayerActivations;
+
+  std::span<float> weight(int tensor);
+  std::span<float> grad(int tensor);
+  // Runs the stack to the final norm's output; keeps what the backward needs.
+  void forward(std::span<const std::int32_t> ids, std::int64_t batch, std::int64_t seq,
+               std::vector<LayerActivations>& saved, std::vector<float>& final_in, std::vector<float>& final_out,
+               std::vector<float>& final_rstd);
+
+  Qwen3Config config_;
+  optim::Slab& slab_;
+  int embed_ = 0, final_norm_ = 0, head_ = 0;
+  std::vector<LayerWeights> layers_;
+};
+
+}  // namespace models::qwen3
