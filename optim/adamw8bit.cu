@@ -1,8 +1,10 @@
 // CUDA kernel of the fused 8-bit AdamW update: one thread block per work chunk.
 //   fp32 chunk (a small tensor): AdamW on packed fp32 state, 16-byte accesses.
 //   quantised chunk: each warp takes whole 256-element blocks; lane l holds the 4-element groups
-//   at 4l and 128 + 4l (coalesced 16-byte loads of w and g, 4-byte loads of the codes), so a
-//   block's maxima are two warp reductions with no shared memory and no barrier.
+//   at 4l and 128 + 4l (coalesced 16-byte accesses of w and g, 4-byte ones of the codes). The
+//   warp stages its next block in shared memory by asynchronous copies while it computes the
+//   current one, decodes through 256-entry tables in shared memory, and takes a block's maxima
+//   with two warp reductions (no block-wide barrier).
 // Clip, skip, bias correction and the rounding seed come from StepScalars on the device; the
 // last block to finish advances the step counter (as in adamw.cu).
 #include <cuda_bf16.h>
