@@ -8,10 +8,17 @@
 // k, v, dk, dv [batch, seq, kv_heads, head_dim]; lse [batch, q_heads, seq].
 // Dot products, softmax and weighted sums are evaluated in double; the reference holds one
 // score row (seq values) per thread, never a seq x seq matrix.
+//
+// The CUDA versions (attention.cu) take bf16 tensors as raw 16-bit words, accumulate in fp32 on
+// the tensor cores and never materialise a seq x seq matrix. q, k, v and dq, dk, dv are token-strided
+// views so that they can be slices of packed qkv / dqkv rows.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
+
+#include <cuda_runtime_api.h>
 
 namespace models::ops {
 
@@ -36,5 +43,40 @@ void attention_backward_cpu(const AttentionShape& shape, std::span<const Scalar>
                             std::span<const Scalar> v, std::span<const Scalar> out, std::span<const Scalar> lse,
                             std::span<const Scalar> dout, std::span<Scalar> dq, std::span<Scalar> dk,
                             std::span<Scalar> dv);
+
+// A bf16 [batch, seq, heads, head_dim] device tensor whose consecutive tokens lie `token_stride`
+// elements apart: heads * head_dim when dense, (q_heads + 2 * kv_heads) * head_dim for a slice of a
+// packed qkv buffer [batch * seq, (q_heads + 2 * kv_heads) * head_dim]. `data` must be 16-byte
+// aligned and `token_stride` a multiple of 8 of at least heads * head_dim.
+template <typename Word>
+struct TokenStrided {
+  Word* data = nullptr;
+  std::int64_t token_stride = 0;
+};
+using AttentionInput = TokenStrided<const std::uint16_t>;
+using AttentionGradient = TokenStrided<std::uint16_t>;
+
+// CUDA forward, head_dim 64 or 128: out is dense bf16 [batch, seq, q_heads, head_dim], lse fp32
+// [batch, q_heads, seq] (natural log). Asynchronous on `stream`; allocates nothing, never syncs.
+// `variant` picks a tile configuration (0: the default; see attention_cuda_variant_name).
+void attention_forward_cuda(const AttentionShape& shape, AttentionInput q, AttentionInput k, AttentionInput v,
+                            std::uint16_t* out, float* lse, cudaStream_t stream, int variant = 0);
+
+// Bytes of device workspace attention_backward_cuda needs for `shape` (per-row softmax terms).
+std::size_t attention_backward_workspace_bytes(const AttentionShape& shape);
+
+// CUDA backward from the forward's out and lse and the dense bf16 dout [batch, seq, q_heads,
+// head_dim]: writes dq, dk, dv (bf16, token-strided, not accumulated). Deterministic: every output
+// element is summed in a fixed order by one thread, so reruns are bit-identical. `workspace` holds at
+// least attention_backward_workspace_bytes(shape) bytes, 16-byte aligned. Asynchronous on `stream`.
+void attention_backward_cuda(const AttentionShape& shape, AttentionInput q, AttentionInput k, AttentionInput v,
+                             const std::uint16_t* out, const float* lse, const std::uint16_t* dout,
+                             AttentionGradient dq, AttentionGradient dk, AttentionGradient dv, void* workspace,
+                             std::size_t workspace_bytes, cudaStream_t stream, int variant = 0);
+
+// The tile configurations the CUDA kernels can run with, for benchmarks: how many there are for a
+// head dim, and a name for each (block sizes and warps per block).
+int attention_cuda_variant_count(std::int64_t head_dim, bool backward);
+const char* attention_cuda_variant_name(std::int64_t head_dim, bool backward, int variant);
 
 }  // namespace models::ops

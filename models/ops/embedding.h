@@ -3,10 +3,27 @@
 // loss also accumulates into this gradient range; the backward therefore adds, never overwrites.
 //
 // Layouts (row-major): ids [N] int32, table and dtable [V, D], out and dout [N, D].
+//
+// CUDA kernels (embedding.cu): the table is the slab's bf16 mirror, out and dout are bf16, and
+// dtable is the slab's fp32 gradient (accumulated). Out-of-range ids cannot throw on the device:
+// they are clamped into [0, V) (negative -> 0, >= V -> V - 1) in both directions, so nothing is
+// read or written out of bounds, and the kernel stores 1 into `*invalid_id_flag` (when not null).
+// The caller zeroes the flag once and reads it whenever it synchronises anyway.
+// The backward is deterministic without floating-point atomics: a stable device radix sort (CUB)
+// groups token positions by id, keeping token order inside a group; windows of 64 sorted
+// positions sum their runs of equal ids in fp32, runs inside a window go straight into dtable and
+// runs crossing a window edge are finished by a second pass that adds the window partials in
+// window order. Cost: the sort (one pass over the N (id, position) int32 pairs per 8 bits of
+// ceil(log2 V), 3 passes for Qwen3's vocabulary), one read of dout, one read-modify-write of the
+// used dtable rows, and 2 * ceil(N / 64) * D fp32 partials written and read once.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
 
 namespace models::ops {
 
@@ -20,5 +37,20 @@ void embedding_forward_cpu(std::span<const std::int32_t> ids, std::span<const Sc
 template <typename Scalar>
 void embedding_backward_cpu(std::span<const std::int32_t> ids, std::span<const Scalar> dout, std::int64_t vocab,
                             std::int64_t dim, std::span<Scalar> dtable);
+
+// out[n, :] = table[clamp(ids[n]), :] on `stream`. All pointers are device memory.
+void embedding_forward_cuda(const std::int32_t* ids, std::int64_t tokens, const __nv_bfloat16* table,
+                            std::int64_t vocab, std::int64_t dim, __nv_bfloat16* out, std::int32_t* invalid_id_flag,
+                            cudaStream_t stream);
+
+// Bytes of device workspace embedding_backward_cuda needs for these sizes (0 when tokens == 0).
+std::size_t embedding_backward_workspace_bytes(std::int64_t tokens, std::int64_t vocab, std::int64_t dim);
+
+// dtable[clamp(ids[n]), :] += dout[n, :] (fp32, deterministic, see above) on `stream`; rows of
+// unused ids are not touched. `workspace` holds at least embedding_backward_workspace_bytes bytes,
+// 256-byte aligned (cudaMalloc memory is).
+void embedding_backward_cuda(const std::int32_t* ids, std::int64_t tokens, const __nv_bfloat16* dout,
+                             std::int64_t vocab, std::int64_t dim, float* dtable, std::int32_t* invalid_id_flag,
+                             void* workspace, std::size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace models::ops

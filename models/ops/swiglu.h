@@ -4,10 +4,16 @@
 //
 // Layouts (row-major): gate_up, dgate_up [rows, 2 * features]; out, dout [rows, features].
 // Evaluated in double per element, rounded once.
+//
+// CUDA kernels (swiglu.cu): bf16 in and out, each element evaluated in fp32 (expf, not the fast
+// intrinsic) and rounded once to bf16; 16-byte accesses when features % 8 == 0.
 #pragma once
 
 #include <cstdint>
 #include <span>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
 
 namespace models::ops {
 
@@ -20,5 +26,13 @@ void swiglu_forward_cpu(std::span<const Scalar> gate_up, std::int64_t rows, std:
 template <typename Scalar>
 void swiglu_backward_cpu(std::span<const Scalar> dout, std::span<const Scalar> gate_up, std::int64_t rows,
                          std::int64_t features, std::span<Scalar> dgate_up);
+
+// out = silu(gate) * up on `stream`; device pointers; out must not overlap gate_up.
+void swiglu_forward_cuda(const __nv_bfloat16* gate_up, std::int64_t rows, std::int64_t features, __nv_bfloat16* out,
+                         cudaStream_t stream);
+
+// dgate_up written (not accumulated); it must not overlap dout or gate_up.
+void swiglu_backward_cuda(const __nv_bfloat16* dout, const __nv_bfloat16* gate_up, std::int64_t rows,
+                          std::int64_t features, __nv_bfloat16* dgate_up, cudaStream_t stream);
 
 }  // namespace models::ops

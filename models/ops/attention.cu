@@ -1,0 +1,1056 @@
+// CUDA kernels of causal grouped-query attention, flash-style: the seq x seq score matrix never
+// exists in memory. bf16 operands on the tensor cores (mma.sync m16n8k16 fed by ldmatrix from
+// XOR-swizzled shared memory, tiles prefetched with cp.async while the previous one is used), fp32
+// accumulation and fp32 softmax statistics; head dims 64 and 128; any seq (partial tiles are
+// zero-filled on load and never stored).
+//
+// Forward: a block owns a tile of queries of one (batch, head); each warp owns 16 query rows per
+// m-tile and runs the online softmax over key tiles up to the diagonal, turning the score
+// accumulators into the A operand of the P V product without leaving registers.
+//
+// Backward, deterministic (each output element is summed by one thread in a fixed order; no
+// atomics), three launches:
+//   prepare: D = rowsum(dout * out) and lse * log2(e) per query row, into the workspace;
+//   key side: a block owns a tile of keys of one kv head and loops over the query tiles of every q
+//     head of its GQA group, accumulating dK and dV in registers. It computes transposed scores
+//     S^T = K Q^T, so that P^T and dS^T come out in the A-operand layout of dV += P^T dO and
+//     dK += dS^T Q;
+//   query side: a block owns a tile of queries and accumulates dQ += dS K over key tiles up to the
+//     diagonal (recomputing S and dP = dO V^T).
+#include "models/ops/attention.h"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <iterator>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "core/error.h"
+#include "models/ops/op_checks.h"
+
+namespace models::ops {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---------------------------------------------------------------------------------------------
+// Device primitives
+
+__device__ __forceinline__ std::uint32_t shared_address(const void* pointer) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// 16-byte asynchronous global -> shared copy; writes zeros (and reads nothing) when !valid.
+__device__ __forceinline__ void copy_16_async(std::uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void copy_4_async(std::uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+
+__device__ __forceinline__ void wait_all_copies() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void load_matrix_x4(std::uint32_t (&r)[4], std::uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+__device__ __forceinline__ void load_matrix_x4_transposed(std::uint32_t (&r)[4], std::uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// c += a b for one 16x8x16 tile: a is 16x16 bf16 (4 registers), b 16x8 bf16 (2 registers), c fp32.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                         std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats as a bf16 pair (the first in the low half, as mma operands expect).
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&pair);
+}
+
+// Accumulator tiles c[2t], c[2t+1] (16 rows x 16 columns of one 16x16 block) as an A operand:
+// the m16n8k16 C layout of two adjacent n-tiles is the A layout of one k-step.
+__device__ __forceinline__ void accumulators_to_operand(std::uint32_t (&a)[4], const float (&left)[4],
+                                                        const float (&right)[4]) {
+  a[0] = pack_bf16(left[0], left[1]);
+  a[1] = pack_bf16(left[2], left[3]);
+  a[2] = pack_bf16(right[0], right[1]);
+  a[3] = pack_bf16(right[2], right[3]);
+}
+
+// Byte offset of 8-element chunk `chunk` of row `row` in a [rows][kHeadDim] bf16 tile whose chunk
+// index is XORed with the row's low three bits: the eight rows one ldmatrix phase reads fall in
+// eight different bank groups, for plain and transposed loads alike.
+template <int kHeadDim>
+__device__ __forceinline__ std::uint32_t tile_offset(int row, int chunk) {
+  return static_cast<std::uint32_t>(row * kHeadDim * 2 + ((chunk ^ (row & 7)) << 4));
+}
+
+// Per-lane ldmatrix addressing into a swizzled [rows][kHeadDim] tile for one operand shape. A lane
+// points at row row0 + lane_row and chunk 2 * pair + lane_chunk; with row0 a multiple of 8, the
+// swizzle turns that into a fixed row part plus one of four chunk parts (the XOR touches only the
+// low three chunk bits), so every address is a per-lane base plus a compile-time immediate.
+template <int kHeadDim>
+struct SwizzledLane {
+  static constexpr int kRowBytes = kHeadDim * 2;
+  std::uint32_t row_part;
+  std::uint32_t chunk_part[4];
+  __device__ SwizzledLane(int lane_row, int lane_chunk) : row_part(static_cast<std::uint32_t>(lane_row * kRowBytes)) {
+    const int x = lane_chunk ^ (lane_row & 7);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) chunk_part[j] = static_cast<std::uint32_t>(((2 * j) ^ x) << 4);
+  }
+  __device__ std::uint32_t operator()(int row0, int pair) const {
+    return static_cast<std::uint32_t>(row0 * kRowBytes) + row_part + (pair >> 2) * 128 + chunk_part[pair & 3];
+  }
+};
+
+// The three operand shapes: A (16 rows x 16 k, tile rows are A rows); B for two n-tiles (tile rows
+// are the n index, k contiguous); B for two n-tiles from a tile whose rows are the k index
+// (transposed load).
+template <int kHeadDim>
+struct LaneOperands {
+  SwizzledLane<kHeadDim> a, b, t;
+  __device__ explicit LaneOperands(int lane)
+      : a(lane & 15, lane >> 4),
+        b((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1),
+        t((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4) {}
+};
+
+// Starts copies of rows [first_row, first_row + kRows) of one head (row r at head + r * stride)
+// into a swizzled tile; rows at or past `seq` are zero-filled without reading memory. Each thread
+// copies one chunk column, a pass of kThreads / (kHeadDim / 8) rows at a time; the pass loop is
+// kept rolled so that its per-pass addresses do not occupy registers for the whole kernel.
+template <int kRows, int kHeadDim, int kThreads>
+__device__ __forceinline__ void load_rows_async(std::uint32_t tile, const std::uint16_t* head, std::int64_t stride,
+                                                int first_row, int seq) {
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kRowsPerPass % 8 == 0 && kRows % kRowsPerPass == 0,
+                "tile copy must split into whole passes that keep the swizzle phase");
+  const int row = static_cast<int>(threadIdx.x) / kChunks, chunk = static_cast<int>(threadIdx.x) % kChunks;
+  std::uint32_t dst = tile + tile_offset<kHeadDim>(row, chunk);
+  const std::uint16_t* src = head + (first_row + row) * stride + chunk * 8;
+  const std::int64_t pass_stride = kRowsPerPass * stride;
+  int rows_left = seq - first_row - row;
+#pragma unroll 1
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const bool valid = rows_left > 0;
+    copy_16_async(dst, valid ? src : head, valid);
+    dst += kRowsPerPass * kHeadDim * 2;
+    src += pass_stride;
+    rows_left -= kRowsPerPass;
+  }
+}
+
+// Starts copies of values [first, first + kCount) of a per-row fp32 vector; past `seq`: zeros.
+template <int kCount, int kThreads>
+__device__ __forceinline__ void load_floats_async(std::uint32_t dst, const float* src, int first, int seq) {
+  for (int i = static_cast<int>(threadIdx.x); i < kCount; i += kThreads) {
+    const bool valid = first + i < seq;
+    copy_4_async(dst + 4 * i, src + (valid ? first + i : 0), valid);
+  }
+}
+
+// Writes the 16 x kHeadDim accumulator rows of one warp (already scaled) as bf16 through its own
+// rows of a swizzled shared tile, then to global memory with 16-byte stores; rows past `seq` are
+// skipped. `rows_global` points at tile row 0 in global memory, `stride` between tokens.
+template <int kHeadDim>
+__device__ __forceinline__ void store_warp_rows(const float (&acc)[kHeadDim / 8][4], std::uint16_t* tile,
+                                                int tile_row0, std::uint16_t* rows_global, std::int64_t stride,
+                                                int first_row, int seq, int lane) {
+  constexpr int kDTiles = kHeadDim / 8;
+  const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
+  __syncwarp();
+  auto* tile_bytes = reinterpret_cast<unsigned char*>(tile);
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = tile_row0 + quad_row + 8 * half;
+      *reinterpret_cast<std::uint32_t*>(tile_bytes + tile_offset<kHeadDim>(row, dt) + 2 * quad_col) =
+          pack_bf16(acc[dt][2 * half], acc[dt][2 * half + 1]);
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = lane; i < 16 * kDTiles; i += 32) {
+    const int r = i / kDTiles, chunk = i % kDTiles;
+    if (first_row + tile_row0 + r < seq) {
+      const uint4 value = *reinterpret_cast<const uint4*>(tile_bytes + tile_offset<kHeadDim>(tile_row0 + r, chunk));
+      *reinterpret_cast<uint4*>(rows_global + (tile_row0 + r) * stride + chunk * 8) = value;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+struct ForwardArgs {
+  const std::uint16_t* q;
+  const std::uint16_t* k;
+  const std::uint16_t* v;
+  std::int64_t q_stride, k_stride, v_stride;
+  std::uint16_t* out;
+  float* lse;
+  int seq, q_heads, group;
+  float scale_log2;  // softmax scale * log2(e): scores go straight to exp2
+};
+
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarps>
+constexpr std::size_t forward_smem_bytes() {
+  return static_cast<std::size_t>(kBlockM + 2 * kBlockN) * kHeadDim * 2;
+}
+
+// grid (query tiles, q_heads, batch), heaviest (last) query tiles first.
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) attention_forward_kernel(const ForwardArgs args) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kMTiles = kBlockM / (16 * kWarps);
+  constexpr int kNTiles = kBlockN / 8;
+  constexpr int kDTiles = kHeadDim / 8;
+  static_assert(kMTiles >= 1 && kMTiles * 16 * kWarps == kBlockM, "rows split into 16-row warp tiles");
+  static_assert(kBlockN % 16 == 0, "key tile is a whole number of k-steps");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const std::uint32_t q_tile = shared_address(smem);
+  const std::uint32_t k_tile = q_tile + kBlockM * kHeadDim * 2;
+  const std::uint32_t v_tile = k_tile + kBlockN * kHeadDim * 2;
+
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
+  const LaneOperands<kHeadDim> ops(lane);
+  const int seq = args.seq;
+  const int q_start = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * kBlockM;
+  const int head = static_cast<int>(blockIdx.y), kv_head = head / args.group;
+  const std::int64_t batch = blockIdx.z, batch_row = batch * seq;
+  const std::uint16_t* q_head = args.q + batch_row * args.q_stride + head * kHeadDim;
+  const std::uint16_t* k_head = args.k + batch_row * args.k_stride + kv_head * kHeadDim;
+  const std::uint16_t* v_head = args.v + batch_row * args.v_stride + kv_head * kHeadDim;
+
+  load_rows_async<kBlockM, kHeadDim, kThreads>(q_tile, q_head, args.q_stride, q_start, seq);
+  load_rows_async<kBlockN, kHeadDim, kThreads>(k_tile, k_head, args.k_stride, 0, seq);
+  commit_copies();
+
+  const int warp_row0 = warp * 16 * kMTiles;  // this warp's first row within the tile
+  const int warp_first_row = q_start + warp_row0;
+  const int warp_last_row = warp_first_row + 16 * kMTiles - 1;
+  const int key_blocks = (min(q_start + kBlockM, seq) - 1) / kBlockN + 1;
+
+  float acc[kMTiles][kDTiles][4];
+  float row_max[kMTiles][2], row_sum[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][dt][i] = 0.0f;
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      row_max[mt][half] = -INFINITY;
+      row_sum[mt][half] = 0.0f;
+    }
+  }
+
+  for (int block = 0; block < key_blocks; ++block) {
+    const int key0 = block * kBlockN;
+    wait_all_copies();  // K of this block (and Q) landed
+    __syncthreads();    // ... for every thread; every warp is done with the previous V
+    load_rows_async<kBlockN, kHeadDim, kThreads>(v_tile, v_head, args.v_stride, key0, seq);
+    commit_copies();
+
+    // A warp whose rows all precede this key tile has nothing to add.
+    const bool active = key0 <= warp_last_row;
+    float s[kMTiles][kNTiles][4];
+    if (active) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[mt][nt][i] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        std::uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          load_matrix_x4(a[mt], q_tile + ops.a(warp_row0 + mt * 16, ks));
+        }
+#pragma unroll
+        for (int np = 0; np < kBlockN / 16; ++np) {
+          std::uint32_t b[4];
+          load_matrix_x4(b, k_tile + ops.b(np * 16, ks));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(s[mt][2 * np], a[mt], b[0], b[1]);
+            mma_bf16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+          }
+        }
+      }
+
+      if (key0 + kBlockN - 1 > warp_first_row) {  // the tile crosses the diagonal: mask key > query
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int row = warp_first_row + mt * 16 + quad_row + 8 * (i >> 1);
+              const int key = key0 + nt * 8 + quad_col + (i & 1);
+              if (key > row) s[mt][nt][i] = -INFINITY;
+            }
+          }
+        }
+      }
+
+      // Online softmax: each row lives in one quad (4 lanes), 2 rows per m-tile per lane.
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float tile_max = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            tile_max = fmaxf(tile_max, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+          }
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+          const float new_max = fmaxf(row_max[mt][half], tile_max * args.scale_log2);
+          // A row with every key so far masked keeps max -inf; its probabilities are all 0.
+          const float shift = new_max == -INFINITY ? 0.0f : new_max;
+          const float rescale = fast_exp2(row_max[mt][half] - shift);
+          row_max[mt][half] = new_max;
+          float sum = row_sum[mt][half] * rescale;
+#pragma unroll
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            acc[mt][dt][2 * half] *= rescale;
+            acc[mt][dt][2 * half + 1] *= rescale;
+          }
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float p = fast_exp2(fmaf(s[mt][nt][2 * half + e], args.scale_log2, -shift));
+              s[mt][nt][2 * half + e] = p;
+              sum += p;
+            }
+          }
+          row_sum[mt][half] = sum;
+        }
+      }
+    }
+
+    wait_all_copies();  // V of this block landed
+    __syncthreads();    // ... for every thread; every warp is done with this K
+    if (block + 1 < key_blocks) {
+      load_rows_async<kBlockN, kHeadDim, kThreads>(k_tile, k_head, args.k_stride, key0 + kBlockN, seq);
+      commit_copies();
+    }
+
+    if (active) {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        std::uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) accumulators_to_operand(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+        for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+          std::uint32_t b[4];
+          load_matrix_x4_transposed(b, v_tile + ops.t(kk * 16, dp));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(acc[mt][2 * dp], a[mt], b[0], b[1]);
+            mma_bf16(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+          }
+        }
+      }
+    }
+  }
+
+  // Normalise, write lse and the output rows (through this warp's own rows of the Q tile).
+  const std::int64_t lse_row0 = (batch * args.q_heads + head) * seq;
+  std::uint16_t* out_tile = args.out + ((batch_row + q_start) * args.q_heads + head) * kHeadDim;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float sum = row_sum[mt][half];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inverse = 1.0f / sum;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        acc[mt][dt][2 * half] *= inverse;
+        acc[mt][dt][2 * half + 1] *= inverse;
+      }
+      const int row = warp_first_row + mt * 16 + quad_row + 8 * half;
+      if (lane % 4 == 0 && row < seq) args.lse[lse_row0 + row] = (row_max[mt][half] + log2f(sum)) * kLn2;
+    }
+    store_warp_rows<kHeadDim>(acc[mt], reinterpret_cast<std::uint16_t*>(smem), warp_row0 + mt * 16, out_tile,
+                              static_cast<std::int64_t>(args.q_heads) * kHeadDim, q_start, seq, lane);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+struct BackwardArgs {
+  const std::uint16_t* q;
+  const std::uint16_t* k;
+  const std::uint16_t* v;
+  std::int64_t q_stride, k_stride, v_stride;
+  const std::uint16_t* dout;  // dense [batch, seq, q_heads, head_dim]
+  const float* lse_log2;      // [batch, q_heads, seq], lse * log2(e)
+  const float* delta;         // [batch, q_heads, seq], rowsum(dout * out)
+  std::uint16_t* dq;
+  std::uint16_t* dk;
+  std::uint16_t* dv;
+  std::int64_t dq_stride, dk_stride, dv_stride;
+  int seq, q_heads, group;
+  float scale_log2, scale;
+};
+
+// One thread per 8-element chunk of a (batch, head, token) row, rows in [batch, q_heads, seq]
+// order so that the per-row results are written contiguously.
+template <int kHeadDim>
+__global__ void __launch_bounds__(256)
+attention_backward_prepare_kernel(const std::uint16_t* __restrict__ out, const std::uint16_t* __restrict__ dout,
+                                  const float* __restrict__ lse, float* __restrict__ lse_log2,
+                                  float* __restrict__ delta, std::int64_t rows, int seq, int q_heads) {
+  constexpr int kLanes = kHeadDim / 8;
+  const std::int64_t thread = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t row = thread / kLanes;
+  const int chunk = static_cast<int>(thread % kLanes);
+  float sum = 0.0f;
+  if (row < rows) {
+    const std::int64_t t = row % seq, bh = row / seq;
+    const std::int64_t b = bh / q_heads, h = bh % q_heads;
+    const std::int64_t at = ((b * seq + t) * q_heads + h) * kHeadDim + chunk * 8;
+    const uint4 o = *reinterpret_cast<const uint4*>(out + at);
+    const uint4 d = *reinterpret_cast<const uint4*>(dout + at);
+    const auto* o2 = reinterpret_cast<const __nv_bfloat162*>(&o);
+    const auto* d2 = reinterpret_cast<const __nv_bfloat162*>(&d);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 of = __bfloat1622float2(o2[i]), df = __bfloat1622float2(d2[i]);
+      sum = fmaf(of.x, df.x, sum);
+      sum = fmaf(of.y, df.y, sum);
+    }
+  }
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (row < rows && chunk == 0) {
+    delta[row] = sum;
+    lse_log2[row] = lse[row] * kLog2e;
+  }
+}
+
+template <int kHeadDim, int kBlockM, int kWarps>
+constexpr std::size_t backward_key_smem_bytes() {
+  return static_cast<std::size_t>(2 * 16 * kWarps + 4 * kBlockM) * kHeadDim * 2 + 2 * 2 * kBlockM * sizeof(float);
+}
+
+// Key side: grid (key tiles of 16 * kWarps keys, kv_heads, batch); every warp owns 16 keys.
+// Query tiles of kBlockM rows are double-buffered; each is consumed in slices of kSliceM queries.
+template <int kHeadDim, int kBlockM, int kSliceM, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) attention_backward_key_kernel(const BackwardArgs args) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kBlockN = 16 * kWarps;
+  constexpr int kSTiles = kSliceM / 8;
+  constexpr int kDTiles = kHeadDim / 8;
+  constexpr std::uint32_t kRowTileBytes = kBlockM * kHeadDim * 2;
+  static_assert(kBlockM % kSliceM == 0 && kSliceM % 16 == 0, "query slices are whole k-steps");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const std::uint32_t k_tile = shared_address(smem);
+  const std::uint32_t v_tile = k_tile + kBlockN * kHeadDim * 2;
+  const std::uint32_t q_tiles = v_tile + kBlockN * kHeadDim * 2;  // 2 stages
+  const std::uint32_t do_tiles = q_tiles + 2 * kRowTileBytes;     // 2 stages
+  const std::uint32_t lse_vectors = do_tiles + 2 * kRowTileBytes;  // 2 stages of kBlockM floats
+  const std::uint32_t delta_vectors = lse_vectors + 2 * kBlockM * 4;
+  const float* lse_shared = reinterpret_cast<const float*>(smem + (lse_vectors - k_tile));
+  const float* delta_shared = reinterpret_cast<const float*>(smem + (delta_vectors - k_tile));
+
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
+  const LaneOperands<kHeadDim> ops(lane);
+  const int seq = args.seq;
+  const int key_start = static_cast<int>(blockIdx.x) * kBlockN;
+  const int kv_head = static_cast<int>(blockIdx.y);
+  const std::int64_t batch = blockIdx.z, batch_row = batch * seq;
+  const std::int64_t dout_stride = static_cast<std::int64_t>(args.q_heads) * kHeadDim;
+
+  const int first_q_block = key_start / kBlockM;
+  const int q_blocks_per_head = (seq + kBlockM - 1) / kBlockM - first_q_block;
+  const int steps = q_blocks_per_head * args.group;
+
+  // Step `step` covers q head kv_head * group + step / q_blocks_per_head, query tile
+  // first_q_block + step % q_blocks_per_head.
+  auto load_step = [&](int step, int stage) {
+    const int head = kv_head * args.group + step / q_blocks_per_head;
+    const int q_start = (first_q_block + step % q_blocks_per_head) * kBlockM;
+    const std::uint16_t* q_head = args.q + batch_row * args.q_stride + head * kHeadDim;
+    const std::uint16_t* do_head = args.dout + batch_row * dout_stride + head * kHeadDim;
+    const std::int64_t vector_row0 = (batch * args.q_heads + head) * seq;
+    load_rows_async<kBlockM, kHeadDim, kThreads>(q_tiles + stage * kRowTileBytes, q_head, args.q_stride, q_start, seq);
+    load_rows_async<kBlockM, kHeadDim, kThreads>(do_tiles + stage * kRowTileBytes, do_head, dout_stride, q_start,
+                                                 seq);
+    load_floats_async<kBlockM, kThreads>(lse_vectors + stage * kBlockM * 4, args.lse_log2 + vector_row0, q_start,
+                                         seq);
+    load_floats_async<kBlockM, kThreads>(delta_vectors + stage * kBlockM * 4, args.delta + vector_row0, q_start,
+                                         seq);
+  };
+
+  const std::uint16_t* k_head = args.k + batch_row * args.k_stride + kv_head * kHeadDim;
+  const std::uint16_t* v_head = args.v + batch_row * args.v_stride + kv_head * kHeadDim;
+  load_rows_async<kBlockN, kHeadDim, kThreads>(k_tile, k_head, args.k_stride, key_start, seq);
+  load_rows_async<kBlockN, kHeadDim, kThreads>(v_tile, v_head, args.v_stride, key_start, seq);
+  load_step(0, 0);
+  commit_copies();
+
+  const int key_row0 = warp * 16;  // this warp's keys within the tile
+  const int warp_first_key = key_start + key_row0;
+
+  float dk[kDTiles][4], dv[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dk[dt][i] = dv[dt][i] = 0.0f;
+  }
+
+  for (int step = 0; step < steps; ++step) {
+    wait_all_copies();  // this step's tiles landed
+    __syncthreads();    // ... for every thread; every warp is done with the other stage
+    if (step + 1 < steps) {
+      load_step(step + 1, (step + 1) & 1);
+      commit_copies();
+    }
+    const int stage = step & 1;
+    const std::uint32_t q_tile = q_tiles + stage * kRowTileBytes;
+    const std::uint32_t do_tile = do_tiles + stage * kRowTileBytes;
+    const float* lse_stage = lse_shared + stage * kBlockM;
+    const float* delta_stage = delta_shared + stage * kBlockM;
+    const int q_start = (first_q_block + step % q_blocks_per_head) * kBlockM;
+
+#pragma unroll
+    for (int slice = 0; slice < kBlockM / kSliceM; ++slice) {
+      const int slice_row0 = slice * kSliceM;
+      const int slice_start = q_start + slice_row0;
+      // Every query of the slice precedes every key of the warp: P = 0.
+      if (warp_first_key > slice_start + kSliceM - 1) continue;
+
+      // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys x kSliceM queries.
+      float st[kSTiles][4], dpt[kSTiles][4];
+#pragma unroll
+      for (int nt = 0; nt < kSTiles; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) st[nt][i] = dpt[nt][i] = 0.0f;
+      }
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        std::uint32_t a_k[4], a_v[4];
+        load_matrix_x4(a_k, k_tile + ops.a(key_row0, ks));
+        load_matrix_x4(a_v, v_tile + ops.a(key_row0, ks));
+#pragma unroll
+        for (int np = 0; np < kSliceM / 16; ++np) {
+          std::uint32_t b[4];
+          load_matrix_x4(b, q_tile + ops.b(slice_row0 + np * 16, ks));
+          mma_bf16(st[2 * np], a_k, b[0], b[1]);
+          mma_bf16(st[2 * np + 1], a_k, b[2], b[3]);
+          load_matrix_x4(b, do_tile + ops.b(slice_row0 + np * 16, ks));
+          mma_bf16(dpt[2 * np], a_v, b[0], b[1]);
+          mma_bf16(dpt[2 * np + 1], a_v, b[2], b[3]);
+        }
+      }
+
+      // P^T = exp2(S^T scale log2e - lse log2e), zero where key > query; dS^T = P^T (dP^T - D).
+      const bool crosses_diagonal = warp_first_key + 15 > slice_start;
+#pragma unroll
+      for (int nt = 0; nt < kSTiles; ++nt) {
+        const float2 lse2 = *reinterpret_cast<const float2*>(lse_stage + slice_row0 + nt * 8 + quad_col);
+        const float2 delta2 = *reinterpret_cast<const float2*>(delta_stage + slice_row0 + nt * 8 + quad_col);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float lse_q = (i & 1) ? lse2.y : lse2.x;
+          const float delta_q = (i & 1) ? delta2.y : delta2.x;
+          float p = fast_exp2(fmaf(st[nt][i], args.scale_log2, -lse_q));
+          if (crosses_diagonal) {
+            const int key = warp_first_key + quad_row + 8 * (i >> 1);
+            const int query = slice_start + nt * 8 + quad_col + (i & 1);
+            if (key > query) p = 0.0f;
+          }
+          st[nt][i] = p;
+          dpt[nt][i] = p * (dpt[nt][i] - delta_q);
+        }
+      }
+
+      // dV += P^T dO and dK += dS^T Q over the slice's queries.
+#pragma unroll
+      for (int kk = 0; kk < kSliceM / 16; ++kk) {
+        std::uint32_t a_p[4], a_ds[4];
+        accumulators_to_operand(a_p, st[2 * kk], st[2 * kk + 1]);
+        accumulators_to_operand(a_ds, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+        for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+          std::uint32_t b[4];
+          load_matrix_x4_transposed(
+              b, do_tile + ops.t(slice_row0 + kk * 16, dp));
+          mma_bf16(dv[2 * dp], a_p, b[0], b[1]);
+          mma_bf16(dv[2 * dp + 1], a_p, b[2], b[3]);
+          load_matrix_x4_transposed(
+              b, q_tile + ops.t(slice_row0 + kk * 16, dp));
+          mma_bf16(dk[2 * dp], a_ds, b[0], b[1]);
+          mma_bf16(dk[2 * dp + 1], a_ds, b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // dK = scale * sum dS^T Q. Each warp writes through its own rows of the K and V tiles.
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dk[dt][i] *= args.scale;
+  }
+  const std::int64_t key_row_global = batch_row + key_start;
+  store_warp_rows<kHeadDim>(dk, reinterpret_cast<std::uint16_t*>(smem), key_row0,
+                            args.dk + key_row_global * args.dk_stride + kv_head * kHeadDim, args.dk_stride,
+                            key_start, seq, lane);
+  store_warp_rows<kHeadDim>(dv, reinterpret_cast<std::uint16_t*>(smem + kBlockN * kHeadDim * 2), key_row0,
+                            args.dv + key_row_global * args.dv_stride + kv_head * kHeadDim, args.dv_stride,
+                            key_start, seq, lane);
+}
+
+template <int kHeadDim, int kBlockN, int kWarps>
+constexpr std::size_t backward_query_smem_bytes() {
+  return static_cast<std::size_t>(2 * 16 * kWarps + 4 * kBlockN) * kHeadDim * 2;
+}
+
+// Query side: grid (query tiles of 16 * kWarps rows, q_heads, batch), heaviest tiles first; every
+// warp owns 16 query rows; K and V tiles of kBlockN keys are double-buffered.
+template <int kHeadDim, int kBlockN, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) attention_backward_query_kernel(const BackwardArgs args) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kBlockM = 16 * kWarps;
+  constexpr int kNTiles = kBlockN / 8;
+  constexpr int kDTiles = kHeadDim / 8;
+  constexpr std::uint32_t kKeyTileBytes = kBlockN * kHeadDim * 2;
+  static_assert(kBlockN % 16 == 0, "key tile is a whole number of k-steps");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const std::uint32_t q_tile = shared_address(smem);
+  const std::uint32_t do_tile = q_tile + kBlockM * kHeadDim * 2;
+  const std::uint32_t k_tiles = do_tile + kBlockM * kHeadDim * 2;  // 2 stages
+  const std::uint32_t v_tiles = k_tiles + 2 * kKeyTileBytes;       // 2 stages
+
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
+  const LaneOperands<kHeadDim> ops(lane);
+  const int seq = args.seq;
+  const int q_start = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * kBlockM;
+  const int head = static_cast<int>(blockIdx.y), kv_head = head / args.group;
+  const std::int64_t batch = blockIdx.z, batch_row = batch * seq;
+  const std::int64_t dout_stride = static_cast<std::int64_t>(args.q_heads) * kHeadDim;
+  const std::uint16_t* k_head = args.k + batch_row * args.k_stride + kv_head * kHeadDim;
+  const std::uint16_t* v_head = args.v + batch_row * args.v_stride + kv_head * kHeadDim;
+
+  load_rows_async<kBlockM, kHeadDim, kThreads>(q_tile, args.q + batch_row * args.q_stride + head * kHeadDim,
+                                               args.q_stride, q_start, seq);
+  load_rows_async<kBlockM, kHeadDim, kThreads>(do_tile, args.dout + batch_row * dout_stride + head * kHeadDim,
+                                               dout_stride, q_start, seq);
+  load_rows_async<kBlockN, kHeadDim, kThreads>(k_tiles, k_head, args.k_stride, 0, seq);
+  load_rows_async<kBlockN, kHeadDim, kThreads>(v_tiles, v_head, args.v_stride, 0, seq);
+  commit_copies();
+
+  const int warp_row0 = warp * 16;
+  const int warp_first_row = q_start + warp_row0;
+  const std::int64_t vector_row0 = (batch * args.q_heads + head) * seq;
+  float lse_row[2], delta_row[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = warp_first_row + quad_row + 8 * half;
+    lse_row[half] = row < seq ? args.lse_log2[vector_row0 + row] : 0.0f;
+    delta_row[half] = row < seq ? args.delta[vector_row0 + row] : 0.0f;
+  }
+  const int key_blocks = (min(q_start + kBlockM, seq) - 1) / kBlockN + 1;
+
+  float dq[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dq[dt][i] = 0.0f;
+  }
+
+  for (int block = 0; block < key_blocks; ++block) {
+    wait_all_copies();  // this block's K and V landed
+    __syncthreads();    // ... for every thread; every warp is done with the other stage
+    if (block + 1 < key_blocks) {
+      const int next = (block + 1) & 1;
+      load_rows_async<kBlockN, kHeadDim, kThreads>(k_tiles + next * kKeyTileBytes, k_head, args.k_stride,
+                                                   (block + 1) * kBlockN, seq);
+      load_rows_async<kBlockN, kHeadDim, kThreads>(v_tiles + next * kKeyTileBytes, v_head, args.v_stride,
+                                                   (block + 1) * kBlockN, seq);
+      commit_copies();
+    }
+    const int key0 = block * kBlockN;
+    if (key0 > warp_first_row + 15) continue;  // every key of the tile follows every row of the warp
+    const std::uint32_t k_tile = k_tiles + (block & 1) * kKeyTileBytes;
+    const std::uint32_t v_tile = v_tiles + (block & 1) * kKeyTileBytes;
+
+    // S = Q K^T and dP = dO V^T for the warp's 16 rows x kBlockN keys.
+    float s[kNTiles][4], dp[kNTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[nt][i] = dp[nt][i] = 0.0f;
+    }
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      std::uint32_t a_q[4], a_do[4];
+      load_matrix_x4(a_q, q_tile + ops.a(warp_row0, ks));
+      load_matrix_x4(a_do, do_tile + ops.a(warp_row0, ks));
+#pragma unroll
+      for (int np = 0; np < kBlockN / 16; ++np) {
+        std::uint32_t b[4];
+        load_matrix_x4(b, k_tile + ops.b(np * 16, ks));
+        mma_bf16(s[2 * np], a_q, b[0], b[1]);
+        mma_bf16(s[2 * np + 1], a_q, b[2], b[3]);
+        load_matrix_x4(b, v_tile + ops.b(np * 16, ks));
+        mma_bf16(dp[2 * np], a_do, b[0], b[1]);
+        mma_bf16(dp[2 * np + 1], a_do, b[2], b[3]);
+      }
+    }
+
+    // dS = P (dP - D), P = exp2(S scale log2e - lse log2e) and 0 where key > query.
+    const bool crosses_diagonal = key0 + kBlockN - 1 > warp_first_row;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float p = fast_exp2(fmaf(s[nt][i], args.scale_log2, -lse_row[i >> 1]));
+        if (crosses_diagonal) {
+          const int row = warp_first_row + quad_row + 8 * (i >> 1);
+          const int key = key0 + nt * 8 + quad_col + (i & 1);
+          if (key > row) p = 0.0f;
+        }
+        dp[nt][i] = p * (dp[nt][i] - delta_row[i >> 1]);
+      }
+    }
+
+    // dQ += dS K.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      std::uint32_t a_ds[4];
+      accumulators_to_operand(a_ds, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+      for (int d2 = 0; d2 < kHeadDim / 16; ++d2) {
+        std::uint32_t b[4];
+        load_matrix_x4_transposed(b, k_tile + ops.t(kk * 16, d2));
+        mma_bf16(dq[2 * d2], a_ds, b[0], b[1]);
+        mma_bf16(dq[2 * d2 + 1], a_ds, b[2], b[3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dq[dt][i] *= args.scale;
+  }
+  store_warp_rows<kHeadDim>(dq, reinterpret_cast<std::uint16_t*>(smem), warp_row0,
+                            args.dq + (batch_row + q_start) * args.dq_stride + head * kHeadDim, args.dq_stride,
+                            q_start, seq, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launchers and tile variants
+
+template <typename Args>
+void launch(void (*kernel)(Args), dim3 grid, int threads, std::size_t smem_bytes, const Args& args,
+            cudaStream_t stream, const char* name) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
+  kernel<<<grid, threads, smem_bytes, stream>>>(args);
+  CUDA_CHECK_LAUNCH(name);
+}
+
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarps>
+void launch_forward(const ForwardArgs& args, int batch, cudaStream_t stream) {
+  const dim3 grid((args.seq + kBlockM - 1) / kBlockM, args.q_heads, batch);
+  launch(attention_forward_kernel<kHeadDim, kBlockM, kBlockN, kWarps>, grid, kWarps * 32,
+         forward_smem_bytes<kHeadDim, kBlockM, kBlockN, kWarps>(), args, stream, "attention_forward_kernel");
+}
+
+// Key side with kKeyWarps warps (16 keys each) over query tiles of kKeyBlockM in slices of
+// kSliceM; query side with kQueryWarps warps (16 rows each) over key tiles of kQueryBlockN.
+template <int kHeadDim, int kKeyWarps, int kKeyBlockM, int kSliceM, int kQueryWarps, int kQueryBlockN>
+void launch_backward_kernels(const BackwardArgs& args, int batch, cudaStream_t stream) {
+  const int kv_heads = args.q_heads / args.group;
+  const dim3 key_grid((args.seq + 16 * kKeyWarps - 1) / (16 * kKeyWarps), kv_heads, batch);
+  launch(attention_backward_key_kernel<kHeadDim, kKeyBlockM, kSliceM, kKeyWarps>, key_grid, kKeyWarps * 32,
+         backward_key_smem_bytes<kHeadDim, kKeyBlockM, kKeyWarps>(), args, stream, "attention_backward_key_kernel");
+  const dim3 query_grid((args.seq + 16 * kQueryWarps - 1) / (16 * kQueryWarps), args.q_heads, batch);
+  launch(attention_backward_query_kernel<kHeadDim, kQueryBlockN, kQueryWarps>, query_grid, kQueryWarps * 32,
+         backward_query_smem_bytes<kHeadDim, kQueryBlockN, kQueryWarps>(), args, stream,
+         "attention_backward_query_kernel");
+}
+
+struct ForwardVariant {
+  const char* name;
+  void (*run)(const ForwardArgs&, int, cudaStream_t);
+};
+
+struct BackwardVariant {
+  const char* name;
+  void (*run)(const BackwardArgs&, int, cudaStream_t);
+};
+
+// The first entry of each list is the default. All fit the 99 KB of shared memory per block of
+// sm_86 except where the name says otherwise.
+constexpr ForwardVariant kForward64[] = {
+    {"m128 n64 w4", &launch_forward<64, 128, 64, 4>},
+    {"m128 n128 w4", &launch_forward<64, 128, 128, 4>},
+    {"m64 n64 w4", &launch_forward<64, 64, 64, 4>},
+    {"m128 n64 w8", &launch_forward<64, 128, 64, 8>},
+};
+constexpr ForwardVariant kForward128[] = {
+    {"m128 n64 w4", &launch_forward<128, 128, 64, 4>},
+    {"m64 n64 w4", &launch_forward<128, 64, 64, 4>},
+    {"m128 n64 w8", &launch_forward<128, 128, 64, 8>},
+    {"m128 n32 w4", &launch_forward<128, 128, 32, 4>},
+};
+constexpr BackwardVariant kBackward64[] = {
+    {"key n64 m64 w4 | query m64 n64 w4", &launch_backward_kernels<64, 4, 64, 64, 4, 64>},
+    {"key n128 m64 w8 | query m128 n64 w8", &launch_backward_kernels<64, 8, 64, 64, 8, 64>},
+    {"key n64 m128 w4 | query m64 n128 w4", &launch_backward_kernels<64, 4, 128, 64, 4, 128>},
+    {"key n64 m64/32 w4 | query m64 n64 w4", &launch_backward_kernels<64, 4, 64, 32, 4, 64>},
+};
+constexpr BackwardVariant kBackward128[] = {
+    {"key n64 m64 w4 | query m64 n64 w4", &launch_backward_kernels<128, 4, 64, 64, 4, 64>},
+    {"key n64 m64/32 w4 | query m64 n64 w4", &launch_backward_kernels<128, 4, 64, 32, 4, 64>},
+    {"key n128 m64 w8 | query m128 n64 w8 (> 99 KB smem)", &launch_backward_kernels<128, 8, 64, 64, 8, 64>},
+    {"key n64 m32 w4 | query m64 n32 w4", &launch_backward_kernels<128, 4, 32, 32, 4, 32>},
+};
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks
+
+std::int64_t dense_stride(const AttentionShape& s, std::int64_t heads) { return heads * s.head_dim; }
+
+void check_shape(std::string_view op, const AttentionShape& s) {
+  checks::require_non_negative(op, "batch", s.batch);
+  checks::require_non_negative(op, "seq", s.seq);
+  checks::require_positive(op, "q_heads", s.q_heads);
+  checks::require_positive(op, "kv_heads", s.kv_heads);
+  if (s.q_heads % s.kv_heads != 0) {
+    checks::fail(op, "q_heads (" + std::to_string(s.q_heads) + ") must be a multiple of kv_heads (" +
+                         std::to_string(s.kv_heads) + ")");
+  }
+  if (s.head_dim != 64 && s.head_dim != 128) {
+    checks::fail(op, "head_dim must be 64 or 128 on the GPU, got " + std::to_string(s.head_dim));
+  }
+  if (s.seq > std::numeric_limits<int>::max() / 2 || s.batch > 65535 || s.q_heads > 65535) {
+    checks::fail(op, "shape too large (seq < 2^30, batch and q_heads <= 65535)");
+  }
+}
+
+void check_aligned(std::string_view op, std::string_view name, const void* p) {
+  if (p == nullptr) checks::fail(op, std::string(name) + " is null");
+  if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) checks::fail(op, std::string(name) + " must be 16-byte aligned");
+}
+
+template <typename Word>
+void check_strided(std::string_view op, std::string_view name, TokenStrided<Word> t, std::int64_t min_stride) {
+  check_aligned(op, name, t.data);
+  if (t.token_stride % 8 != 0 || t.token_stride < min_stride) {
+    checks::fail(op, std::string(name) + " token_stride must be a multiple of 8 and at least " +
+                         std::to_string(min_stride) + ", got " + std::to_string(t.token_stride));
+  }
+}
+
+// The bytes a token-strided [batch, seq, heads, head_dim] view spans.
+template <typename Word>
+checks::Region strided_region(std::string_view name, TokenStrided<Word> t, const AttentionShape& s,
+                              std::int64_t heads) {
+  const std::int64_t tokens = s.batch * s.seq;
+  const std::int64_t elements = tokens == 0 ? 0 : (tokens - 1) * t.token_stride + heads * s.head_dim;
+  return {name, t.data, static_cast<std::size_t>(elements) * 2};
+}
+
+void require_no_overlap(std::string_view op, std::initializer_list<checks::Region> outputs,
+                        std::initializer_list<checks::Region> inputs) {
+  for (const auto& out : outputs) {
+    for (const auto& in : inputs) {
+      if (checks::overlap(out, in)) {
+        checks::fail(op, std::string(out.name) + " overlaps the input " + std::string(in.name));
+      }
+    }
+  }
+}
+
+std::span<const ForwardVariant> forward_variants(std::int64_t head_dim) {
+  if (head_dim == 64) return kForward64;
+  if (head_dim == 128) return kForward128;
+  return {};
+}
+
+std::span<const BackwardVariant> backward_variants(std::int64_t head_dim) {
+  if (head_dim == 64) return kBackward64;
+  if (head_dim == 128) return kBackward128;
+  return {};
+}
+
+int variant_count(std::int64_t head_dim, bool backward) {
+  return static_cast<int>(backward ? backward_variants(head_dim).size() : forward_variants(head_dim).size());
+}
+
+void check_variant(std::string_view op, std::int64_t head_dim, bool backward, int variant) {
+  if (variant < 0 || variant >= variant_count(head_dim, backward)) {
+    checks::fail(op, "no tile variant " + std::to_string(variant) + " for head_dim " + std::to_string(head_dim));
+  }
+}
+
+}  // namespace
+
+int attention_cuda_variant_count(std::int64_t head_dim, bool backward) { return variant_count(head_dim, backward); }
+
+const char* attention_cuda_variant_name(std::int64_t head_dim, bool backward, int variant) {
+  check_variant("attention_cuda_variant_name", head_dim, backward, variant);
+  return backward ? backward_variants(head_dim)[variant].name : forward_variants(head_dim)[variant].name;
+}
+
+void attention_forward_cuda(const AttentionShape& shape, AttentionInput q, AttentionInput k, AttentionInput v,
+                            std::uint16_t* out, float* lse, cudaStream_t stream, int variant) {
+  constexpr std::string_view op = "attention_forward_cuda";
+  check_shape(op, shape);
+  check_variant(op, shape.head_dim, false, variant);
+  if (shape.batch == 0 || shape.seq == 0) return;
+  check_strided(op, "q", q, dense_stride(shape, shape.q_heads));
+  check_strided(op, "k", k, dense_stride(shape, shape.kv_heads));
+  check_strided(op, "v", v, dense_stride(shape, shape.kv_heads));
+  check_aligned(op, "out", out);
+  check_aligned(op, "lse", lse);
+  const std::int64_t rows = shape.batch * shape.seq * shape.q_heads;
+  require_no_overlap(op,
+                     {{"out", out, static_cast<std::size_t>(rows * shape.head_dim) * 2},
+                      {"lse", lse, static_cast<std::size_t>(rows) * sizeof(float)}},
+                     {strided_region("q", q, shape, shape.q_heads), strided_region("k", k, shape, shape.kv_heads),
+                      strided_region("v", v, shape, shape.kv_heads)});
+
+  ForwardArgs args{};
+  args.q = q.data;
+  args.k = k.data;
+  args.v = v.data;
+  args.q_stride = q.token_stride;
+  args.k_stride = k.token_stride;
+  args.v_stride = v.token_stride;
+  args.out = out;
+  args.lse = lse;
+  args.seq = static_cast<int>(shape.seq);
+  args.q_heads = static_cast<int>(shape.q_heads);
+  args.group = static_cast<int>(shape.q_heads / shape.kv_heads);
+  args.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(shape.head_dim)));
+  forward_variants(shape.head_dim)[variant].run(args, static_cast<int>(shape.batch), stream);
+}
+
+std::size_t attention_backward_workspace_bytes(const AttentionShape& shape) {
+  // lse * log2(e) and D, one float each per (batch, q head, token).
+  return 2 * static_cast<std::size_t>(shape.batch * shape.q_heads * shape.seq) * sizeof(float);
+}
+
+void attention_backward_cuda(const AttentionShape& shape, AttentionInput q, AttentionInput k, AttentionInput v,
+                             const std::uint16_t* out, const float* lse, const std::uint16_t* dout,
+                             AttentionGradient dq, AttentionGradient dk, AttentionGradient dv, void* workspace,
+                             std::size_t workspace_bytes, cudaStream_t stream, int variant) {
+  constexpr std::string_view op = "attention_backward_cuda";
+  check_shape(op, shape);
+  check_variant(op, shape.head_dim, true, variant);
+  if (shape.batch == 0 || shape.seq == 0) return;
+  check_strided(op, "q", q, dense_stride(shape, shape.q_heads));
+  check_strided(op, "k", k, dense_stride(shape, shape.kv_heads));
+  check_strided(op, "v", v, dense_stride(shape, shape.kv_heads));
+  check_strided(op, "dq", dq, dense_stride(shape, shape.q_heads));
+  check_strided(op, "dk", dk, dense_stride(shape, shape.kv_heads));
+  check_strided(op, "dv", dv, dense_stride(shape, shape.kv_heads));
+  check_aligned(op, "out", out);
+  check_aligned(op, "lse", lse);
+  check_aligned(op, "dout", dout);
+  check_aligned(op, "workspace", workspace);
+  const std::size_t needed = attention_backward_workspace_bytes(shape);
+  if (workspace_bytes < needed) {
+    checks::fail(op, "workspace holds " + std::to_string(workspace_bytes) + " bytes, needs " + std::to_string(needed));
+  }
+  const std::int64_t rows = shape.batch * shape.seq * shape.q_heads;
+  const std::size_t dense_bytes = static_cast<std::size_t>(rows * shape.head_dim) * 2;
+  require_no_overlap(op,
+                     {strided_region("dq", dq, shape, shape.q_heads), strided_region("dk", dk, shape, shape.kv_heads),
+                      strided_region("dv", dv, shape, shape.kv_heads), {"workspace", workspace, needed}},
+                     {strided_region("q", q, shape, shape.q_heads), strided_region("k", k, shape, shape.kv_heads),
+                      strided_region("v", v, shape, shape.kv_heads), {"out", out, dense_bytes},
+                      {"lse", lse, static_cast<std::size_t>(rows) * sizeof(float)}, {"dout", dout, dense_bytes}});
+
+  auto* lse_log2 = static_cast<float*>(workspace);
+  float* delta = lse_log2 + rows;
+  const int lanes = static_cast<int>(shape.head_dim / 8);
+  const std::int64_t prepare_threads = rows * lanes;
+  const auto prepare_blocks = static_cast<unsigned>((prepare_threads + 255) / 256);
+  if (shape.head_dim == 64) {
+    attention_backward_prepare_kernel<64><<<prepare_blocks, 256, 0, stream>>>(
+        out, dout, lse, lse_log2, delta, rows, static_cast<int>(shape.seq), static_cast<int>(shape.q_heads));
+  } else {
+    attention_backward_prepare_kernel<128><<<prepare_blocks, 256, 0, stream>>>(
+        out, dout, lse, lse_log2, delta, rows, static_cast<int>(shape.seq), static_cast<int>(shape.q_heads));
+  }
+  CUDA_CHECK_LAUNCH("attention_backward_prepare_kernel");
+
+  BackwardArgs args{};
+  args.q = q.data;
+  args.k = k.data;
+  args.v = v.data;
+  args.q_stride = q.token_stride;
+  args.k_stride = k.token_stride;
+  args.v_stride = v.token_stride;
+  args.dout = dout;
+  args.lse_log2 = lse_log2;
+  args.delta = delta;
+  args.dq = dq.data;
+  args.dk = dk.data;
+  args.dv = dv.data;
+  args.dq_stride = dq.token_stride;
+  args.dk_stride = dk.token_stride;
+  args.dv_stride = dv.token_stride;
+  args.seq = static_cast<int>(shape.seq);
+  args.q_heads = static_cast<int>(shape.q_heads);
+  args.group = static_cast<int>(shape.q_heads / shape.kv_heads);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
+  args.scale = static_cast<float>(scale);
+  args.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  backward_variants(shape.head_dim)[variant].run(args, static_cast<int>(shape.batch), stream);
+}
+
+}  // namespace models::ops

@@ -1,0 +1,320 @@
+// GPU fused lm_head + softmax cross-entropy (cross_entropy.h describes the algorithm): the chunk
+// loop on the host side of the stream, the three products through LinearPlan, and three kernels:
+// the target count, the per-row softmax pass (loss and in-place dlogits) and the mean loss.
+// Every reduction has a fixed order (shuffle trees, then warps in order), so results are
+// bit-identical run to run.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <cuda_bf16.h>
+
+#include "core/error.h"
+#include "models/ops/cross_entropy.h"
+#include "models/ops/op_checks.h"
+#include "optim/block_reduce.cuh"
+
+namespace models::ops {
+namespace {
+
+constexpr int kRowThreads = 512;
+constexpr int kReduceThreads = 1024;
+constexpr std::size_t kWorkspaceAlignment = 256;
+
+std::size_t round_up(std::size_t bytes, std::size_t multiple) { return (bytes + multiple - 1) / multiple * multiple; }
+
+// Running maximum and sum of exp(x - max) over part of a row.
+struct MaxSum {
+  float max;
+  float sum;
+};
+
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.max, b.max);
+  if (m == -INFINITY) return {m, 0.0f};
+  return {m, a.sum * __expf(a.max - m) + b.sum * __expf(b.max - m)};
+}
+
+__device__ __forceinline__ MaxSum warp_combine(MaxSum x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const MaxSum other{__shfl_down_sync(0xFFFFFFFFu, x.max, offset), __shfl_down_sync(0xFFFFFFFFu, x.sum, offset)};
+    x = combine(x, other);
+  }
+  return x;
+}
+
+// Adds `count` values (already in fp32) to a running state: one rescale per group.
+template <int kCount>
+__device__ __forceinline__ MaxSum accumulate(MaxSum state, const float (&values)[kCount]) {
+  float group_max = values[0];
+#pragma unroll
+  for (int i = 1; i < kCount; ++i) group_max = fmaxf(group_max, values[i]);
+  const float m = fmaxf(state.max, group_max);
+  float sum = state.max == -INFINITY ? 0.0f : state.sum * __expf(state.max - m);
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) sum += __expf(values[i] - m);
+  // NaN in the group: fmaxf ignored it, __expf(NaN - m) did not.
+  return {m, sum};
+}
+
+__device__ __forceinline__ void unpack8(const uint4& packed, float (&out)[8]) {
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(pairs[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+// One block per row of the chunk's logits. Pass 1: max and sum of exponentials, logsumexp, the
+// token's loss. Pass 2 (backward): dlogits = (softmax - onehot) * scale over the logits, in bf16.
+// kVector: rows start 16-byte aligned and vocab % 8 == 0, so 8 logits per 16-byte access.
+template <bool kBackward, bool kVector>
+__global__ void __launch_bounds__(kRowThreads)
+cross_entropy_rows_kernel(__nv_bfloat16* __restrict__ logits, std::int64_t vocab,
+                          const std::int32_t* __restrict__ targets, float* __restrict__ token_losses,
+                          const std::int32_t* __restrict__ count, float grad_scale) {
+  __shared__ MaxSum warp_states[kRowThreads / 32];
+  __shared__ float row_lse;
+  __nv_bfloat16* row = logits + static_cast<std::int64_t>(blockIdx.x) * vocab;
+  const std::int32_t target = targets[blockIdx.x];
+
+  if (target == kIgnoreIndex) {
+    if (threadIdx.x == 0) token_losses[blockIdx.x] = 0.0f;
+    if constexpr (kBackward) {
+      if constexpr (kVector) {
+        auto* row16 = reinterpret_cast<uint4*>(row);
+        for (std::int64_t v = threadIdx.x; v < vocab / 8; v += kRowThreads) row16[v] = make_uint4(0, 0, 0, 0);
+      } else {
+        for (std::int64_t j = threadIdx.x; j < vocab; j += kRowThreads) row[j] = __float2bfloat16_rn(0.0f);
+      }
+    }
+    return;
+  }
+
+  MaxSum state{-INFINITY, 0.0f};
+  if constexpr (kVector) {
+    const auto* row16 = reinterpret_cast<const uint4*>(row);
+    for (std::int64_t v = threadIdx.x; v < vocab / 8; v += kRowThreads) {
+      float values[8];
+      unpack8(row16[v], values);
+      state = accumulate(state, values);
+    }
+  } else {
+    for (std::int64_t j = threadIdx.x; j < vocab; j += kRowThreads) {
+      const float values[1] = {__bfloat162float(row[j])};
+      state = accumulate(state, values);
+    }
+  }
+  state = warp_combine(state);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_states[warp] = state;
+  __syncthreads();
+  const bool valid = target >= 0 && target < vocab;
+  if (threadIdx.x == 0) {
+    MaxSum total = warp_states[0];
+    for (int w = 1; w < kRowThreads / 32; ++w) total = combine(total, warp_states[w]);
+    const float lse = total.max + logf(total.sum);
+    row_lse = lse;
+    // Read before the barrier: pass 2 overwrites the row.
+    token_losses[blockIdx.x] = valid ? lse - __bfloat162float(row[target]) : NAN;
+  }
+  __syncthreads();
+
+  if constexpr (kBackward) {
+    const float lse = row_lse;
+    const std::int32_t counted = *count;
+    const float scale = !valid ? NAN : counted > 0 ? grad_scale / static_cast<float>(counted) : 0.0f;
+    if constexpr (kVector) {
+      auto* row16 = reinterpret_cast<uint4*>(row);
+      for (std::int64_t v = threadIdx.x; v < vocab / 8; v += kRowThreads) {
+        float values[8];
+        unpack8(row16[v], values);
+        uint4 packed;
+        auto* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const std::int64_t j = v * 8 + 2 * i;
+          const float p0 = __expf(values[2 * i] - lse) - (j == target ? 1.0f : 0.0f);
+          const float p1 = __expf(values[2 * i + 1] - lse) - (j + 1 == target ? 1.0f : 0.0f);
+          pairs[i] = __floats2bfloat162_rn(p0 * scale, p1 * scale);
+        }
+        row16[v] = packed;
+      }
+    } else {
+      for (std::int64_t j = threadIdx.x; j < vocab; j += kRowThreads) {
+        const float p = __expf(__bfloat162float(row[j]) - lse) - (j == target ? 1.0f : 0.0f);
+        row[j] = __float2bfloat16_rn(p * scale);
+      }
+    }
+  }
+}
+
+// Counts the targets that are not the ignore index (one block; integers, so any order is exact).
+__global__ void __launch_bounds__(kReduceThreads)
+count_targets_kernel(const std::int32_t* __restrict__ targets, std::int64_t tokens, std::int32_t* __restrict__ count) {
+  __shared__ int scratch[kReduceThreads / 32];
+  int local = 0;
+  for (std::int64_t n = threadIdx.x; n < tokens; n += kReduceThreads) local += targets[n] != kIgnoreIndex ? 1 : 0;
+  const int total = optim::block_sum(local, scratch);
+  if (threadIdx.x == 0) *count = total;
+}
+
+// mean_loss = sum(token_losses) / count, summed in double in a fixed order (one block). With
+// kCountTargets it also counts the targets (the forward, which needs no count before).
+template <bool kCountTargets>
+__global__ void __launch_bounds__(kReduceThreads)
+mean_loss_kernel(const float* __restrict__ token_losses, const std::int32_t* __restrict__ targets,
+                 std::int64_t tokens, std::int32_t* __restrict__ count, float* __restrict__ mean_loss) {
+  __shared__ double sum_scratch[kReduceThreads / 32];
+  __shared__ int count_scratch[kReduceThreads / 32];
+  double local_sum = 0.0;
+  int local_count = 0;
+  for (std::int64_t n = threadIdx.x; n < tokens; n += kReduceThreads) {
+    local_sum += static_cast<double>(token_losses[n]);
+    if constexpr (kCountTargets) local_count += targets[n] != kIgnoreIndex ? 1 : 0;
+  }
+  const double sum = optim::block_sum(local_sum, sum_scratch);
+  if constexpr (kCountTargets) {
+    const int total = optim::block_sum(local_count, count_scratch);
+    if (threadIdx.x == 0) *count = total;
+  }
+  if (threadIdx.x == 0) {
+    // In the backward, count_targets_kernel wrote the count earlier on the stream.
+    const std::int32_t counted = *count;
+    *mean_loss = counted > 0 ? static_cast<float>(sum / static_cast<double>(counted)) : 0.0f;
+  }
+}
+
+template <typename Element>
+checks::Region device_region(std::string_view op, std::string_view name, const Element* data, std::int64_t elements) {
+  if (elements > 0 && data == nullptr) checks::fail(op, std::string(name) + " is null");
+  return {name, data, static_cast<std::size_t>(elements) * sizeof(Element)};
+}
+
+}  // namespace
+
+std::int64_t cross_entropy_chunk_tokens_cuda(std::int64_t vocab, std::int64_t requested) {
+  checks::require_positive("cross_entropy_chunk_tokens_cuda", "vocab", vocab);
+  checks::require_non_negative("cross_entropy_chunk_tokens_cuda", "requested", requested);
+  if (requested > 0) return requested;
+  const auto fit = static_cast<std::int64_t>(kCrossEntropyChunkLogitBytes / (static_cast<std::size_t>(vocab) * 2));
+  if (fit >= 128) return fit / 128 * 128;
+  return std::max<std::int64_t>(1, fit);
+}
+
+std::size_t cross_entropy_workspace_bytes(std::int64_t tokens, std::int64_t vocab, std::int64_t chunk_tokens) {
+  checks::require_non_negative("cross_entropy_workspace_bytes", "tokens", tokens);
+  const std::int64_t rows = std::min(tokens, cross_entropy_chunk_tokens_cuda(vocab, chunk_tokens));
+  return round_up(static_cast<std::size_t>(rows * vocab) * sizeof(__nv_bfloat16), kWorkspaceAlignment) +
+         linear_workspace_bytes();
+}
+
+CrossEntropyPlan::CrossEntropyPlan(const core::DeviceContext& context) : stream_(context.stream()), gemms_(context) {}
+
+void CrossEntropyPlan::forward(const __nv_bfloat16* hidden, const __nv_bfloat16* weight, const std::int32_t* targets,
+                               std::int64_t tokens, std::int64_t dim, std::int64_t vocab,
+                               CrossEntropyDeviceOutputs outputs, DeviceWorkspace workspace,
+                               std::int64_t chunk_tokens) {
+  run(hidden, weight, targets, tokens, dim, vocab, nullptr, nullptr, 0.0f, outputs, workspace, chunk_tokens);
+}
+
+void CrossEntropyPlan::backward(const __nv_bfloat16* hidden, const __nv_bfloat16* weight,
+                                const std::int32_t* targets, std::int64_t tokens, std::int64_t dim,
+                                std::int64_t vocab, __nv_bfloat16* dhidden, float* dweight, float grad_scale,
+                                CrossEntropyDeviceOutputs outputs, DeviceWorkspace workspace,
+                                std::int64_t chunk_tokens) {
+  constexpr std::string_view op = "cross_entropy_backward (cuda)";
+  if (dhidden == nullptr && tokens > 0) checks::fail(op, "dhidden is null");
+  if (dweight == nullptr) checks::fail(op, "dweight is null");
+  if (!std::isfinite(grad_scale)) checks::fail(op, "grad_scale must be finite, got " + std::to_string(grad_scale));
+  run(hidden, weight, targets, tokens, dim, vocab, dhidden, dweight, grad_scale, outputs, workspace, chunk_tokens);
+}
+
+void CrossEntropyPlan::run(const __nv_bfloat16* hidden, const __nv_bfloat16* weight, const std::int32_t* targets,
+                           std::int64_t tokens, std::int64_t dim, std::int64_t vocab, __nv_bfloat16* dhidden,
+                           float* dweight, float grad_scale, CrossEntropyDeviceOutputs outputs,
+                           DeviceWorkspace workspace, std::int64_t chunk_tokens) {
+  const bool backward = dweight != nullptr;
+  const std::string_view op = backward ? "cross_entropy_backward (cuda)" : "cross_entropy_forward (cuda)";
+  checks::require_non_negative(op, "tokens", tokens);
+  checks::require_positive(op, "dim", dim);
+  checks::require_positive(op, "vocab", vocab);
+  checks::require_non_negative(op, "chunk_tokens", chunk_tokens);
+  if (vocab > INT32_MAX) checks::fail(op, "vocab must fit in int32, got " + std::to_string(vocab));
+  if (tokens > INT32_MAX) checks::fail(op, "tokens must fit in int32 (the count), got " + std::to_string(tokens));
+  const std::size_t needed = cross_entropy_workspace_bytes(tokens, vocab, chunk_tokens);
+  if (workspace.data == nullptr || workspace.bytes < needed) {
+    checks::fail(op, "needs a workspace of cross_entropy_workspace_bytes(" + std::to_string(tokens) + ", " +
+                         std::to_string(vocab) + ", " + std::to_string(chunk_tokens) + ") = " + std::to_string(needed) +
+                         " bytes, got " + std::to_string(workspace.bytes) + (workspace.data ? "" : " (null)"));
+  }
+  if (reinterpret_cast<std::uintptr_t>(workspace.data) % kWorkspaceAlignment != 0) {
+    checks::fail(op, "workspace is not 256-byte aligned");
+  }
+  if (outputs.mean_loss == nullptr || outputs.count == nullptr) checks::fail(op, "mean_loss and count must not be null");
+  const checks::Region losses = device_region(op, "token_losses", outputs.token_losses, tokens);
+  const checks::Region mean = device_region(op, "mean_loss", outputs.mean_loss, 1);
+  const checks::Region counted = device_region(op, "count", outputs.count, 1);
+  const checks::Region hidden_region = device_region(op, "hidden", hidden, tokens * dim);
+  const checks::Region weight_region = device_region(op, "weight", weight, vocab * dim);
+  const checks::Region targets_region = device_region(op, "targets", targets, tokens);
+  const checks::Region scratch{"workspace", workspace.data, workspace.bytes};
+  const checks::Region dhidden_region = device_region(op, "dhidden", dhidden, backward ? tokens * dim : 0);
+  const checks::Region dweight_region = device_region(op, "dweight", dweight, backward ? vocab * dim : 0);
+  checks::require_disjoint(op, {losses, mean, counted, dhidden_region, dweight_region, scratch},
+                           {hidden_region, weight_region, targets_region});
+
+  const std::int64_t chunk = std::max<std::int64_t>(1, std::min(tokens, cross_entropy_chunk_tokens_cuda(vocab, chunk_tokens)));
+  auto* logits = static_cast<__nv_bfloat16*>(workspace.data);
+  const std::size_t logits_bytes =
+      round_up(static_cast<std::size_t>(std::min(tokens, chunk) * vocab) * sizeof(__nv_bfloat16), kWorkspaceAlignment);
+  const DeviceWorkspace gemm_workspace{static_cast<char*>(workspace.data) + logits_bytes, workspace.bytes - logits_bytes};
+  // 16-byte row accesses: the workspace is 256-byte aligned, so rows are aligned when vocab % 8 == 0.
+  const bool vector = vocab % 8 == 0;
+
+  if (backward) {
+    count_targets_kernel<<<1, kReduceThreads, 0, stream_>>>(targets, tokens, outputs.count);
+    CUDA_CHECK_LAUNCH("count_targets_kernel");
+  }
+  for (std::int64_t first = 0; first < tokens; first += chunk) {
+    const std::int64_t rows = std::min(chunk, tokens - first);
+    const __nv_bfloat16* hidden_chunk = hidden + first * dim;
+    gemms_.forward(hidden_chunk, weight, rows, dim, vocab, logits, gemm_workspace);
+    const auto grid = static_cast<unsigned>(rows);
+    if (backward) {
+      if (vector) {
+        cross_entropy_rows_kernel<true, true><<<grid, kRowThreads, 0, stream_>>>(
+            logits, vocab, targets + first, outputs.token_losses + first, outputs.count, grad_scale);
+      } else {
+        cross_entropy_rows_kernel<true, false><<<grid, kRowThreads, 0, stream_>>>(
+            logits, vocab, targets + first, outputs.token_losses + first, outputs.count, grad_scale);
+      }
+      CUDA_CHECK_LAUNCH("cross_entropy_rows_kernel (backward)");
+      gemms_.backward_input(logits, weight, rows, dim, vocab, dhidden + first * dim, gemm_workspace, GradOutput::write);
+      gemms_.backward_weight(logits, hidden_chunk, rows, dim, vocab, dweight, gemm_workspace);
+    } else {
+      if (vector) {
+        cross_entropy_rows_kernel<false, true><<<grid, kRowThreads, 0, stream_>>>(
+            logits, vocab, targets + first, outputs.token_losses + first, outputs.count, 0.0f);
+      } else {
+        cross_entropy_rows_kernel<false, false><<<grid, kRowThreads, 0, stream_>>>(
+            logits, vocab, targets + first, outputs.token_losses + first, outputs.count, 0.0f);
+      }
+      CUDA_CHECK_LAUNCH("cross_entropy_rows_kernel (forward)");
+    }
+  }
+  if (backward) {
+    mean_loss_kernel<false><<<1, kReduceThreads, 0, stream_>>>(outputs.token_losses, targets, tokens, outputs.count,
+                                                               outputs.mean_loss);
+  } else {
+    mean_loss_kernel<true><<<1, kReduceThreads, 0, stream_>>>(outputs.token_losses, targets, tokens, outputs.count,
+                                                              outputs.mean_loss);
+  }
+  CUDA_CHECK_LAUNCH("mean_loss_kernel");
+}
+
+}  // namespace models::ops
