@@ -60,6 +60,14 @@ run_step() {
       build/bench/adamw8bit_quality --data .carry/kjv.txt --out "$OUT/optimizers.jsonl" --commit "$COMMIT" \
         2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
       ;;
+    train)
+      local tmp
+      tmp=$(mktemp -d)
+      build/bench/qwen3_train_bench --batch 8 --seq 2048 > "$tmp/ours.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
+      python3 bench/peer_qwen3_train.py --batch 8 --seq 2048 > "$tmp/peer.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
+      cat "$tmp/ours.json" "$tmp/peer.json" >> "$OUT/bench.log"
+      python3 bench/record.py "$tmp/ours.json" "$tmp/peer.json" "$OUT/qwen3.jsonl" --commit "$COMMIT"
+      ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
 }

@@ -57,7 +57,7 @@ Qwen3Config preset(const std::string& name) {
     c.num_layers = 4;
     c.num_heads = 4;
     c.num_kv_heads = 2;
-    c.head_dim = 32;
+    c.head_dim = 64;
     c.rope_theta = 10000.0;
     c.max_position_embeddings = 4096;
     return c;
@@ -69,7 +69,7 @@ Qwen3Config preset(const std::string& name) {
     c.num_layers = 3;
     c.num_heads = 4;
     c.num_kv_heads = 2;
-    c.head_dim = 32;
+    c.head_dim = 64;
     c.rope_theta = 10000.0;
     c.max_position_embeddings = 256;
     return c;

@@ -1,0 +1,105 @@
+// One full training step of Qwen3 on one GPU (forward, backward, AdamW with clipping), random
+// tokens: median step time, tokens/s, MFU ((6N + 6*L*H*hd*T) FLOPs per token against 989 TFLOP/s
+// dense bf16) and device memory in use. The transformers peer is bench/peer_qwen3_train.py;
+// bench/record.py joins the two.
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "models/qwen3/model_cuda.h"
+#include "optim/optimizer.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Qwen3 training-step benchmark"};
+  std::string preset = "qwen3-0.6b", recompute = "none";
+  std::int64_t batch = 8, seq = 2048;
+  int warmup = 3, steps = 10;
+  app.add_option("--preset", preset);
+  app.add_option("--batch", batch);
+  app.add_option("--seq", seq);
+  app.add_option("--recompute", recompute, "none | mlp | full");
+  app.add_option("--warmup", warmup);
+  app.add_option("--steps", steps);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    namespace q3 = models::qwen3;
+    std::size_t free0 = 0, total = 0;
+    core::DeviceContext ctx(core::Device::cuda(0));
+    CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+    const q3::Qwen3Config config = q3::preset(preset);
+    optim::Slab slab(optim::SlabLayout(q3::parameter_specs(config), 1), ctx);
+    q3::Qwen3Cuda model(config, slab, ctx, batch * seq, q3::recompute_from_string(recompute));
+    optim::OptimizerConfig oc;
+    oc.lr = 3e-4;
+    oc.grad_clip = 1.0;
+    const auto optimizer = optim::make_optimizer(oc, slab, ctx);
+    // Weights: small random values through the host (init is not what is timed).
+    {
+      std::vector<float> w(slab.master().bytes() / 4);
+      std::mt19937 rng(1);
+      std::normal_distribution<float> dist(0.0f, 0.02f);
+      for (auto& x : w) x = dist(rng);
+      core::copy_bytes(slab.master().data(), w.data(), slab.master().bytes(), ctx.stream());
+      ctx.synchronize();
+      slab.write_mirror(ctx);
+    }
+    const std::int64_t n = batch * seq;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(ids.size());
+    std::mt19937 rng(2);
+    std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(config.vocab_size - 1));
+    for (auto& x : ids) x = token(rng);
+    for (std::size_t i = 0; i < ids.size(); ++i) targets[i] = (i + 1) % static_cast<std::size_t>(seq) ? ids[i + 1] : -100;
+    core::Buffer ids_d(ctx.device(), ids.size() * 4), targets_d(ctx.device(), targets.size() * 4);
+    core::copy_bytes(ids_d.data(), ids.data(), ids_d.bytes(), ctx.stream());
+    core::copy_bytes(targets_d.data(), targets.data(), targets_d.bytes(), ctx.stream());
+    ctx.synchronize();
+
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    std::vector<double> ms;
+    for (int i = 0; i < warmup + steps; ++i) {
+      CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
+      model.forward_backward(ids_d.as<std::int32_t>(), targets_d.as<std::int32_t>(), batch, seq, 1.0f);
+      optimizer->step(oc.lr);
+      CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      float e = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&e, start, stop));
+      if (i >= warmup) ms.push_back(e);
+    }
+    std::size_t free1 = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free1, &total));
+    float loss = 0;
+    CUDA_CHECK(cudaMemcpy(&loss, model.loss(), 4, cudaMemcpyDeviceToHost));
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    const double params = static_cast<double>(config.parameter_count());
+    const double flops_per_token =
+        6.0 * params + 6.0 * static_cast<double>(config.num_layers * config.num_heads * config.head_dim * seq);
+    const double tok_s = static_cast<double>(n) / (med * 1e-3);
+    const nlohmann::json out = {
+        {"bench", preset + " train step"},
+        {"device", ctx.device_name()},
+        {"ours_ms", med},
+        {"tok_s", tok_s},
+        {"mfu", tok_s * flops_per_token / 989e12},
+        {"memory_gib", static_cast<double>(free0 - free1) / (1 << 30)},
+        {"activation_gib", static_cast<double>(model.activation_bytes()) / (1 << 30)},
+        {"batch", batch},
+        {"seq", seq},
+        {"recompute", recompute},
+        {"final_loss", loss},
+    };
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qwen3_train_bench: %s\n", e.what());
+    return 1;
+  }
+}

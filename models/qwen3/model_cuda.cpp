@@ -1,0 +1,338 @@
+#include "models/qwen3/model_cuda.h"
+
+#include <algorithm>
+#include <vector>
+
+#include <cuda_bf16.h>
+
+#include "core/error.h"
+#include "models/ops/attention.h"
+#include "models/ops/embedding.h"
+#include "models/ops/rmsnorm.h"
+#include "models/ops/rope.h"
+#include "models/ops/swiglu.h"
+#include "models/qwen3/model_kernels.h"
+
+namespace models::qwen3 {
+
+using bf16 = __nv_bfloat16;
+
+Recompute recompute_from_string(const std::string& name) {
+  if (name == "none") return Recompute::none;
+  if (name == "mlp") return Recompute::mlp;
+  if (name == "full") return Recompute::full;
+  throw core::InputError("activation recompute must be none, mlp or full, got '" + name + "'");
+}
+
+namespace {
+
+// Carves typed arrays out of one device allocation (256-byte aligned each).
+class Arena {
+ public:
+  std::size_t reserve(std::size_t bytes) {
+    const std::size_t at = size_;
+    size_ = (size_ + bytes + 255) / 256 * 256;
+    return at;
+  }
+  std::size_t size() const { return size_; }
+
+ private:
+  std::size_t size_ = 0;
+};
+
+}  // namespace
+
+struct Qwen3Cuda::Impl {
+  // Where a layer's activations live (offsets into `memory`; the same layout for the saved
+  // copies and for the recompute scratch).
+  struct LayerSlots {
+    std::size_t x_in, rstd_in, h, qkv, qk, rstd_q, rstd_k, att, lse, x_mid, rstd_post, h2, gate_up, act;
+  };
+  struct LayerWeights {
+    int input_norm, qkv, q_norm, k_norm, o_proj, post_norm, gate_up, down;
+  };
+
+  Qwen3Config c;
+  optim::Slab& slab;
+  const core::DeviceContext& ctx;
+  cudaStream_t stream;
+  std::int64_t max_tokens;
+  Recompute recompute;
+  ops::LinearPlan linear;
+  ops::CrossEntropyPlan cross_entropy;
+  int embed = 0, final_norm = 0, head = 0;
+  std::vector<LayerWeights> layers;
+
+  core::Buffer memory;
+  std::vector<LayerSlots> saved;  // per layer
+  LayerSlots scratch{};           // recompute target
+  std::size_t x_final = 0, x_norm = 0, rstd_final = 0, positions = 0;
+  std::size_t dx = 0, dtmp = 0, datt = 0, dqk = 0, dqkv = 0, dgate_up = 0, dact = 0, dh = 0;
+  std::size_t token_losses = 0, mean_loss = 0, count = 0, invalid = 0, workspace = 0;
+  std::size_t workspace_bytes = 0;
+
+  Impl(const Qwen3Config& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens, Recompute r)
+      : c(config), slab(s), ctx(context), stream(context.stream()), max_tokens(tokens), recompute(r), linear(context),
+        cross_entropy(context) {}
+
+  template <typename T>
+  T* at(std::size_t offset) { return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset); }
+  const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
+  float* g(int tensor) { return slab.grad_view(tensor).as<float>(); }
+  ops::DeviceWorkspace ws() { return {at<char>(workspace), workspace_bytes}; }
+
+  LayerSlots reserve_layer(Arena& a, bool keep_all, bool keep_mlp) {
+    const std::size_t n = static_cast<std::size_t>(max_tokens);
+    const std::size_t d = static_cast<std::size_t>(c.hidden_size);
+    LayerSlots s{};
+    s.x_in = a.reserve(n * d * 2);
+    if (!keep_all) return s;
+    s.rstd_in = a.reserve(n * 4);
+    s.h = a.reserve(n * d * 2);
+    s.qkv = a.reserve(n * static_cast<std::size_t>(c.qkv_size()) * 2);
+    s.qk = a.reserve(n * static_cast<std::size_t>(c.q_size() + c.kv_size()) * 2);
+    s.rstd_q = a.reserve(n * static_cast<std::size_t>(c.num_heads) * 4);
+    s.rstd_k = a.reserve(n * static_cast<std::size_t>(c.num_kv_heads) * 4);
+    s.att = a.reserve(n * static_cast<std::size_t>(c.q_size()) * 2);
+    s.lse = a.reserve(n * static_cast<std::size_t>(c.num_heads) * 4);
+    s.x_mid = a.reserve(n * d * 2);
+    s.rstd_post = a.reserve(n * 4);
+    s.h2 = a.reserve(n * d * 2);
+    if (keep_mlp) {
+      s.gate_up = a.reserve(n * 2 * static_cast<std::size_t>(c.intermediate_size) * 2);
+      s.act = a.reserve(n * static_cast<std::size_t>(c.intermediate_size) * 2);
+    }
+    return s;
+  }
+
+  // One layer forward from s.x_in into out_x (the next layer's input), filling s's slots.
+  void layer_forward(std::size_t l, const LayerSlots& s, std::size_t out_x, std::int64_t batch, std::int64_t seq) {
+    const LayerWeights& lw = layers[l];
+    const std::int64_t n = batch * seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), qkv = c.qkv_size();
+    const std::int64_t qk = qs + kvs, f = c.intermediate_size;
+    ops::rmsnorm_forward_cuda(at<bf16>(s.x_in), w(lw.input_norm), n, d, c.rms_norm_eps, at<bf16>(s.h),
+                              at<float>(s.rstd_in), stream);
+    linear.forward(at<bf16>(s.h), w(lw.qkv), n, d, qkv, at<bf16>(s.qkv), ws());
+    ops::head_rmsnorm_forward_cuda(at<bf16>(s.qkv), qkv, w(lw.q_norm), n, c.num_heads, c.head_dim, c.rms_norm_eps,
+                                   at<bf16>(s.qk), qk, at<float>(s.rstd_q), stream);
+    ops::head_rmsnorm_forward_cuda(at<bf16>(s.qkv) + qs, qkv, w(lw.k_norm), n, c.num_kv_heads, c.head_dim,
+                                   c.rms_norm_eps, at<bf16>(s.qk) + qs, qk, at<float>(s.rstd_k), stream);
+    const std::int32_t* pos = at<std::int32_t>(positions);
+    ops::rope_forward_cuda(at<bf16>(s.qk), qk, at<bf16>(s.qk), qk, pos, n, c.num_heads, c.head_dim, c.rope_theta, stream);
+    ops::rope_forward_cuda(at<bf16>(s.qk) + qs, qk, at<bf16>(s.qk) + qs, qk, pos, n, c.num_kv_heads, c.head_dim,
+                           c.rope_theta, stream);
+    const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
+    ops::attention_forward_cuda(shape, {at<std::uint16_t>(s.qk), qk}, {at<std::uint16_t>(s.qk) + qs, qk},
+                                {at<std::uint16_t>(s.qkv) + qs + kvs, qkv}, at<std::uint16_t>(s.att),
+                                at<float>(s.lse), stream);
+    linear.forward(at<bf16>(s.att), w(lw.o_proj), n, qs, d, at<bf16>(dtmp), ws());
+    add_bf16(at<bf16>(s.x_in), at<bf16>(dtmp), at<bf16>(s.x_mid), n * d, stream);
+    mlp_forward(l, s, n);
+    linear.forward(at<bf16>(s.act), w(lw.down), n, f, d, at<bf16>(dtmp), ws());
+    add_bf16(at<bf16>(s.x_mid), at<bf16>(dtmp), at<bf16>(out_x), n * d, stream);
+  }
+
+  // norm -> gate_up -> swiglu from s.x_mid.
+  void mlp_forward(std::size_t l, const LayerSlots& s, std::int64_t n) {
+    const LayerWeights& lw = layers[l];
+    const std::int64_t d = c.hidden_size, f = c.intermediate_size;
+    ops::rmsnorm_forward_cuda(at<bf16>(s.x_mid), w(lw.post_norm), n, d, c.rms_norm_eps, at<bf16>(s.h2),
+                              at<float>(s.rstd_post), stream);
+    linear.forward(at<bf16>(s.h2), w(lw.gate_up), n, d, 2 * f, at<bf16>(s.gate_up), ws());
+    ops::swiglu_forward_cuda(at<bf16>(s.gate_up), n, f, at<bf16>(s.act), stream);
+  }
+
+  // The slots a layer's backward reads, recomputing what the mode did not keep.
+  LayerSlots slots_for_backward(std::size_t l, std::int64_t batch, std::int64_t seq) {
+    const std::int64_t n = batch * seq;
+    if (recompute == Recompute::full) {
+      LayerSlots s = scratch;
+      s.x_in = saved[l].x_in;
+      layer_forward(l, s, dh, batch, seq);  // the layer's output is not needed: dh is free here
+      return s;
+    }
+    LayerSlots s = saved[l];
+    if (recompute == Recompute::mlp) {
+      s.gate_up = scratch.gate_up;
+      s.act = scratch.act;
+      const LayerWeights& lw = layers[l];
+      linear.forward(at<bf16>(s.h2), w(lw.gate_up), n, c.hidden_size, 2 * c.intermediate_size, at<bf16>(s.gate_up),
+                     ws());
+      ops::swiglu_forward_cuda(at<bf16>(s.gate_up), n, c.intermediate_size, at<bf16>(s.act), stream);
+    }
+    return s;
+  }
+
+  // Runs the stack; leaves the final norm's output in x_norm.
+  void forward(const std::int32_t* ids, std::int64_t batch, std::int64_t seq) {
+    const std::int64_t n = batch * seq;
+    if (batch <= 0 || seq <= 0 || n > max_tokens) {
+      throw core::Error("Qwen3Cuda: batch * seq = " + std::to_string(n) + " outside (0, " + std::to_string(max_tokens) +
+                        "]");
+    }
+    fill_positions(at<std::int32_t>(positions), n, seq, stream);
+    ops::embedding_forward_cuda(ids, n, w(embed), c.vocab_size, c.hidden_size, at<bf16>(saved[0].x_in),
+                                at<std::int32_t>(invalid), stream);
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const LayerSlots s = recompute == Recompute::full ? with_input(scratch, saved[l].x_in)
+                           : recompute == Recompute::mlp ? with_mlp(saved[l], scratch) : saved[l];
+      const std::size_t next = l + 1 < layers.size() ? saved[l + 1].x_in : x_final;
+      layer_forward(l, s, next, batch, seq);
+    }
+    ops::rmsnorm_forward_cuda(at<bf16>(x_final), w(final_norm), n, c.hidden_size, c.rms_norm_eps, at<bf16>(x_norm),
+                              at<float>(rstd_final), stream);
+  }
+
+  static LayerSlots with_input(LayerSlots s, std::size_t x_in) {
+    s.x_in = x_in;
+    return s;
+  }
+  static LayerSlots with_mlp(LayerSlots s, const LayerSlots& from) {
+    s.gate_up = from.gate_up;
+    s.act = from.act;
+    return s;
+  }
+
+  ops::CrossEntropyDeviceOutputs loss_outputs() {
+    return {at<float>(token_losses), at<float>(mean_loss), at<std::int32_t>(count)};
+  }
+
+  void backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
+                float grad_scale) {
+    const std::int64_t n = batch * seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), qkv = c.qkv_size();
+    const std::int64_t qk = qs + kvs, f = c.intermediate_size;
+    cross_entropy.backward(at<bf16>(x_norm), w(head), targets, n, d, c.vocab_size, at<bf16>(dtmp), g(head), grad_scale,
+                           loss_outputs(), ws());
+    ops::rmsnorm_backward_cuda(at<bf16>(dtmp), at<bf16>(x_final), w(final_norm), at<float>(rstd_final), n, d,
+                               at<bf16>(dx), g(final_norm), at<char>(workspace), workspace_bytes, stream);
+    const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
+    const std::int32_t* pos = at<std::int32_t>(positions);
+    for (std::size_t l = layers.size(); l-- > 0;) {
+      const LayerWeights& lw = layers[l];
+      const LayerSlots s = slots_for_backward(l, batch, seq);
+      // MLP: out = x_mid + down(swiglu(gate_up(norm(x_mid)))).
+      linear.backward(at<bf16>(dx), at<bf16>(s.act), w(lw.down), n, f, d, at<bf16>(dact), g(lw.down), ws());
+      ops::swiglu_backward_cuda(at<bf16>(dact), at<bf16>(s.gate_up), n, f, at<bf16>(dgate_up), stream);
+      linear.backward(at<bf16>(dgate_up), at<bf16>(s.h2), w(lw.gate_up), n, d, 2 * f, at<bf16>(dh), g(lw.gate_up), ws());
+      ops::rmsnorm_backward_cuda(at<bf16>(dh), at<bf16>(s.x_mid), w(lw.post_norm), at<float>(s.rstd_post), n, d,
+                                 at<bf16>(dtmp), g(lw.post_norm), at<char>(workspace), workspace_bytes, stream);
+      add_bf16(at<bf16>(dx), at<bf16>(dtmp), at<bf16>(dx), n * d, stream);
+      // Attention: x_mid = x_in + o_proj(attention(rope(norm(q)), rope(norm(k)), v)).
+      linear.backward(at<bf16>(dx), at<bf16>(s.att), w(lw.o_proj), n, qs, d, at<bf16>(datt), g(lw.o_proj), ws());
+      ops::attention_backward_cuda(shape, {at<std::uint16_t>(s.qk), qk}, {at<std::uint16_t>(s.qk) + qs, qk},
+                                   {at<std::uint16_t>(s.qkv) + qs + kvs, qkv}, at<std::uint16_t>(s.att),
+                                   at<float>(s.lse), at<std::uint16_t>(datt), {at<std::uint16_t>(dqk), qk},
+                                   {at<std::uint16_t>(dqk) + qs, qk}, {at<std::uint16_t>(dqkv) + qs + kvs, qkv},
+                                   at<char>(workspace), workspace_bytes, stream);
+      ops::rope_backward_cuda(at<bf16>(dqk), qk, at<bf16>(dqk), qk, pos, n, c.num_heads, c.head_dim, c.rope_theta,
+                              stream);
+      ops::rope_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(dqk) + qs, qk, pos, n, c.num_kv_heads, c.head_dim,
+                              c.rope_theta, stream);
+      ops::head_rmsnorm_backward_cuda(at<bf16>(dqk), qk, at<bf16>(s.qkv), qkv, w(lw.q_norm), at<float>(s.rstd_q), n,
+                                      c.num_heads, c.head_dim, at<bf16>(dqkv), qkv, g(lw.q_norm), at<char>(workspace),
+                                      workspace_bytes, stream);
+      ops::head_rmsnorm_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(s.qkv) + qs, qkv, w(lw.k_norm),
+                                      at<float>(s.rstd_k), n, c.num_kv_heads, c.head_dim, at<bf16>(dqkv) + qs, qkv,
+                                      g(lw.k_norm), at<char>(workspace), workspace_bytes, stream);
+      linear.backward(at<bf16>(dqkv), at<bf16>(s.h), w(lw.qkv), n, d, qkv, at<bf16>(dh), g(lw.qkv), ws());
+      ops::rmsnorm_backward_cuda(at<bf16>(dh), at<bf16>(s.x_in), w(lw.input_norm), at<float>(s.rstd_in), n, d,
+                                 at<bf16>(dtmp), g(lw.input_norm), at<char>(workspace), workspace_bytes, stream);
+      add_bf16(at<bf16>(dx), at<bf16>(dtmp), at<bf16>(dx), n * d, stream);
+    }
+    ops::embedding_backward_cuda(ids, n, at<bf16>(dx), c.vocab_size, d, g(embed), at<std::int32_t>(invalid),
+                                 at<char>(workspace), workspace_bytes, stream);
+  }
+};
+
+Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
+                     std::int64_t max_tokens, Recompute recompute)
+    : impl_(std::make_unique<Impl>(config, slab, context, max_tokens, recompute)) {
+  Impl& m = *impl_;
+  validate(config, "qwen3 model");
+  if (!context.is_cuda() || !(slab.device() == context.device())) throw core::Error("Qwen3Cuda: needs a cuda slab and context");
+  if (slab.mirror_dtype() != core::DType::bf16) throw core::Error("Qwen3Cuda: the slab's mirror must be bf16");
+  if (max_tokens <= 0) throw core::Error("Qwen3Cuda: max_tokens must be > 0");
+  if (config.head_dim != 64 && config.head_dim != 128) {
+    throw core::InputError("Qwen3Cuda: head_dim " + std::to_string(config.head_dim) + " not supported on cuda (64 or 128)");
+  }
+  const auto& layout = slab.layout();
+  auto find = [&](const std::string& name) {
+    const int i = layout.find(name);
+    if (i < 0) throw core::Error("Qwen3Cuda: the slab has no tensor '" + name + "'");
+    return i;
+  };
+  m.embed = find("embed_tokens");
+  m.final_norm = find("final_norm");
+  m.head = config.tie_word_embeddings ? m.embed : find("lm_head");
+  for (std::int64_t l = 0; l < config.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    m.layers.push_back({find(p + "input_norm"), find(p + "qkv"), find(p + "q_norm"), find(p + "k_norm"),
+                        find(p + "o_proj"), find(p + "post_norm"), find(p + "gate_up"), find(p + "down")});
+  }
+
+  Arena a;
+  const std::size_t n = static_cast<std::size_t>(max_tokens), d = static_cast<std::size_t>(config.hidden_size);
+  const std::size_t f = static_cast<std::size_t>(config.intermediate_size);
+  for (std::int64_t l = 0; l < config.num_layers; ++l) {
+    m.saved.push_back(m.reserve_layer(a, recompute != Recompute::full, recompute == Recompute::none));
+  }
+  if (recompute != Recompute::none) {
+    m.scratch = m.reserve_layer(a, true, true);
+  }
+  m.x_final = a.reserve(n * d * 2);
+  m.x_norm = a.reserve(n * d * 2);
+  m.rstd_final = a.reserve(n * 4);
+  m.positions = a.reserve(n * 4);
+  m.dx = a.reserve(n * d * 2);
+  m.dtmp = a.reserve(n * d * 2);
+  m.datt = a.reserve(n * static_cast<std::size_t>(config.q_size()) * 2);
+  m.dqk = a.reserve(n * static_cast<std::size_t>(config.q_size() + config.kv_size()) * 2);
+  m.dqkv = a.reserve(n * static_cast<std::size_t>(config.qkv_size()) * 2);
+  m.dgate_up = a.reserve(n * 2 * f * 2);
+  m.dact = a.reserve(n * f * 2);
+  m.dh = a.reserve(n * d * 2);
+  m.token_losses = a.reserve(n * 4);
+  m.mean_loss = a.reserve(4);
+  m.count = a.reserve(4);
+  m.invalid = a.reserve(4);
+  const std::int64_t tokens = max_tokens;
+  const ops::AttentionShape widest{1, tokens, config.num_heads, config.num_kv_heads, config.head_dim};
+  m.workspace_bytes = std::max({ops::linear_workspace_bytes(),
+                                ops::cross_entropy_workspace_bytes(tokens, config.vocab_size),
+                                ops::rmsnorm_backward_workspace_bytes(tokens, config.hidden_size),
+                                ops::head_rmsnorm_backward_workspace_bytes(tokens, config.num_heads, config.head_dim),
+                                ops::attention_backward_workspace_bytes(widest),
+                                ops::embedding_backward_workspace_bytes(tokens, config.vocab_size, config.hidden_size)});
+  m.workspace = a.reserve(m.workspace_bytes);
+  m.memory = core::Buffer(context.device(), a.size());
+  m.memory.fill_bytes(0, context.stream());
+  activation_bytes_ = a.size();
+}
+
+Qwen3Cuda::~Qwen3Cuda() = default;
+
+void Qwen3Cuda::forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch,
+                                 std::int64_t seq, float grad_scale) {
+  impl_->forward(ids, batch, seq);
+  impl_->backward(ids, targets, batch, seq, grad_scale);
+}
+
+void Qwen3Cuda::forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) {
+  Impl& m = *impl_;
+  m.forward(ids, batch, seq);
+  m.cross_entropy.forward(m.at<bf16>(m.x_norm), m.w(m.head), targets, batch * seq, m.c.hidden_size, m.c.vocab_size,
+                          m.loss_outputs(), m.ws());
+}
+
+void Qwen3Cuda::logits(const std::int32_t* ids, std::int64_t batch, std::int64_t seq, std::uint16_t* logits) {
+  Impl& m = *impl_;
+  m.forward(ids, batch, seq);
+  m.linear.forward(m.at<bf16>(m.x_norm), m.w(m.head), batch * seq, m.c.hidden_size, m.c.vocab_size,
+                   reinterpret_cast<bf16*>(logits), m.ws());
+}
+
+const float* Qwen3Cuda::loss() const { return impl_->at<float>(impl_->mean_loss); }
+const std::int32_t* Qwen3Cuda::counted() const { return impl_->at<std::int32_t>(impl_->count); }
+const std::int32_t* Qwen3Cuda::invalid_id_flag() const { return impl_->at<std::int32_t>(impl_->invalid); }
+
+}  // namespace models::qwen3

@@ -1,0 +1,54 @@
+// The Qwen3 decoder on one GPU: bf16 activations and matrix operands read from the slab's bf16
+// mirror, fp32 statistics and accumulation, weight gradients accumulated in fp32 into the slab
+// (one layer's gradients are one contiguous slab range). Activation memory is allocated once for
+// `max_tokens`; a training micro-batch allocates nothing and never waits for the host (the loss
+// stays on the device). Activation recompute: none (keep everything for the backward), mlp
+// (recompute the MLP's gate/up and SwiGLU outputs), full (keep only each layer's input).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/buffer.h"
+#include "core/device.h"
+#include "models/ops/cross_entropy.h"
+#include "models/ops/linear.h"
+#include "models/qwen3/config.h"
+#include "optim/slab.h"
+
+namespace models::qwen3 {
+
+enum class Recompute { none, mlp, full };
+Recompute recompute_from_string(const std::string& name);  // throws core::InputError
+
+class Qwen3Cuda {
+ public:
+  // `slab`: laid out from parameter_specs(config), on the context's cuda device, bf16 mirror,
+  // whole model (gradients and mirror span the whole slab in every ZeRO stage).
+  Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context, std::int64_t max_tokens,
+            Recompute recompute);
+  ~Qwen3Cuda();
+
+  // ids and targets: device int32 [batch * seq] (targets -100 = ignored). Adds the gradient of
+  // grad_scale * mean loss to the slab's gradients. The loss is left in loss().
+  void forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
+                        float grad_scale);
+  // The loss only (evaluation).
+  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq);
+  // bf16 logits [batch * seq, vocab] into `logits` (device).
+  void logits(const std::int32_t* ids, std::int64_t batch, std::int64_t seq, std::uint16_t* logits);
+
+  const float* loss() const;          // device fp32: mean loss of the last call
+  const std::int32_t* counted() const;  // device int32: tokens counted by the last call
+  // Device flag set when an input id was outside the vocabulary (checked lazily by callers).
+  const std::int32_t* invalid_id_flag() const;
+  std::size_t activation_bytes() const { return activation_bytes_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::size_t activation_bytes_ = 0;
+};
+
+}  // namespace models::qwen3
