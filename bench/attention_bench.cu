@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
   ops::AttentionShape shape{8, 2048, 16, 8, 128};
   int warmup = 10, reps = 50;
   std::string out_dir = ".";
+  int only_variant = -1;
   app.add_option("--batch", shape.batch);
   app.add_option("--seq", shape.seq);
   app.add_option("--q-heads", shape.q_heads);
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed runs");
   app.add_option("--reps", reps, "timed runs (median reported)");
   app.add_option("--out-dir", out_dir, "where the JSON files go");
+  app.add_option("--variant", only_variant, "time only this tile variant (default: all; for profilers)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -132,8 +134,10 @@ int main(int argc, char** argv) {
     const double backward_flop = 2.5 * forward_flop;
     auto tflops = [](double flop, double ms) { return flop / (ms * 1e-3) / 1e12; };
 
+    auto selected = [&](int i) { return only_variant < 0 || i == only_variant; };
     nlohmann::json forward_sweep = nlohmann::json::array();
     for (int i = 0; i < ops::attention_cuda_variant_count(hd, false); ++i) {
+      if (!selected(i)) continue;
       const double ms = time_ms(stream, warmup, reps, [&] { forward(i); });
       forward_sweep.push_back({{"variant", ops::attention_cuda_variant_name(hd, false, i)}, {"ms", ms},
                                {"tflops", tflops(forward_flop, ms)}});
@@ -143,12 +147,14 @@ int main(int argc, char** argv) {
     forward(0);
     nlohmann::json backward_sweep = nlohmann::json::array();
     for (int i = 0; i < ops::attention_cuda_variant_count(hd, true); ++i) {
+      if (!selected(i)) continue;
       const double ms = time_ms(stream, warmup, reps, [&] { backward(i); });
       backward_sweep.push_back({{"variant", ops::attention_cuda_variant_name(hd, true, i)}, {"ms", ms},
                                 {"tflops", tflops(backward_flop, ms)}});
       std::fprintf(stderr, "backward hd%lld %-45s %8.4f ms %7.1f TFLOP/s\n", static_cast<long long>(hd),
                    ops::attention_cuda_variant_name(hd, true, i), ms, tflops(backward_flop, ms));
     }
+    if (only_variant >= 0) return 0;
     const double forward_ms = forward_sweep[0]["ms"].get<double>();
     const double backward_ms = backward_sweep[0]["ms"].get<double>();
     const double both_ms = time_ms(stream, warmup, reps, [&] {

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "optim/adafactor.h"
 #include "optim/block_reduce.cuh"
+#include "optim/mirror_store.cuh"
 
 namespace optim {
 
@@ -346,26 +347,20 @@ u_statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
 
 // ---- phase 3 -----------------------------------------------------------------------------
 
-__device__ __forceinline__ void store_mirror4(void* mirror, core::DType dtype, std::int64_t i, float4 w) {
-  uint2 packed;
+// The mirror's element type is known at run time only (one kernel serves both).
+__device__ __forceinline__ void store_mirror4_as(void* mirror, core::DType dtype, std::int64_t i, float4 w) {
   if (dtype == core::DType::bf16) {
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(w.x, w.y), hi = __floats2bfloat162_rn(w.z, w.w);
-    packed.x = *reinterpret_cast<const unsigned int*>(&lo);
-    packed.y = *reinterpret_cast<const unsigned int*>(&hi);
-    __stcs(reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(mirror) + i), packed);
+    store_mirror4(static_cast<__nv_bfloat16*>(mirror) + i, w);
   } else {
-    const __half2 lo = __floats2half2_rn(w.x, w.y), hi = __floats2half2_rn(w.z, w.w);
-    packed.x = *reinterpret_cast<const unsigned int*>(&lo);
-    packed.y = *reinterpret_cast<const unsigned int*>(&hi);
-    __stcs(reinterpret_cast<uint2*>(static_cast<__half*>(mirror) + i), packed);
+    store_mirror4(static_cast<__half*>(mirror) + i, w);
   }
 }
 
-__device__ __forceinline__ void store_mirror(void* mirror, core::DType dtype, std::int64_t i, float w) {
+__device__ __forceinline__ void store_mirror_as(void* mirror, core::DType dtype, std::int64_t i, float w) {
   if (dtype == core::DType::bf16) {
-    static_cast<__nv_bfloat16*>(mirror)[i] = __float2bfloat16_rn(w);
+    store_mirror(static_cast<__nv_bfloat16*>(mirror) + i, w);
   } else {
-    static_cast<__half*>(mirror)[i] = __float2half_rn(w);
+    store_mirror(static_cast<__half*>(mirror) + i, w);
   }
 }
 
@@ -418,7 +413,7 @@ update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
             if (m4) m4[i4] = m;
             __stcs(w4 + i4, w[k]);
             __stcs(g4 + i4, zero4);
-            store_mirror4(v.mirror, v.mirror_dtype, item.first + 4 * i4, w[k]);
+            store_mirror4_as(v.mirror, v.mirror_dtype, item.first + 4 * i4, w[k]);
           }
         }
       }
@@ -448,7 +443,7 @@ update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
                                           adafactor_factored_v(e, R[item.row0 + r0 + k], col));
               adafactor_apply(e, w[k], e.use_beta1 ? v.exp_avg + local : nullptr, u);
               v.master[local] = w[k];
-              store_mirror(v.mirror, v.mirror_dtype, el, w[k]);
+              store_mirror_as(v.mirror, v.mirror_dtype, el, w[k]);
             }
             v.grad[el] = 0.0f;
           }
@@ -463,7 +458,7 @@ update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
           float w = v.master[local];
           adafactor_apply(e, w, e.use_beta1 ? v.exp_avg + local : nullptr, u);
           v.master[local] = w;
-          store_mirror(v.mirror, v.mirror_dtype, el, w);
+          store_mirror_as(v.mirror, v.mirror_dtype, el, w);
         }
         v.grad[el] = 0.0f;
       }

@@ -5,33 +5,13 @@
 
 #include "core/error.h"
 #include "optim/adamw.h"
+#include "optim/mirror_store.cuh"
 
 namespace optim {
 
 namespace {
 
 constexpr int kUpdateThreads = 256;
-
-__device__ __forceinline__ void store_mirror4(__nv_bfloat16* dst, float4 w) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(w.x, w.y);
-  const __nv_bfloat162 hi = __floats2bfloat162_rn(w.z, w.w);
-  uint2 packed;
-  packed.x = *reinterpret_cast<const unsigned int*>(&lo);
-  packed.y = *reinterpret_cast<const unsigned int*>(&hi);
-  __stcs(reinterpret_cast<uint2*>(dst), packed);
-}
-
-__device__ __forceinline__ void store_mirror4(__half* dst, float4 w) {
-  const __half2 lo = __floats2half2_rn(w.x, w.y);
-  const __half2 hi = __floats2half2_rn(w.z, w.w);
-  uint2 packed;
-  packed.x = *reinterpret_cast<const unsigned int*>(&lo);
-  packed.y = *reinterpret_cast<const unsigned int*>(&hi);
-  __stcs(reinterpret_cast<uint2*>(dst), packed);
-}
-
-__device__ __forceinline__ __nv_bfloat16 to_mirror(float x, __nv_bfloat16*) { return __float2bfloat16_rn(x); }
-__device__ __forceinline__ __half to_mirror(float x, __half*) { return __float2half_rn(x); }
 
 template <typename Half>
 __global__ void __launch_bounds__(kUpdateThreads)
@@ -93,7 +73,7 @@ adamw_update_kernel(float* __restrict__ master, float* __restrict__ exp_avg, flo
       }
       for (int i = (vectors << 2) + threadIdx.x; i < chunk.length; i += kUpdateThreads) {
         adamw_element(w[i], m[i], v[i], g[i], e);
-        out[i] = to_mirror(w[i], out);
+        store_mirror(out + i, w[i]);
         g[i] = 0.0f;
       }
     }

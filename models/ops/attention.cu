@@ -471,17 +471,20 @@ attention_backward_prepare_kernel(const std::uint16_t* __restrict__ out, const s
   }
 }
 
-template <int kHeadDim, int kBlockM, int kWarps>
+template <int kHeadDim, int kBlockM, int kWarps, int kMTiles>
 constexpr std::size_t backward_key_smem_bytes() {
-  return static_cast<std::size_t>(2 * 16 * kWarps + 4 * kBlockM) * kHeadDim * 2 + 2 * 2 * kBlockM * sizeof(float);
+  return static_cast<std::size_t>(2 * 16 * kMTiles * kWarps + 4 * kBlockM) * kHeadDim * 2 +
+         2 * 2 * kBlockM * sizeof(float);
 }
 
-// Key side: grid (key tiles of 16 * kWarps keys, kv_heads, batch); every warp owns 16 keys.
-// Query tiles of kBlockM rows are double-buffered; each is consumed in slices of kSliceM queries.
-template <int kHeadDim, int kBlockM, int kSliceM, int kWarps>
+// Key side: grid (key tiles of 16 * kMTiles * kWarps keys, kv_heads, batch); every warp owns
+// kMTiles m-tiles of 16 keys (more m-tiles: each Q / dO fragment read from shared memory feeds
+// more tensor-core work, at the price of dK and dV registers). Query tiles of kBlockM rows are
+// double-buffered; each is consumed in slices of kSliceM queries.
+template <int kHeadDim, int kBlockM, int kSliceM, int kWarps, int kMTiles>
 __global__ void __launch_bounds__(kWarps * 32) attention_backward_key_kernel(const BackwardArgs args) {
   constexpr int kThreads = kWarps * 32;
-  constexpr int kBlockN = 16 * kWarps;
+  constexpr int kBlockN = 16 * kMTiles * kWarps;
   constexpr int kSTiles = kSliceM / 8;
   constexpr int kDTiles = kHeadDim / 8;
   constexpr std::uint32_t kRowTileBytes = kBlockM * kHeadDim * 2;
@@ -534,14 +537,17 @@ __global__ void __launch_bounds__(kWarps * 32) attention_backward_key_kernel(con
   load_step(0, 0);
   commit_copies();
 
-  const int key_row0 = warp * 16;  // this warp's keys within the tile
+  const int key_row0 = warp * 16 * kMTiles;  // this warp's first key within the tile
   const int warp_first_key = key_start + key_row0;
 
-  float dk[kDTiles][4], dv[kDTiles][4];
+  float dk[kMTiles][kDTiles][4], dv[kMTiles][kDTiles][4];
 #pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt) {
+  for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) dk[dt][i] = dv[dt][i] = 0.0f;
+    for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dk[mt][dt][i] = dv[mt][dt][i] = 0.0f;
+    }
   }
 
   for (int step = 0; step < steps; ++step) {
@@ -565,103 +571,129 @@ __global__ void __launch_bounds__(kWarps * 32) attention_backward_key_kernel(con
       // Every query of the slice precedes every key of the warp: P = 0.
       if (warp_first_key > slice_start + kSliceM - 1) continue;
 
-      // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys x kSliceM queries.
-      float st[kSTiles][4], dpt[kSTiles][4];
+      // S^T = K Q^T and dP^T = V dO^T for the warp's keys x kSliceM queries.
+      float st[kMTiles][kSTiles][4], dpt[kMTiles][kSTiles][4];
 #pragma unroll
-      for (int nt = 0; nt < kSTiles; ++nt) {
+      for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) st[nt][i] = dpt[nt][i] = 0.0f;
+        for (int nt = 0; nt < kSTiles; ++nt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) st[mt][nt][i] = dpt[mt][nt][i] = 0.0f;
+        }
       }
 #pragma unroll
       for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-        std::uint32_t a_k[4], a_v[4];
-        load_matrix_x4(a_k, k_tile + ops.a(key_row0, ks));
-        load_matrix_x4(a_v, v_tile + ops.a(key_row0, ks));
+        std::uint32_t a_k[kMTiles][4], a_v[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          load_matrix_x4(a_k[mt], k_tile + ops.a(key_row0 + mt * 16, ks));
+          load_matrix_x4(a_v[mt], v_tile + ops.a(key_row0 + mt * 16, ks));
+        }
 #pragma unroll
         for (int np = 0; np < kSliceM / 16; ++np) {
           std::uint32_t b[4];
           load_matrix_x4(b, q_tile + ops.b(slice_row0 + np * 16, ks));
-          mma_bf16(st[2 * np], a_k, b[0], b[1]);
-          mma_bf16(st[2 * np + 1], a_k, b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(st[mt][2 * np], a_k[mt], b[0], b[1]);
+            mma_bf16(st[mt][2 * np + 1], a_k[mt], b[2], b[3]);
+          }
           load_matrix_x4(b, do_tile + ops.b(slice_row0 + np * 16, ks));
-          mma_bf16(dpt[2 * np], a_v, b[0], b[1]);
-          mma_bf16(dpt[2 * np + 1], a_v, b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(dpt[mt][2 * np], a_v[mt], b[0], b[1]);
+            mma_bf16(dpt[mt][2 * np + 1], a_v[mt], b[2], b[3]);
+          }
         }
       }
 
       // P^T = exp2(S^T scale log2e - lse log2e), zero where key > query; dS^T = P^T (dP^T - D).
-      const bool crosses_diagonal = warp_first_key + 15 > slice_start;
+      const bool crosses_diagonal = warp_first_key + 16 * kMTiles - 1 > slice_start;
 #pragma unroll
       for (int nt = 0; nt < kSTiles; ++nt) {
         const float2 lse2 = *reinterpret_cast<const float2*>(lse_stage + slice_row0 + nt * 8 + quad_col);
         const float2 delta2 = *reinterpret_cast<const float2*>(delta_stage + slice_row0 + nt * 8 + quad_col);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float lse_q = (i & 1) ? lse2.y : lse2.x;
-          const float delta_q = (i & 1) ? delta2.y : delta2.x;
-          float p = fast_exp2(fmaf(st[nt][i], args.scale_log2, -lse_q));
-          if (crosses_diagonal) {
-            const int key = warp_first_key + quad_row + 8 * (i >> 1);
-            const int query = slice_start + nt * 8 + quad_col + (i & 1);
-            if (key > query) p = 0.0f;
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float lse_q = (i & 1) ? lse2.y : lse2.x;
+            const float delta_q = (i & 1) ? delta2.y : delta2.x;
+            float p = fast_exp2(fmaf(st[mt][nt][i], args.scale_log2, -lse_q));
+            if (crosses_diagonal) {
+              const int key = warp_first_key + mt * 16 + quad_row + 8 * (i >> 1);
+              const int query = slice_start + nt * 8 + quad_col + (i & 1);
+              if (key > query) p = 0.0f;
+            }
+            st[mt][nt][i] = p;
+            dpt[mt][nt][i] = p * (dpt[mt][nt][i] - delta_q);
           }
-          st[nt][i] = p;
-          dpt[nt][i] = p * (dpt[nt][i] - delta_q);
         }
       }
 
       // dV += P^T dO and dK += dS^T Q over the slice's queries.
 #pragma unroll
       for (int kk = 0; kk < kSliceM / 16; ++kk) {
-        std::uint32_t a_p[4], a_ds[4];
-        accumulators_to_operand(a_p, st[2 * kk], st[2 * kk + 1]);
-        accumulators_to_operand(a_ds, dpt[2 * kk], dpt[2 * kk + 1]);
+        std::uint32_t a_p[kMTiles][4], a_ds[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          accumulators_to_operand(a_p[mt], st[mt][2 * kk], st[mt][2 * kk + 1]);
+          accumulators_to_operand(a_ds[mt], dpt[mt][2 * kk], dpt[mt][2 * kk + 1]);
+        }
 #pragma unroll
         for (int dp = 0; dp < kHeadDim / 16; ++dp) {
           std::uint32_t b[4];
-          load_matrix_x4_transposed(
-              b, do_tile + ops.t(slice_row0 + kk * 16, dp));
-          mma_bf16(dv[2 * dp], a_p, b[0], b[1]);
-          mma_bf16(dv[2 * dp + 1], a_p, b[2], b[3]);
-          load_matrix_x4_transposed(
-              b, q_tile + ops.t(slice_row0 + kk * 16, dp));
-          mma_bf16(dk[2 * dp], a_ds, b[0], b[1]);
-          mma_bf16(dk[2 * dp + 1], a_ds, b[2], b[3]);
+          load_matrix_x4_transposed(b, do_tile + ops.t(slice_row0 + kk * 16, dp));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(dv[mt][2 * dp], a_p[mt], b[0], b[1]);
+            mma_bf16(dv[mt][2 * dp + 1], a_p[mt], b[2], b[3]);
+          }
+          load_matrix_x4_transposed(b, q_tile + ops.t(slice_row0 + kk * 16, dp));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(dk[mt][2 * dp], a_ds[mt], b[0], b[1]);
+            mma_bf16(dk[mt][2 * dp + 1], a_ds[mt], b[2], b[3]);
+          }
         }
       }
     }
   }
 
   // dK = scale * sum dS^T Q. Each warp writes through its own rows of the K and V tiles.
-#pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dk[dt][i] *= args.scale;
-  }
   const std::int64_t key_row_global = batch_row + key_start;
-  store_warp_rows<kHeadDim>(dk, reinterpret_cast<std::uint16_t*>(smem), key_row0,
-                            args.dk + key_row_global * args.dk_stride + kv_head * kHeadDim, args.dk_stride,
-                            key_start, seq, lane);
-  store_warp_rows<kHeadDim>(dv, reinterpret_cast<std::uint16_t*>(smem + kBlockN * kHeadDim * 2), key_row0,
-                            args.dv + key_row_global * args.dv_stride + kv_head * kHeadDim, args.dv_stride,
-                            key_start, seq, lane);
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dk[mt][dt][i] *= args.scale;
+    }
+    store_warp_rows<kHeadDim>(dk[mt], reinterpret_cast<std::uint16_t*>(smem), key_row0 + mt * 16,
+                              args.dk + key_row_global * args.dk_stride + kv_head * kHeadDim, args.dk_stride,
+                              key_start, seq, lane);
+    store_warp_rows<kHeadDim>(dv[mt], reinterpret_cast<std::uint16_t*>(smem + kBlockN * kHeadDim * 2),
+                              key_row0 + mt * 16, args.dv + key_row_global * args.dv_stride + kv_head * kHeadDim,
+                              args.dv_stride, key_start, seq, lane);
+  }
 }
 
-template <int kHeadDim, int kBlockN, int kWarps>
+template <int kHeadDim, int kBlockN, int kWarps, int kMTiles>
 constexpr std::size_t backward_query_smem_bytes() {
-  return static_cast<std::size_t>(2 * 16 * kWarps + 4 * kBlockN) * kHeadDim * 2;
+  return static_cast<std::size_t>(2 * 16 * kMTiles * kWarps + 4 * kBlockN) * kHeadDim * 2;
 }
 
-// Query side: grid (query tiles of 16 * kWarps rows, q_heads, batch), heaviest tiles first; every
-// warp owns 16 query rows; K and V tiles of kBlockN keys are double-buffered.
-template <int kHeadDim, int kBlockN, int kWarps>
+// Query side: grid (query tiles of 16 * kMTiles * kWarps rows, q_heads, batch), heaviest tiles
+// first; every warp owns kMTiles m-tiles of 16 query rows. K and V tiles of kBlockN keys are
+// double-buffered; each is consumed in sub-tiles of kSubN keys (fewer score registers).
+template <int kHeadDim, int kBlockN, int kSubN, int kWarps, int kMTiles>
 __global__ void __launch_bounds__(kWarps * 32) attention_backward_query_kernel(const BackwardArgs args) {
   constexpr int kThreads = kWarps * 32;
-  constexpr int kBlockM = 16 * kWarps;
-  constexpr int kNTiles = kBlockN / 8;
+  constexpr int kBlockM = 16 * kMTiles * kWarps;
+  constexpr int kNTiles = kSubN / 8;
   constexpr int kDTiles = kHeadDim / 8;
   constexpr std::uint32_t kKeyTileBytes = kBlockN * kHeadDim * 2;
-  static_assert(kBlockN % 16 == 0, "key tile is a whole number of k-steps");
+  static_assert(kBlockN % kSubN == 0 && kSubN % 16 == 0, "key sub-tiles are whole k-steps");
 
   extern __shared__ __align__(128) unsigned char smem[];
   const std::uint32_t q_tile = shared_address(smem);
@@ -688,23 +720,30 @@ __global__ void __launch_bounds__(kWarps * 32) attention_backward_query_kernel(c
   load_rows_async<kBlockN, kHeadDim, kThreads>(v_tiles, v_head, args.v_stride, 0, seq);
   commit_copies();
 
-  const int warp_row0 = warp * 16;
+  const int warp_row0 = warp * 16 * kMTiles;
   const int warp_first_row = q_start + warp_row0;
+  const int warp_last_row = warp_first_row + 16 * kMTiles - 1;
   const std::int64_t vector_row0 = (batch * args.q_heads + head) * seq;
-  float lse_row[2], delta_row[2];
+  float lse_row[kMTiles][2], delta_row[kMTiles][2];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = warp_first_row + quad_row + 8 * half;
-    lse_row[half] = row < seq ? args.lse_log2[vector_row0 + row] : 0.0f;
-    delta_row[half] = row < seq ? args.delta[vector_row0 + row] : 0.0f;
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_first_row + mt * 16 + quad_row + 8 * half;
+      lse_row[mt][half] = row < seq ? args.lse_log2[vector_row0 + row] : 0.0f;
+      delta_row[mt][half] = row < seq ? args.delta[vector_row0 + row] : 0.0f;
+    }
   }
   const int key_blocks = (min(q_start + kBlockM, seq) - 1) / kBlockN + 1;
 
-  float dq[kDTiles][4];
+  float dq[kMTiles][kDTiles][4];
 #pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt) {
+  for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) dq[dt][i] = 0.0f;
+    for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dq[mt][dt][i] = 0.0f;
+    }
   }
 
   for (int block = 0; block < key_blocks; ++block) {
@@ -718,74 +757,101 @@ __global__ void __launch_bounds__(kWarps * 32) attention_backward_query_kernel(c
                                                    (block + 1) * kBlockN, seq);
       commit_copies();
     }
-    const int key0 = block * kBlockN;
-    if (key0 > warp_first_row + 15) continue;  // every key of the tile follows every row of the warp
     const std::uint32_t k_tile = k_tiles + (block & 1) * kKeyTileBytes;
     const std::uint32_t v_tile = v_tiles + (block & 1) * kKeyTileBytes;
 
-    // S = Q K^T and dP = dO V^T for the warp's 16 rows x kBlockN keys.
-    float s[kNTiles][4], dp[kNTiles][4];
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[nt][i] = dp[nt][i] = 0.0f;
-    }
-#pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      std::uint32_t a_q[4], a_do[4];
-      load_matrix_x4(a_q, q_tile + ops.a(warp_row0, ks));
-      load_matrix_x4(a_do, do_tile + ops.a(warp_row0, ks));
-#pragma unroll
-      for (int np = 0; np < kBlockN / 16; ++np) {
-        std::uint32_t b[4];
-        load_matrix_x4(b, k_tile + ops.b(np * 16, ks));
-        mma_bf16(s[2 * np], a_q, b[0], b[1]);
-        mma_bf16(s[2 * np + 1], a_q, b[2], b[3]);
-        load_matrix_x4(b, v_tile + ops.b(np * 16, ks));
-        mma_bf16(dp[2 * np], a_do, b[0], b[1]);
-        mma_bf16(dp[2 * np + 1], a_do, b[2], b[3]);
-      }
-    }
+    for (int sub = 0; sub < kBlockN / kSubN; ++sub) {
+      const int sub_row0 = sub * kSubN;
+      const int key0 = block * kBlockN + sub_row0;
+      if (key0 > warp_last_row) continue;  // every key of the sub-tile follows every row of the warp
 
-    // dS = P (dP - D), P = exp2(S scale log2e - lse log2e) and 0 where key > query.
-    const bool crosses_diagonal = key0 + kBlockN - 1 > warp_first_row;
+      // S = Q K^T and dP = dO V^T for the warp's rows x kSubN keys.
+      float s[kMTiles][kNTiles][4], dp[kMTiles][kNTiles][4];
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
+      for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float p = fast_exp2(fmaf(s[nt][i], args.scale_log2, -lse_row[i >> 1]));
-        if (crosses_diagonal) {
-          const int row = warp_first_row + quad_row + 8 * (i >> 1);
-          const int key = key0 + nt * 8 + quad_col + (i & 1);
-          if (key > row) p = 0.0f;
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[mt][nt][i] = dp[mt][nt][i] = 0.0f;
         }
-        dp[nt][i] = p * (dp[nt][i] - delta_row[i >> 1]);
       }
-    }
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        std::uint32_t a_q[kMTiles][4], a_do[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          load_matrix_x4(a_q[mt], q_tile + ops.a(warp_row0 + mt * 16, ks));
+          load_matrix_x4(a_do[mt], do_tile + ops.a(warp_row0 + mt * 16, ks));
+        }
+#pragma unroll
+        for (int np = 0; np < kSubN / 16; ++np) {
+          std::uint32_t b[4];
+          load_matrix_x4(b, k_tile + ops.b(sub_row0 + np * 16, ks));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(s[mt][2 * np], a_q[mt], b[0], b[1]);
+            mma_bf16(s[mt][2 * np + 1], a_q[mt], b[2], b[3]);
+          }
+          load_matrix_x4(b, v_tile + ops.b(sub_row0 + np * 16, ks));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(dp[mt][2 * np], a_do[mt], b[0], b[1]);
+            mma_bf16(dp[mt][2 * np + 1], a_do[mt], b[2], b[3]);
+          }
+        }
+      }
 
-    // dQ += dS K.
+      // dS = P (dP - D), P = exp2(S scale log2e - lse log2e) and 0 where key > query.
+      const bool crosses_diagonal = key0 + kSubN - 1 > warp_first_row;
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      std::uint32_t a_ds[4];
-      accumulators_to_operand(a_ds, dp[2 * kk], dp[2 * kk + 1]);
+      for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int d2 = 0; d2 < kHeadDim / 16; ++d2) {
-        std::uint32_t b[4];
-        load_matrix_x4_transposed(b, k_tile + ops.t(kk * 16, d2));
-        mma_bf16(dq[2 * d2], a_ds, b[0], b[1]);
-        mma_bf16(dq[2 * d2 + 1], a_ds, b[2], b[3]);
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            float p = fast_exp2(fmaf(s[mt][nt][i], args.scale_log2, -lse_row[mt][i >> 1]));
+            if (crosses_diagonal) {
+              const int row = warp_first_row + mt * 16 + quad_row + 8 * (i >> 1);
+              const int key = key0 + nt * 8 + quad_col + (i & 1);
+              if (key > row) p = 0.0f;
+            }
+            dp[mt][nt][i] = p * (dp[mt][nt][i] - delta_row[mt][i >> 1]);
+          }
+        }
+      }
+
+      // dQ += dS K.
+#pragma unroll
+      for (int kk = 0; kk < kSubN / 16; ++kk) {
+        std::uint32_t a_ds[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) accumulators_to_operand(a_ds[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+#pragma unroll
+        for (int d2 = 0; d2 < kHeadDim / 16; ++d2) {
+          std::uint32_t b[4];
+          load_matrix_x4_transposed(b, k_tile + ops.t(sub_row0 + kk * 16, d2));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(dq[mt][2 * d2], a_ds[mt], b[0], b[1]);
+            mma_bf16(dq[mt][2 * d2 + 1], a_ds[mt], b[2], b[3]);
+          }
+        }
       }
     }
   }
 
+  std::uint16_t* dq_tile = args.dq + (batch_row + q_start) * args.dq_stride + head * kHeadDim;
 #pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt) {
+  for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) dq[dt][i] *= args.scale;
+    for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dq[mt][dt][i] *= args.scale;
+    }
+    store_warp_rows<kHeadDim>(dq[mt], reinterpret_cast<std::uint16_t*>(smem), warp_row0 + mt * 16, dq_tile,
+                              args.dq_stride, q_start, seq, lane);
   }
-  store_warp_rows<kHeadDim>(dq, reinterpret_cast<std::uint16_t*>(smem), warp_row0,
-                            args.dq + (batch_row + q_start) * args.dq_stride + head * kHeadDim, args.dq_stride,
-                            q_start, seq, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -806,18 +872,22 @@ void launch_forward(const ForwardArgs& args, int batch, cudaStream_t stream) {
          forward_smem_bytes<kHeadDim, kBlockM, kBlockN, kWarps>(), args, stream, "attention_forward_kernel");
 }
 
-// Key side with kKeyWarps warps (16 keys each) over query tiles of kKeyBlockM in slices of
-// kSliceM; query side with kQueryWarps warps (16 rows each) over key tiles of kQueryBlockN.
-template <int kHeadDim, int kKeyWarps, int kKeyBlockM, int kSliceM, int kQueryWarps, int kQueryBlockN>
+// Key side: kKeyWarps warps of kKeyMTiles x 16 keys, over query tiles of kKeyBlockM rows in slices
+// of kSliceM. Query side: kQueryWarps warps of kQueryMTiles x 16 rows, over key tiles of
+// kQueryBlockN in sub-tiles of kSubN.
+template <int kHeadDim, int kKeyWarps, int kKeyMTiles, int kKeyBlockM, int kSliceM, int kQueryWarps,
+          int kQueryMTiles, int kQueryBlockN, int kSubN>
 void launch_backward_kernels(const BackwardArgs& args, int batch, cudaStream_t stream) {
   const int kv_heads = args.q_heads / args.group;
-  const dim3 key_grid((args.seq + 16 * kKeyWarps - 1) / (16 * kKeyWarps), kv_heads, batch);
-  launch(attention_backward_key_kernel<kHeadDim, kKeyBlockM, kSliceM, kKeyWarps>, key_grid, kKeyWarps * 32,
-         backward_key_smem_bytes<kHeadDim, kKeyBlockM, kKeyWarps>(), args, stream, "attention_backward_key_kernel");
-  const dim3 query_grid((args.seq + 16 * kQueryWarps - 1) / (16 * kQueryWarps), args.q_heads, batch);
-  launch(attention_backward_query_kernel<kHeadDim, kQueryBlockN, kQueryWarps>, query_grid, kQueryWarps * 32,
-         backward_query_smem_bytes<kHeadDim, kQueryBlockN, kQueryWarps>(), args, stream,
-         "attention_backward_query_kernel");
+  constexpr int kKeys = 16 * kKeyMTiles * kKeyWarps, kRows = 16 * kQueryMTiles * kQueryWarps;
+  const dim3 key_grid((args.seq + kKeys - 1) / kKeys, kv_heads, batch);
+  launch(attention_backward_key_kernel<kHeadDim, kKeyBlockM, kSliceM, kKeyWarps, kKeyMTiles>, key_grid,
+         kKeyWarps * 32, backward_key_smem_bytes<kHeadDim, kKeyBlockM, kKeyWarps, kKeyMTiles>(), args, stream,
+         "attention_backward_key_kernel");
+  const dim3 query_grid((args.seq + kRows - 1) / kRows, args.q_heads, batch);
+  launch(attention_backward_query_kernel<kHeadDim, kQueryBlockN, kSubN, kQueryWarps, kQueryMTiles>, query_grid,
+         kQueryWarps * 32, backward_query_smem_bytes<kHeadDim, kQueryBlockN, kQueryWarps, kQueryMTiles>(), args,
+         stream, "attention_backward_query_kernel");
 }
 
 struct ForwardVariant {
@@ -830,31 +900,33 @@ struct BackwardVariant {
   void (*run)(const BackwardArgs&, int, cudaStream_t);
 };
 
-// The first entry of each list is the default. All fit the 99 KB of shared memory per block of
-// sm_86 except where the name says otherwise.
+// The first entry of each list is the default. Names: m = query rows and n = keys per block (a/b:
+// loaded a at a time, used b at a time), w = warps x rows per warp. All fit the 99 KB of shared
+// memory per block of sm_86 except where the name says otherwise.
 constexpr ForwardVariant kForward64[] = {
-    {"m128 n64 w4", &launch_forward<64, 128, 64, 4>},
-    {"m128 n128 w4", &launch_forward<64, 128, 128, 4>},
-    {"m64 n64 w4", &launch_forward<64, 64, 64, 4>},
-    {"m128 n64 w8", &launch_forward<64, 128, 64, 8>},
+    {"m128 n128 w4x32", &launch_forward<64, 128, 128, 4>},
+    {"m128 n64 w4x32", &launch_forward<64, 128, 64, 4>},
+    {"m64 n64 w4x16", &launch_forward<64, 64, 64, 4>},
+    {"m128 n64 w8x16", &launch_forward<64, 128, 64, 8>},
 };
 constexpr ForwardVariant kForward128[] = {
-    {"m128 n64 w4", &launch_forward<128, 128, 64, 4>},
-    {"m64 n64 w4", &launch_forward<128, 64, 64, 4>},
-    {"m128 n64 w8", &launch_forward<128, 128, 64, 8>},
-    {"m128 n32 w4", &launch_forward<128, 128, 32, 4>},
+    {"m128 n64 w4x32", &launch_forward<128, 128, 64, 4>},
+    {"m64 n64 w4x16", &launch_forward<128, 64, 64, 4>},
+    {"m128 n64 w8x16", &launch_forward<128, 128, 64, 8>},
+    {"m128 n32 w4x32", &launch_forward<128, 128, 32, 4>},
 };
 constexpr BackwardVariant kBackward64[] = {
-    {"key n64 m64 w4 | query m64 n64 w4", &launch_backward_kernels<64, 4, 64, 64, 4, 64>},
-    {"key n128 m64 w8 | query m128 n64 w8", &launch_backward_kernels<64, 8, 64, 64, 8, 64>},
-    {"key n64 m128 w4 | query m64 n128 w4", &launch_backward_kernels<64, 4, 128, 64, 4, 128>},
-    {"key n64 m64/32 w4 | query m64 n64 w4", &launch_backward_kernels<64, 4, 64, 32, 4, 64>},
+    {"key n128 m64/32 w4x32 | query m128 n64/32 w4x32", &launch_backward_kernels<64, 4, 2, 64, 32, 4, 2, 64, 32>},
+    {"key n64 m128/64 w4x16 | query m64 n128 w4x16", &launch_backward_kernels<64, 4, 1, 128, 64, 4, 1, 128, 128>},
+    {"key n128 m128/32 w4x32 | query m128 n128/32 w4x32", &launch_backward_kernels<64, 4, 2, 128, 32, 4, 2, 128, 32>},
+    {"key n128 m64/32 w4x32 | query m64 n128 w4x16", &launch_backward_kernels<64, 4, 2, 64, 32, 4, 1, 128, 128>},
 };
 constexpr BackwardVariant kBackward128[] = {
-    {"key n64 m64 w4 | query m64 n64 w4", &launch_backward_kernels<128, 4, 64, 64, 4, 64>},
-    {"key n64 m64/32 w4 | query m64 n64 w4", &launch_backward_kernels<128, 4, 64, 32, 4, 64>},
-    {"key n128 m64 w8 | query m128 n64 w8 (> 99 KB smem)", &launch_backward_kernels<128, 8, 64, 64, 8, 64>},
-    {"key n64 m32 w4 | query m64 n32 w4", &launch_backward_kernels<128, 4, 32, 32, 4, 32>},
+    {"key n64 m64 w4x16 | query m128 n32 w4x32", &launch_backward_kernels<128, 4, 1, 64, 64, 4, 2, 32, 32>},
+    {"key n64 m64 w4x16 | query m64 n64 w4x16", &launch_backward_kernels<128, 4, 1, 64, 64, 4, 1, 64, 64>},
+    {"key n64 m64/32 w4x16 | query m128 n64/32 w4x32 (> 99 KB smem)",
+     &launch_backward_kernels<128, 4, 1, 64, 32, 4, 2, 64, 32>},
+    {"key n128 m64 w8x16 | query m128 n64 w8x16 (> 99 KB smem)", &launch_backward_kernels<128, 8, 1, 64, 64, 8, 1, 64, 64>},
 };
 
 // ---------------------------------------------------------------------------------------------

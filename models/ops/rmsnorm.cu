@@ -240,7 +240,7 @@ void launch_backward(const __nv_bfloat16* dy, RowAddress dy_at, const __nv_bfloa
 }
 
 void check_rows(std::string_view op, std::int64_t tokens, std::int64_t heads, std::int64_t dim) {
-  checks::require_non_negative(op, "tokens", tokens);
+  checks::require_non_negative(op, heads == 1 ? "rows" : "tokens", tokens);
   checks::require_positive(op, "heads", heads);
   checks::require_positive(op, "dim", dim);
   if (dim > INT32_MAX) checks::fail(op, "dim must be below 2^31, got " + std::to_string(dim));

@@ -116,20 +116,8 @@ TEST(AdafactorGpu, ShardedPartialsReproduceTheUnshardedStep) {
 }
 
 int kernels_in_step(optim::Optimizer& opt, cudaStream_t stream) {
-  cudaGraph_t graph = nullptr;
-  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  opt.step(1e-2);
-  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  std::size_t n = 0;
-  CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  int kernels = 0;
-  for (auto node : nodes) {
-    cudaGraphNodeType type;
-    CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    kernels += type == cudaGraphNodeTypeKernel;
-  }
+  cudaGraph_t graph = test::capture_graph(stream, [&] { opt.step(1e-2); });
+  const int kernels = test::kernel_nodes(graph);
   CUDA_CHECK(cudaGraphDestroy(graph));
   return kernels;
 }
@@ -159,10 +147,7 @@ TEST(AdafactorGpu, LaunchCountDoesNotGrowWithTensorsAndGraphReplayEqualsEager) {
   test::from_host(eager.slab.master(), master);
   test::from_host(graphed.slab.master(), master);
   cudaStream_t stream = graphed.context.stream();
-  cudaGraph_t graph = nullptr;
-  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  graphed.opt.step(1e-2);
-  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraph_t graph = test::capture_graph(stream, [&] { graphed.opt.step(1e-2); });
   cudaGraphExec_t exec = nullptr;
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int step = 0; step < 4; ++step) {

@@ -215,21 +215,8 @@ TEST(AdamW8bitGpu, GraphReplayEqualsEagerAndUsesTwoKernels) {
     test::from_host(graphed.slab.master(), w0);
 
     cudaStream_t stream = graphed.context.stream();
-    cudaGraph_t graph = nullptr;
-    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    graphed.opt.step(3e-4);
-    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    std::size_t node_count = 0;
-    CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &node_count));
-    std::vector<cudaGraphNode_t> nodes(node_count);
-    CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &node_count));
-    int kernels = 0;
-    for (auto node : nodes) {
-      cudaGraphNodeType type;
-      CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-      kernels += type == cudaGraphNodeTypeKernel;
-    }
-    EXPECT_EQ(kernels, 2) << "a step must be two launches for " << layout.tensors().size() << " tensors";
+    cudaGraph_t graph = test::capture_graph(stream, [&] { graphed.opt.step(3e-4); });
+    EXPECT_EQ(test::kernel_nodes(graph), 2) << "a step must be two launches for " << layout.tensors().size() << " tensors";
     cudaGraphExec_t exec = nullptr;
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
 

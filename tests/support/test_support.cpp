@@ -51,6 +51,34 @@ std::vector<optim::ParamSpec> random_specs(std::mt19937_64& rng, int count, std:
   return specs;
 }
 
+namespace {
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+}  // namespace
+
+cudaGraph_t capture_graph(cudaStream_t stream, const std::function<void()>& work) {
+  cudaGraph_t graph = nullptr;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  work();
+  check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+  return graph;
+}
+
+int kernel_nodes(cudaGraph_t graph) {
+  std::size_t count = 0;
+  check(cudaGraphGetNodes(graph, nullptr, &count), "cudaGraphGetNodes");
+  std::vector<cudaGraphNode_t> nodes(count);
+  check(cudaGraphGetNodes(graph, nodes.data(), &count), "cudaGraphGetNodes");
+  int kernels = 0;
+  for (auto node : nodes) {
+    cudaGraphNodeType type;
+    check(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType");
+    kernels += type == cudaGraphNodeTypeKernel;
+  }
+  return kernels;
+}
+
 ::testing::AssertionResult all_close(const std::vector<float>& actual, const std::vector<float>& expected,
                                      double rtol, double atol) {
   if (actual.size() != expected.size()) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <random>
 #include <string>
@@ -60,6 +61,11 @@ void from_host(core::Buffer& buffer, const std::vector<T>& values) {
     std::memcpy(buffer.data(), values.data(), buffer.bytes());
   }
 }
+
+// Captures what `work` enqueues on `stream` into a graph (the caller destroys it), and counts a
+// graph's kernel nodes: a step's launch count whatever the number of tensors.
+cudaGraph_t capture_graph(cudaStream_t stream, const std::function<void()>& work);
+int kernel_nodes(cudaGraph_t graph);
 
 // Every element satisfies |a - b| <= rtol * |b| + atol; on failure names the worst element.
 ::testing::AssertionResult all_close(const std::vector<float>& actual, const std::vector<float>& expected,
