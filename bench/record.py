@@ -12,6 +12,8 @@ ap.add_argument("ours")
 ap.add_argument("peer")
 ap.add_argument("out")
 ap.add_argument("--commit", default="unknown")
+ap.add_argument("--per-token", action="store_true",
+                help="speedup from tokens/s (tok_s / peer_tok_s), for runs at different batch sizes")
 a = ap.parse_args()
 ours = json.load(open(a.ours))
 peer = json.load(open(a.peer))
@@ -24,7 +26,7 @@ record = {
     "ours_ms": round(ours["ours_ms"], 4),
     "peer": peer["peer"],
     "peer_ms": round(peer_ms, 4),
-    "speedup": round(peer_ms / ours["ours_ms"], 3),
+    "speedup": round(ours["tok_s"] / peer["peer_tok_s"] if a.per_token else peer_ms / ours["ours_ms"], 3),
     "date": datetime.date.today().isoformat(),
     "commit": a.commit,
 }

@@ -63,10 +63,14 @@ run_step() {
     train)
       local tmp
       tmp=$(mktemp -d)
-      build/bench/qwen3_train_bench --batch 8 --seq 2048 > "$tmp/ours.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
+      # The peer at B = 8 (about 71 GiB; B = 16 does not fit an H200), ours at 8 and at larger batches.
       python3 bench/peer_qwen3_train.py --batch 8 --seq 2048 > "$tmp/peer.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
-      cat "$tmp/ours.json" "$tmp/peer.json" >> "$OUT/bench.log"
-      python3 bench/record.py "$tmp/ours.json" "$tmp/peer.json" "$OUT/qwen3.jsonl" --commit "$COMMIT"
+      cat "$tmp/peer.json" >> "$OUT/bench.log"
+      for b in ${TRAIN_BATCHES:-8 16 32}; do
+        build/bench/qwen3_train_bench --batch "$b" --seq 2048 > "$tmp/ours.json" 2>> "$OUT/bench.log" || { tail "$OUT/bench.log"; return 1; }
+        cat "$tmp/ours.json" >> "$OUT/bench.log"
+        python3 bench/record.py "$tmp/ours.json" "$tmp/peer.json" "$OUT/qwen3.jsonl" --commit "$COMMIT" --per-token
+      done
       ;;
     *) echo "unknown step $1"; return 2 ;;
   esac

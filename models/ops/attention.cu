@@ -14,15 +14,18 @@
 //   key side: a block owns a tile of keys of one kv head and loops over the query tiles of every q
 //     head of its GQA group, accumulating dK and dV in registers. It computes transposed scores
 //     S^T = K Q^T, so that P^T and dS^T come out in the A-operand layout of dV += P^T dO and
-//     dK += dS^T Q;
+//     dK += dS^T Q. For head_dim 128 two warps share a set of keys: one makes P^T and dV, the other
+//     dP^T, dS^T and dK, P^T passing between them through shared memory, which nearly halves the
+//     shared-memory reads per tensor-core instruction;
 //   query side: a block owns a tile of queries and accumulates dQ += dS K over key tiles up to the
 //     diagonal (recomputing S and dP = dO V^T).
+// Every kernel is a template over its tile shape; the variant tables at the end list the shapes
+// compiled, in order of measured speed.
 #include "models/ops/attention.h"
 
 #include <cuda_bf16.h>
 
 #include <cmath>
-#include <iterator>
 #include <limits>
 #include <span>
 #include <string>
@@ -56,6 +59,16 @@ __device__ __forceinline__ void copy_4_async(std::uint32_t dst, const void* src,
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
 
 __device__ __forceinline__ void wait_all_copies() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// Named barriers for a subset of the block's warps (id 0 is __syncthreads'): `arrive` signals that
+// this thread's earlier shared-memory writes are done, `sync` waits for `threads` arrivals.
+__device__ __forceinline__ void barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 __device__ __forceinline__ void load_matrix_x4(std::uint32_t (&r)[4], std::uint32_t address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -678,6 +691,236 @@ __global__ void __launch_bounds__(kWarps * 32) attention_backward_key_kernel(con
   }
 }
 
+template <int kHeadDim, int kBlockM, int kSliceM, int kPairs, int kMTiles>
+constexpr std::size_t backward_key_pairs_smem_bytes() {
+  constexpr int kBlockN = 16 * kMTiles * kPairs;
+  return static_cast<std::size_t>(2 * kBlockN + 4 * kBlockM) * kHeadDim * 2 + 2 * 2 * kBlockM * sizeof(float) +
+         static_cast<std::size_t>(kBlockM / kSliceM) * kPairs * 16 * kMTiles * (kSliceM + 8) * 2;
+}
+
+// Key side with warp pairs: grid (key tiles of 16 * kMTiles * kPairs keys, kv_heads, batch). Both
+// warps of a pair own the same 16 * kMTiles keys. The first computes S^T = K Q^T, turns it into
+// P^T, hands P^T (bf16, as rounded for its own product) to its partner through shared memory and
+// accumulates dV += P^T dO; the second computes dP^T = V dO^T, forms dS^T = P^T (dP^T - D) and
+// accumulates dK += dS^T Q. Each warp holds a single accumulator (dV or dK) for 16 * kMTiles keys
+// in the registers that hold both for half as many keys in the plain key kernel, so each Q or dO
+// fragment it reads feeds twice the tensor-core work, and no product is computed twice.
+template <int kHeadDim, int kBlockM, int kSliceM, int kPairs, int kMTiles>
+__global__ void __launch_bounds__(kPairs * 64) attention_backward_key_pairs_kernel(const BackwardArgs args) {
+  constexpr int kThreads = kPairs * 64;
+  constexpr int kBlockN = 16 * kMTiles * kPairs;
+  constexpr int kSlices = kBlockM / kSliceM;
+  constexpr int kSTiles = kSliceM / 8;
+  constexpr int kDTiles = kHeadDim / 8;
+  constexpr int kExchangeWordsPerRow = (kSliceM + 8) / 2;  // padded: the 8 rows of a store hit 8 bank groups
+  constexpr int kExchangeWords = 16 * kMTiles * kExchangeWordsPerRow;
+  constexpr std::uint32_t kRowTileBytes = kBlockM * kHeadDim * 2;
+  static_assert(kBlockM % kSliceM == 0 && kSliceM % 16 == 0, "query slices are whole k-steps");
+  static_assert(kPairs * kSlices <= 15, "one named barrier per pair and slice");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const std::uint32_t k_tile = shared_address(smem);
+  const std::uint32_t v_tile = k_tile + kBlockN * kHeadDim * 2;
+  const std::uint32_t q_tiles = v_tile + kBlockN * kHeadDim * 2;  // 2 stages
+  const std::uint32_t do_tiles = q_tiles + 2 * kRowTileBytes;     // 2 stages
+  const std::uint32_t lse_vectors = do_tiles + 2 * kRowTileBytes;  // 2 stages of kBlockM floats
+  const std::uint32_t delta_vectors = lse_vectors + 2 * kBlockM * 4;
+  const std::uint32_t exchange_tiles = delta_vectors + 2 * kBlockM * 4;  // [kPairs][kSlices]
+  const float* lse_shared = reinterpret_cast<const float*>(smem + (lse_vectors - k_tile));
+  const float* delta_shared = reinterpret_cast<const float*>(smem + (delta_vectors - k_tile));
+
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int pair = warp / 2;
+  const bool makes_p = warp % 2 == 0;  // else: makes dS
+  const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
+  const LaneOperands<kHeadDim> ops(lane);
+  const int seq = args.seq;
+  const int key_start = static_cast<int>(blockIdx.x) * kBlockN;
+  const int kv_head = static_cast<int>(blockIdx.y);
+  const std::int64_t batch = blockIdx.z, batch_row = batch * seq;
+  const std::int64_t dout_stride = static_cast<std::int64_t>(args.q_heads) * kHeadDim;
+  std::uint32_t* exchange = reinterpret_cast<std::uint32_t*>(smem + (exchange_tiles - k_tile)) +
+                            pair * kSlices * kExchangeWords;
+
+  const int first_q_block = key_start / kBlockM;
+  const int q_blocks_per_head = (seq + kBlockM - 1) / kBlockM - first_q_block;
+  const int steps = q_blocks_per_head * args.group;
+
+  auto load_step = [&](int step, int stage) {
+    const int head = kv_head * args.group + step / q_blocks_per_head;
+    const int q_start = (first_q_block + step % q_blocks_per_head) * kBlockM;
+    const std::uint16_t* q_head = args.q + batch_row * args.q_stride + head * kHeadDim;
+    const std::uint16_t* do_head = args.dout + batch_row * dout_stride + head * kHeadDim;
+    const std::int64_t vector_row0 = (batch * args.q_heads + head) * seq;
+    load_rows_async<kBlockM, kHeadDim, kThreads>(q_tiles + stage * kRowTileBytes, q_head, args.q_stride, q_start, seq);
+    load_rows_async<kBlockM, kHeadDim, kThreads>(do_tiles + stage * kRowTileBytes, do_head, dout_stride, q_start,
+                                                 seq);
+    load_floats_async<kBlockM, kThreads>(lse_vectors + stage * kBlockM * 4, args.lse_log2 + vector_row0, q_start,
+                                         seq);
+    load_floats_async<kBlockM, kThreads>(delta_vectors + stage * kBlockM * 4, args.delta + vector_row0, q_start,
+                                         seq);
+  };
+
+  const std::uint16_t* k_head = args.k + batch_row * args.k_stride + kv_head * kHeadDim;
+  const std::uint16_t* v_head = args.v + batch_row * args.v_stride + kv_head * kHeadDim;
+  load_rows_async<kBlockN, kHeadDim, kThreads>(k_tile, k_head, args.k_stride, key_start, seq);
+  load_rows_async<kBlockN, kHeadDim, kThreads>(v_tile, v_head, args.v_stride, key_start, seq);
+  load_step(0, 0);
+  commit_copies();
+
+  const int key_row0 = pair * 16 * kMTiles;  // the pair's first key within the tile
+  const int pair_first_key = key_start + key_row0;
+  // The first warp multiplies K by Q and then P^T by dO; the second V by dO and then dS^T by Q.
+  const std::uint32_t a_tile = makes_p ? k_tile : v_tile;
+
+  float acc[kMTiles][kDTiles][4];  // dV (first warp) or dK (second warp)
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][dt][i] = 0.0f;
+    }
+  }
+
+  for (int step = 0; step < steps; ++step) {
+    wait_all_copies();  // this step's tiles landed
+    __syncthreads();    // ... for every thread; every warp is done with the other stage and the exchange
+    if (step + 1 < steps) {
+      load_step(step + 1, (step + 1) & 1);
+      commit_copies();
+    }
+    const int stage = step & 1;
+    const std::uint32_t q_tile = q_tiles + stage * kRowTileBytes;
+    const std::uint32_t do_tile = do_tiles + stage * kRowTileBytes;
+    const std::uint32_t b_tile = makes_p ? q_tile : do_tile;
+    const std::uint32_t t_tile = makes_p ? do_tile : q_tile;
+    const float* lse_stage = lse_shared + stage * kBlockM;
+    const float* delta_stage = delta_shared + stage * kBlockM;
+    const int q_start = (first_q_block + step % q_blocks_per_head) * kBlockM;
+
+#pragma unroll
+    for (int slice = 0; slice < kSlices; ++slice) {
+      const int slice_row0 = slice * kSliceM;
+      const int slice_start = q_start + slice_row0;
+      // Every query of the slice precedes every key of the pair: P = 0 (both warps skip alike).
+      if (pair_first_key > slice_start + kSliceM - 1) continue;
+      std::uint32_t* slice_exchange = exchange + slice * kExchangeWords;
+      const int barrier_id = 1 + pair * kSlices + slice;
+
+      // S^T = K Q^T (first warp) or dP^T = V dO^T (second warp), keys x kSliceM queries.
+      float s[kMTiles][kSTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kSTiles; ++nt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[mt][nt][i] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        std::uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) load_matrix_x4(a[mt], a_tile + ops.a(key_row0 + mt * 16, ks));
+#pragma unroll
+        for (int np = 0; np < kSliceM / 16; ++np) {
+          std::uint32_t b[4];
+          load_matrix_x4(b, b_tile + ops.b(slice_row0 + np * 16, ks));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(s[mt][2 * np], a[mt], b[0], b[1]);
+            mma_bf16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+          }
+        }
+      }
+
+      if (makes_p) {
+        // P^T = exp2(S^T scale log2e - lse log2e), zero where key > query; hand it over as bf16.
+        const bool crosses_diagonal = pair_first_key + 16 * kMTiles - 1 > slice_start;
+#pragma unroll
+        for (int nt = 0; nt < kSTiles; ++nt) {
+          const float2 lse2 = *reinterpret_cast<const float2*>(lse_stage + slice_row0 + nt * 8 + quad_col);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              float p = fast_exp2(fmaf(s[mt][nt][i], args.scale_log2, -((i & 1) ? lse2.y : lse2.x)));
+              if (crosses_diagonal) {
+                const int key = pair_first_key + mt * 16 + quad_row + 8 * (i >> 1);
+                const int query = slice_start + nt * 8 + quad_col + (i & 1);
+                if (key > query) p = 0.0f;
+              }
+              s[mt][nt][i] = p;
+            }
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              slice_exchange[(mt * 16 + quad_row + 8 * half) * kExchangeWordsPerRow + nt * 4 + lane % 4] =
+                  pack_bf16(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
+            }
+          }
+        }
+        barrier_arrive(barrier_id, 64);
+      } else {
+        // dS^T = P^T (dP^T - D) with the partner's P^T.
+        barrier_sync(barrier_id, 64);
+#pragma unroll
+        for (int nt = 0; nt < kSTiles; ++nt) {
+          const float2 delta2 = *reinterpret_cast<const float2*>(delta_stage + slice_row0 + nt * 8 + quad_col);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const std::uint32_t word =
+                  slice_exchange[(mt * 16 + quad_row + 8 * half) * kExchangeWordsPerRow + nt * 4 + lane % 4];
+              const float p_lo = __uint_as_float(word << 16), p_hi = __uint_as_float(word & 0xffff0000u);
+              s[mt][nt][2 * half] = p_lo * (s[mt][nt][2 * half] - delta2.x);
+              s[mt][nt][2 * half + 1] = p_hi * (s[mt][nt][2 * half + 1] - delta2.y);
+            }
+          }
+        }
+      }
+
+      // dV += P^T dO (first warp) or dK += dS^T Q (second warp) over the slice's queries.
+#pragma unroll
+      for (int kk = 0; kk < kSliceM / 16; ++kk) {
+        std::uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) accumulators_to_operand(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+        for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+          std::uint32_t b[4];
+          load_matrix_x4_transposed(b, t_tile + ops.t(slice_row0 + kk * 16, dp));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(acc[mt][2 * dp], a[mt], b[0], b[1]);
+            mma_bf16(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+          }
+        }
+      }
+    }
+  }
+
+  // The partner may still read this warp's K or V rows: wait for every warp before staging.
+  __syncthreads();
+  const float out_scale = makes_p ? 1.0f : args.scale;  // dK = scale * sum dS^T Q
+  const std::int64_t key_row_global = batch_row + key_start;
+  std::uint16_t* grad = makes_p ? args.dv : args.dk;
+  const std::int64_t grad_stride = makes_p ? args.dv_stride : args.dk_stride;
+  unsigned char* staging = smem + (makes_p ? kBlockN * kHeadDim * 2 : 0);  // V rows for dV, K rows for dK
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][dt][i] *= out_scale;
+    }
+    store_warp_rows<kHeadDim>(acc[mt], reinterpret_cast<std::uint16_t*>(staging), key_row0 + mt * 16,
+                              grad + key_row_global * grad_stride + kv_head * kHeadDim, grad_stride, key_start, seq,
+                              lane);
+  }
+}
+
 template <int kHeadDim, int kBlockN, int kWarps, int kMTiles>
 constexpr std::size_t backward_query_smem_bytes() {
   return static_cast<std::size_t>(2 * 16 * kMTiles * kWarps + 4 * kBlockN) * kHeadDim * 2;
@@ -866,67 +1109,118 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, std::size_t smem_bytes
 }
 
 template <int kHeadDim, int kBlockM, int kBlockN, int kWarps>
-void launch_forward(const ForwardArgs& args, int batch, cudaStream_t stream) {
-  const dim3 grid((args.seq + kBlockM - 1) / kBlockM, args.q_heads, batch);
-  launch(attention_forward_kernel<kHeadDim, kBlockM, kBlockN, kWarps>, grid, kWarps * 32,
-         forward_smem_bytes<kHeadDim, kBlockM, kBlockN, kWarps>(), args, stream, "attention_forward_kernel");
-}
+struct Forward {
+  static constexpr std::size_t kSmemBytes = forward_smem_bytes<kHeadDim, kBlockM, kBlockN, kWarps>();
+  static void run(const ForwardArgs& args, int batch, cudaStream_t stream) {
+    const dim3 grid((args.seq + kBlockM - 1) / kBlockM, args.q_heads, batch);
+    launch(attention_forward_kernel<kHeadDim, kBlockM, kBlockN, kWarps>, grid, kWarps * 32, kSmemBytes, args, stream,
+           "attention_forward_kernel");
+  }
+};
 
-// Key side: kKeyWarps warps of kKeyMTiles x 16 keys, over query tiles of kKeyBlockM rows in slices
-// of kSliceM. Query side: kQueryWarps warps of kQueryMTiles x 16 rows, over key tiles of
-// kQueryBlockN in sub-tiles of kSubN.
-template <int kHeadDim, int kKeyWarps, int kKeyMTiles, int kKeyBlockM, int kSliceM, int kQueryWarps,
-          int kQueryMTiles, int kQueryBlockN, int kSubN>
-void launch_backward_kernels(const BackwardArgs& args, int batch, cudaStream_t stream) {
-  const int kv_heads = args.q_heads / args.group;
-  constexpr int kKeys = 16 * kKeyMTiles * kKeyWarps, kRows = 16 * kQueryMTiles * kQueryWarps;
-  const dim3 key_grid((args.seq + kKeys - 1) / kKeys, kv_heads, batch);
-  launch(attention_backward_key_kernel<kHeadDim, kKeyBlockM, kSliceM, kKeyWarps, kKeyMTiles>, key_grid,
-         kKeyWarps * 32, backward_key_smem_bytes<kHeadDim, kKeyBlockM, kKeyWarps, kKeyMTiles>(), args, stream,
-         "attention_backward_key_kernel");
-  const dim3 query_grid((args.seq + kRows - 1) / kRows, args.q_heads, batch);
-  launch(attention_backward_query_kernel<kHeadDim, kQueryBlockN, kSubN, kQueryWarps, kQueryMTiles>, query_grid,
-         kQueryWarps * 32, backward_query_smem_bytes<kHeadDim, kQueryBlockN, kQueryWarps, kQueryMTiles>(), args,
-         stream, "attention_backward_query_kernel");
-}
+// Key side, one warp per kMTiles x 16 keys holding dK and dV, over query tiles of kBlockM rows in
+// slices of kSliceM.
+template <int kHeadDim, int kWarps, int kMTiles, int kBlockM, int kSliceM>
+struct KeySide {
+  static constexpr int kKeys = 16 * kMTiles * kWarps;
+  static constexpr std::size_t kSmemBytes = backward_key_smem_bytes<kHeadDim, kBlockM, kWarps, kMTiles>();
+  static void run(const BackwardArgs& args, int batch, cudaStream_t stream) {
+    const dim3 grid((args.seq + kKeys - 1) / kKeys, args.q_heads / args.group, batch);
+    launch(attention_backward_key_kernel<kHeadDim, kBlockM, kSliceM, kWarps, kMTiles>, grid, kWarps * 32, kSmemBytes,
+           args, stream, "attention_backward_key_kernel");
+  }
+};
+
+// Key side, one warp pair per kMTiles x 16 keys (one warp holds dV, the other dK).
+template <int kHeadDim, int kPairs, int kMTiles, int kBlockM, int kSliceM>
+struct KeyPairsSide {
+  static constexpr int kKeys = 16 * kMTiles * kPairs;
+  static constexpr std::size_t kSmemBytes =
+      backward_key_pairs_smem_bytes<kHeadDim, kBlockM, kSliceM, kPairs, kMTiles>();
+  static void run(const BackwardArgs& args, int batch, cudaStream_t stream) {
+    const dim3 grid((args.seq + kKeys - 1) / kKeys, args.q_heads / args.group, batch);
+    launch(attention_backward_key_pairs_kernel<kHeadDim, kBlockM, kSliceM, kPairs, kMTiles>, grid, kPairs * 64,
+           kSmemBytes, args, stream, "attention_backward_key_pairs_kernel");
+  }
+};
+
+// Query side, one warp per kMTiles x 16 rows, over key tiles of kBlockN in sub-tiles of kSubN.
+template <int kHeadDim, int kWarps, int kMTiles, int kBlockN, int kSubN>
+struct QuerySide {
+  static constexpr int kRows = 16 * kMTiles * kWarps;
+  static constexpr std::size_t kSmemBytes = backward_query_smem_bytes<kHeadDim, kBlockN, kWarps, kMTiles>();
+  static void run(const BackwardArgs& args, int batch, cudaStream_t stream) {
+    const dim3 grid((args.seq + kRows - 1) / kRows, args.q_heads, batch);
+    launch(attention_backward_query_kernel<kHeadDim, kBlockN, kSubN, kWarps, kMTiles>, grid, kWarps * 32, kSmemBytes,
+           args, stream, "attention_backward_query_kernel");
+  }
+};
+
+template <typename Key, typename Query>
+struct Backward {
+  static constexpr std::size_t kSmemBytes = Key::kSmemBytes > Query::kSmemBytes ? Key::kSmemBytes : Query::kSmemBytes;
+  static void run(const BackwardArgs& args, int batch, cudaStream_t stream) {
+    Key::run(args, batch, stream);
+    Query::run(args, batch, stream);
+  }
+};
 
 struct ForwardVariant {
   const char* name;
   void (*run)(const ForwardArgs&, int, cudaStream_t);
+  std::size_t smem_bytes;
 };
 
 struct BackwardVariant {
   const char* name;
   void (*run)(const BackwardArgs&, int, cudaStream_t);
+  std::size_t smem_bytes;
 };
 
-// The first entry of each list is the default. Names: m = query rows and n = keys per block (a/b:
-// loaded a at a time, used b at a time), w = warps x rows per warp. All fit the 99 KB of shared
-// memory per block of sm_86 except where the name says otherwise.
+template <typename Config>
+constexpr ForwardVariant forward_variant(const char* name) {
+  return {name, &Config::run, Config::kSmemBytes};
+}
+
+template <typename Config>
+constexpr BackwardVariant backward_variant(const char* name) {
+  return {name, &Config::run, Config::kSmemBytes};
+}
+
+// In order of preference (measured on an H200); the automatic choice is the first that fits the
+// device's shared memory per block. Names: m = query rows and n = keys per block (a/b: loaded a at
+// a time, used b at a time), w = warps x rows per warp, "pairs" = warp pairs x keys per pair.
 constexpr ForwardVariant kForward64[] = {
-    {"m128 n128 w4x32", &launch_forward<64, 128, 128, 4>},
-    {"m128 n64 w4x32", &launch_forward<64, 128, 64, 4>},
-    {"m64 n64 w4x16", &launch_forward<64, 64, 64, 4>},
-    {"m128 n64 w8x16", &launch_forward<64, 128, 64, 8>},
+    forward_variant<Forward<64, 128, 128, 4>>("m128 n128 w4x32"),
+    forward_variant<Forward<64, 128, 64, 4>>("m128 n64 w4x32"),
+    forward_variant<Forward<64, 64, 64, 4>>("m64 n64 w4x16"),
+    forward_variant<Forward<64, 128, 64, 8>>("m128 n64 w8x16"),
 };
 constexpr ForwardVariant kForward128[] = {
-    {"m128 n64 w4x32", &launch_forward<128, 128, 64, 4>},
-    {"m64 n64 w4x16", &launch_forward<128, 64, 64, 4>},
-    {"m128 n64 w8x16", &launch_forward<128, 128, 64, 8>},
-    {"m128 n32 w4x32", &launch_forward<128, 128, 32, 4>},
+    forward_variant<Forward<128, 128, 64, 4>>("m128 n64 w4x32"),
+    forward_variant<Forward<128, 64, 64, 4>>("m64 n64 w4x16"),
+    forward_variant<Forward<128, 128, 64, 8>>("m128 n64 w8x16"),
+    forward_variant<Forward<128, 128, 32, 4>>("m128 n32 w4x32"),
 };
 constexpr BackwardVariant kBackward64[] = {
-    {"key n128 m64/32 w4x32 | query m128 n64/32 w4x32", &launch_backward_kernels<64, 4, 2, 64, 32, 4, 2, 64, 32>},
-    {"key n64 m128/64 w4x16 | query m64 n128 w4x16", &launch_backward_kernels<64, 4, 1, 128, 64, 4, 1, 128, 128>},
-    {"key n128 m128/32 w4x32 | query m128 n128/32 w4x32", &launch_backward_kernels<64, 4, 2, 128, 32, 4, 2, 128, 32>},
-    {"key n128 m64/32 w4x32 | query m64 n128 w4x16", &launch_backward_kernels<64, 4, 2, 64, 32, 4, 1, 128, 128>},
+    backward_variant<Backward<KeySide<64, 4, 2, 128, 32>, QuerySide<64, 4, 2, 128, 32>>>(
+        "key n128 m128/32 w4x32 | query m128 n128/32 w4x32"),
+    backward_variant<Backward<KeySide<64, 4, 2, 64, 32>, QuerySide<64, 4, 2, 64, 32>>>(
+        "key n128 m64/32 w4x32 | query m128 n64/32 w4x32"),
+    backward_variant<Backward<KeyPairsSide<64, 2, 4, 64, 32>, QuerySide<64, 4, 2, 128, 32>>>(
+        "key n128 m64/32 pairs2x64 | query m128 n128/32 w4x32"),
+    backward_variant<Backward<KeySide<64, 4, 1, 128, 64>, QuerySide<64, 4, 1, 128, 128>>>(
+        "key n64 m128/64 w4x16 | query m64 n128 w4x16"),
 };
 constexpr BackwardVariant kBackward128[] = {
-    {"key n64 m64 w4x16 | query m128 n32 w4x32", &launch_backward_kernels<128, 4, 1, 64, 64, 4, 2, 32, 32>},
-    {"key n64 m64 w4x16 | query m64 n64 w4x16", &launch_backward_kernels<128, 4, 1, 64, 64, 4, 1, 64, 64>},
-    {"key n64 m64/32 w4x16 | query m128 n64/32 w4x32 (> 99 KB smem)",
-     &launch_backward_kernels<128, 4, 1, 64, 32, 4, 2, 64, 32>},
-    {"key n128 m64 w8x16 | query m128 n64 w8x16 (> 99 KB smem)", &launch_backward_kernels<128, 8, 1, 64, 64, 8, 1, 64, 64>},
+    backward_variant<Backward<KeyPairsSide<128, 2, 2, 64, 64>, QuerySide<128, 4, 2, 32, 32>>>(
+        "key n64 m64 pairs2x32 | query m128 n32 w4x32 (> 99 KB smem)"),
+    backward_variant<Backward<KeyPairsSide<128, 2, 2, 64, 32>, QuerySide<128, 4, 2, 32, 32>>>(
+        "key n64 m64/32 pairs2x32 | query m128 n32 w4x32 (> 99 KB smem)"),
+    backward_variant<Backward<KeySide<128, 4, 1, 64, 64>, QuerySide<128, 4, 2, 32, 32>>>(
+        "key n64 m64 w4x16 | query m128 n32 w4x32"),
+    backward_variant<Backward<KeySide<128, 4, 1, 64, 64>, QuerySide<128, 4, 1, 64, 64>>>(
+        "key n64 m64 w4x16 | query m64 n64 w4x16"),
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1002,9 +1296,25 @@ int variant_count(std::int64_t head_dim, bool backward) {
 }
 
 void check_variant(std::string_view op, std::int64_t head_dim, bool backward, int variant) {
-  if (variant < 0 || variant >= variant_count(head_dim, backward)) {
+  if (variant < -1 || variant >= variant_count(head_dim, backward) || variant_count(head_dim, backward) == 0) {
     checks::fail(op, "no tile variant " + std::to_string(variant) + " for head_dim " + std::to_string(head_dim));
   }
+}
+
+std::size_t variant_smem_bytes(std::int64_t head_dim, bool backward, int variant) {
+  return backward ? backward_variants(head_dim)[variant].smem_bytes : forward_variants(head_dim)[variant].smem_bytes;
+}
+
+// `variant`, or for -1 the first variant whose shared memory fits a block on the current device.
+int resolve_variant(std::string_view op, std::int64_t head_dim, bool backward, int variant) {
+  if (variant >= 0) return variant;
+  int device = 0, limit = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  for (int i = 0; i < variant_count(head_dim, backward); ++i) {
+    if (variant_smem_bytes(head_dim, backward, i) <= static_cast<std::size_t>(limit)) return i;
+  }
+  checks::fail(op, "no tile variant fits the " + std::to_string(limit) + " bytes of shared memory per block");
 }
 
 }  // namespace
@@ -1013,7 +1323,14 @@ int attention_cuda_variant_count(std::int64_t head_dim, bool backward) { return 
 
 const char* attention_cuda_variant_name(std::int64_t head_dim, bool backward, int variant) {
   check_variant("attention_cuda_variant_name", head_dim, backward, variant);
+  variant = resolve_variant("attention_cuda_variant_name", head_dim, backward, variant);
   return backward ? backward_variants(head_dim)[variant].name : forward_variants(head_dim)[variant].name;
+}
+
+std::size_t attention_cuda_variant_smem_bytes(std::int64_t head_dim, bool backward, int variant) {
+  check_variant("attention_cuda_variant_smem_bytes", head_dim, backward, variant);
+  variant = resolve_variant("attention_cuda_variant_smem_bytes", head_dim, backward, variant);
+  return variant_smem_bytes(head_dim, backward, variant);
 }
 
 void attention_forward_cuda(const AttentionShape& shape, AttentionInput q, AttentionInput k, AttentionInput v,
@@ -1047,7 +1364,8 @@ void attention_forward_cuda(const AttentionShape& shape, AttentionInput q, Atten
   args.q_heads = static_cast<int>(shape.q_heads);
   args.group = static_cast<int>(shape.q_heads / shape.kv_heads);
   args.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(shape.head_dim)));
-  forward_variants(shape.head_dim)[variant].run(args, static_cast<int>(shape.batch), stream);
+  const int chosen = resolve_variant(op, shape.head_dim, false, variant);
+  forward_variants(shape.head_dim)[chosen].run(args, static_cast<int>(shape.batch), stream);
 }
 
 std::size_t attention_backward_workspace_bytes(const AttentionShape& shape) {
@@ -1122,7 +1440,8 @@ void attention_backward_cuda(const AttentionShape& shape, AttentionInput q, Atte
   const double scale = 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
   args.scale = static_cast<float>(scale);
   args.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-  backward_variants(shape.head_dim)[variant].run(args, static_cast<int>(shape.batch), stream);
+  const int chosen = resolve_variant(op, shape.head_dim, true, variant);
+  backward_variants(shape.head_dim)[chosen].run(args, static_cast<int>(shape.batch), stream);
 }
 
 }  // namespace models::ops

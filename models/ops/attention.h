@@ -58,9 +58,10 @@ using AttentionGradient = TokenStrided<std::uint16_t>;
 
 // CUDA forward, head_dim 64 or 128: out is dense bf16 [batch, seq, q_heads, head_dim], lse fp32
 // [batch, q_heads, seq] (natural log). Asynchronous on `stream`; allocates nothing, never syncs.
-// `variant` picks a tile configuration (0: the default; see attention_cuda_variant_name).
+// `variant` picks a tile configuration; -1: the fastest measured one that fits the device's shared
+// memory (see attention_cuda_variant_name).
 void attention_forward_cuda(const AttentionShape& shape, AttentionInput q, AttentionInput k, AttentionInput v,
-                            std::uint16_t* out, float* lse, cudaStream_t stream, int variant = 0);
+                            std::uint16_t* out, float* lse, cudaStream_t stream, int variant = -1);
 
 // Bytes of device workspace attention_backward_cuda needs for `shape` (per-row softmax terms).
 std::size_t attention_backward_workspace_bytes(const AttentionShape& shape);
@@ -72,11 +73,13 @@ std::size_t attention_backward_workspace_bytes(const AttentionShape& shape);
 void attention_backward_cuda(const AttentionShape& shape, AttentionInput q, AttentionInput k, AttentionInput v,
                              const std::uint16_t* out, const float* lse, const std::uint16_t* dout,
                              AttentionGradient dq, AttentionGradient dk, AttentionGradient dv, void* workspace,
-                             std::size_t workspace_bytes, cudaStream_t stream, int variant = 0);
+                             std::size_t workspace_bytes, cudaStream_t stream, int variant = -1);
 
-// The tile configurations the CUDA kernels can run with, for benchmarks: how many there are for a
-// head dim, and a name for each (block sizes and warps per block).
+// The tile configurations the CUDA kernels can run with, for benchmarks and tests: how many there
+// are for a head dim, a name for each (block sizes and warps per block) and the shared memory a
+// block of it needs. Variant -1 names the one the calls above choose on the current device.
 int attention_cuda_variant_count(std::int64_t head_dim, bool backward);
 const char* attention_cuda_variant_name(std::int64_t head_dim, bool backward, int variant);
+std::size_t attention_cuda_variant_smem_bytes(std::int64_t head_dim, bool backward, int variant);
 
 }  // namespace models::ops

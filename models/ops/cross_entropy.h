@@ -72,12 +72,12 @@ CrossEntropyResult cross_entropy_backward_cpu(std::span<const Scalar> hidden, st
 
 // ---- GPU ----
 
-// Default GPU chunk: the bf16 logits of a chunk take at most this many bytes (256 MiB: 768 tokens
-// for Qwen3's vocabulary of 151936). Larger chunks trade memory for speed: the weight-gradient
+// Default GPU chunk: the bf16 logits of a chunk take at most this many bytes (1 GiB: 3456 tokens
+// for Qwen3's vocabulary of 151936; small next to a 0.6B model's activations at T = 2048). Larger chunks trade memory for speed: the weight-gradient
 // product (K = chunk) reads and writes the whole fp32 dW once per chunk. Measured on H200 for
 // 16384 tokens, dim 1024, vocab 151936 (bench/linear_bench): 39.2 ms at 384 tokens per chunk,
 // 31.0 at 768, 29.0 at 1536, 27.6 at 3072, 26.9 at 6144.
-inline constexpr std::size_t kCrossEntropyChunkLogitBytes = std::size_t{256} << 20;
+inline constexpr std::size_t kCrossEntropyChunkLogitBytes = std::size_t{1} << 30;
 
 // Tokens per GPU chunk: `requested` when positive, else the most tokens whose bf16 logits fit in
 // kCrossEntropyChunkLogitBytes, rounded down to a multiple of 128 when at least 128 (whole tiles).

@@ -674,7 +674,7 @@ TEST(CrossEntropyGpu, OutOfRangeTargetGivesNaN) {
 
 TEST(CrossEntropyGpu, ChunkDefaultAndRejectsBadArguments) {
   REQUIRE_GPU();
-  EXPECT_EQ(ops::cross_entropy_chunk_tokens_cuda(151936, 0), 768);
+  EXPECT_EQ(ops::cross_entropy_chunk_tokens_cuda(151936, 0), 3456);
   EXPECT_EQ(ops::cross_entropy_chunk_tokens_cuda(151936, 5), 5);
   // 100 tokens x 1000 logits x 2 bytes = 200000, rounded up to 256 bytes: 200192.
   EXPECT_EQ(ops::cross_entropy_workspace_bytes(100, 1000, 0), std::size_t{200192} + ops::linear_workspace_bytes());
