@@ -2,8 +2,9 @@
 // odd shapes (factored and not), sharded ranges, both policies, first moment on and off, graph
 // replay, and a launch count that does not depend on the number of tensors.
 // Tolerance: row sums are added in another order on the GPU (fp32 per-thread partials), which
-// moves R and C by ~1e-7 relative; weights are compared at 1e-6 relative plus 1e-8 absolute
-// (updates are ~1e-2), the first moment at 1e-6 relative plus 1e-6 of its largest value.
+// moves R and C by a few ulps; weights are compared at 1e-6 relative
+// plus 1e-7 absolute (updates are ~1e-2, so 1e-5 of an update), the first moment at 1e-6
+// relative plus 1e-6 of its largest value.
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -76,7 +77,7 @@ TEST(AdafactorGpu, MatchesReferenceOverRandomTensorLists) {
       const std::string at = where + ", step " + std::to_string(step + 1);
       EXPECT_EQ(rg.step, rc.step) << at;
       EXPECT_EQ(rg.nonfinite, rc.nonfinite) << at;
-      EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.slab.master()), test::to_host<float>(cpu.slab.master()), 1e-6, 1e-8))
+      EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.slab.master()), test::to_host<float>(cpu.slab.master()), 1e-6, 1e-7))
           << at << ": master";
       EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.opt.row_col_state()), test::to_host<float>(cpu.opt.row_col_state()),
                                   1e-6, 0))
