@@ -75,6 +75,14 @@ const std::map<std::string, std::string>& type_specific_keys() {
 
 }  // namespace
 
+const std::vector<std::string>& optimizer_config_keys() {
+  static const std::vector<std::string> keys = {
+      "type",          "lr",         "betas",     "eps",        "weight_decay",  "grad_clip",     "nonfinite",
+      "min_8bit_size", "quantization", "eps1",    "eps2",       "clip_threshold", "decay_rate",   "beta1",
+      "relative_step", "scale_parameter", "warmup_init", "eps1_mode", "decay_scale"};
+  return keys;
+}
+
 const char* nonfinite_policy_name(NonFinitePolicy policy) {
   return policy == NonFinitePolicy::skip_step ? "skip_step" : "zero_element";
 }
@@ -164,10 +172,9 @@ OptimizerConfig optimizer_config_from_yaml(const YAML::Node& node, const std::st
     } else if (key == "decay_scale") {
       a.decay_scale = read_choice<DecayScale>(value, file, key, {{"lr", DecayScale::lr}, {"alpha", DecayScale::alpha}});
     } else {
-      throw core::InputError(location(file, item.first, key) +
-                             ": unknown key (known: type, lr, betas, eps, weight_decay, grad_clip, nonfinite, "
-                             "min_8bit_size, quantization, eps1, eps2, clip_threshold, decay_rate, beta1, "
-                             "relative_step, scale_parameter, warmup_init, eps1_mode, decay_scale)");
+      std::string known;
+      for (const auto& name : optimizer_config_keys()) known += (known.empty() ? "" : ", ") + name;
+      throw core::InputError(location(file, item.first, key) + ": unknown key (known: " + known + ")");
     }
   }
   const int line = node.Mark().line;

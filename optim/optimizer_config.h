@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <yaml-cpp/yaml.h>
 
@@ -33,6 +34,8 @@ enum class DecayScale {
 struct AdamW8bitConfig {
   std::int64_t min_8bit_size = 4096;  // tensors with fewer elements keep fp32 state
   Quantization quantization = Quantization::companded;
+
+  bool operator==(const AdamW8bitConfig&) const = default;
 };
 
 struct AdafactorConfig {
@@ -46,6 +49,8 @@ struct AdafactorConfig {
   bool warmup_init = false;
   Eps1Mode eps1_mode = Eps1Mode::add;
   DecayScale decay_scale = DecayScale::lr;
+
+  bool operator==(const AdafactorConfig&) const = default;
 };
 
 struct OptimizerConfig {
@@ -59,6 +64,8 @@ struct OptimizerConfig {
   NonFinitePolicy nonfinite = NonFinitePolicy::skip_step;
   AdamW8bitConfig adamw8bit;
   AdafactorConfig adafactor;
+
+  bool operator==(const OptimizerConfig&) const = default;
 };
 
 // Throws core::InputError naming `where` and the key when a value is out of range.
@@ -70,6 +77,9 @@ void validate(const OptimizerConfig& config, const std::string& where);
 // Unknown keys, keys of another optimizer type, wrong types and out-of-range values throw
 // core::InputError naming `file`, the line and the key.
 OptimizerConfig optimizer_config_from_yaml(const YAML::Node& node, const std::string& file);
+
+// Every key optimizer_config_from_yaml reads, in the order listed above.
+const std::vector<std::string>& optimizer_config_keys();
 
 const char* nonfinite_policy_name(NonFinitePolicy policy);
 

@@ -9,8 +9,11 @@
 // accumulators into the A operand of the P V product without leaving registers.
 //
 // Backward, deterministic (each output element is summed by one thread in a fixed order; no
-// atomics), three launches:
+// atomics), two launches (the variants not named "fused" launch the two sides separately):
 //   prepare: D = rowsum(dout * out) and lse * log2(e) per query row, into the workspace;
+//   then one grid holding the key-side blocks followed by the query-side blocks (independent given
+//   D and lse, so query blocks fill the key side's tail), launched on sm_90+ as a programmatic
+//   dependent of prepare;
 //   key side: a block owns a tile of keys of one kv head and loops over the query tiles of every q
 //     head of its GQA group, accumulating dK and dV in registers. It computes transposed scores
 //     S^T = K Q^T, so that P^T and dS^T come out in the A-operand layout of dV += P^T dO and
@@ -457,6 +460,10 @@ attention_backward_prepare_kernel(const std::uint16_t* __restrict__ out, const s
                                   const float* __restrict__ lse, float* __restrict__ lse_log2,
                                   float* __restrict__ delta, std::int64_t rows, int seq, int q_heads) {
   constexpr int kLanes = kHeadDim / 8;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The backward kernel launched after this one waits for the whole grid anyway (griddepcontrol.wait).
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   const std::int64_t thread = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t row = thread / kLanes;
   const int chunk = static_cast<int>(thread % kLanes);
@@ -495,7 +502,7 @@ constexpr std::size_t backward_key_smem_bytes() {
 // more tensor-core work, at the price of dK and dV registers). Query tiles of kBlockM rows are
 // double-buffered; each is consumed in slices of kSliceM queries.
 template <int kHeadDim, int kBlockM, int kSliceM, int kWarps, int kMTiles>
-__global__ void __launch_bounds__(kWarps * 32) attention_backward_key_kernel(const BackwardArgs args) {
+__device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int block_x, int block_y, int block_z) {
   constexpr int kThreads = kWarps * 32;
   constexpr int kBlockN = 16 * kMTiles * kWarps;
   constexpr int kSTiles = kSliceM / 8;
@@ -517,9 +524,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_backward_key_kernel(con
   const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
   const LaneOperands<kHeadDim> ops(lane);
   const int seq = args.seq;
-  const int key_start = static_cast<int>(blockIdx.x) * kBlockN;
-  const int kv_head = static_cast<int>(blockIdx.y);
-  const std::int64_t batch = blockIdx.z, batch_row = batch * seq;
+  const int key_start = block_x * kBlockN;
+  const int kv_head = block_y;
+  const std::int64_t batch = block_z, batch_row = batch * seq;
   const std::int64_t dout_stride = static_cast<std::int64_t>(args.q_heads) * kHeadDim;
 
   const int first_q_block = key_start / kBlockM;
@@ -706,7 +713,8 @@ constexpr std::size_t backward_key_pairs_smem_bytes() {
 // in the registers that hold both for half as many keys in the plain key kernel, so each Q or dO
 // fragment it reads feeds twice the tensor-core work, and no product is computed twice.
 template <int kHeadDim, int kBlockM, int kSliceM, int kPairs, int kMTiles>
-__global__ void __launch_bounds__(kPairs * 64) attention_backward_key_pairs_kernel(const BackwardArgs args) {
+__device__ __forceinline__ void backward_key_pairs_block(const BackwardArgs& args, int block_x, int block_y,
+                                                         int block_z) {
   constexpr int kThreads = kPairs * 64;
   constexpr int kBlockN = 16 * kMTiles * kPairs;
   constexpr int kSlices = kBlockM / kSliceM;
@@ -735,9 +743,9 @@ __global__ void __launch_bounds__(kPairs * 64) attention_backward_key_pairs_kern
   const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
   const LaneOperands<kHeadDim> ops(lane);
   const int seq = args.seq;
-  const int key_start = static_cast<int>(blockIdx.x) * kBlockN;
-  const int kv_head = static_cast<int>(blockIdx.y);
-  const std::int64_t batch = blockIdx.z, batch_row = batch * seq;
+  const int key_start = block_x * kBlockN;
+  const int kv_head = block_y;
+  const std::int64_t batch = block_z, batch_row = batch * seq;
   const std::int64_t dout_stride = static_cast<std::int64_t>(args.q_heads) * kHeadDim;
   std::uint32_t* exchange = reinterpret_cast<std::uint32_t*>(smem + (exchange_tiles - k_tile)) +
                             pair * kSlices * kExchangeWords;
@@ -930,7 +938,8 @@ constexpr std::size_t backward_query_smem_bytes() {
 // first; every warp owns kMTiles m-tiles of 16 query rows. K and V tiles of kBlockN keys are
 // double-buffered; each is consumed in sub-tiles of kSubN keys (fewer score registers).
 template <int kHeadDim, int kBlockN, int kSubN, int kWarps, int kMTiles>
-__global__ void __launch_bounds__(kWarps * 32) attention_backward_query_kernel(const BackwardArgs args) {
+__device__ __forceinline__ void backward_query_block(const BackwardArgs& args, int block_x, int block_y, int block_z,
+                                                     int grid_x) {
   constexpr int kThreads = kWarps * 32;
   constexpr int kBlockM = 16 * kMTiles * kWarps;
   constexpr int kNTiles = kSubN / 8;
@@ -948,9 +957,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_backward_query_kernel(c
   const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
   const LaneOperands<kHeadDim> ops(lane);
   const int seq = args.seq;
-  const int q_start = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * kBlockM;
-  const int head = static_cast<int>(blockIdx.y), kv_head = head / args.group;
-  const std::int64_t batch = blockIdx.z, batch_row = batch * seq;
+  const int q_start = (grid_x - 1 - block_x) * kBlockM;
+  const int head = block_y, kv_head = head / args.group;
+  const std::int64_t batch = block_z, batch_row = batch * seq;
   const std::int64_t dout_stride = static_cast<std::int64_t>(args.q_heads) * kHeadDim;
   const std::uint16_t* k_head = args.k + batch_row * args.k_stride + kv_head * kHeadDim;
   const std::uint16_t* v_head = args.v + batch_row * args.v_stride + kv_head * kHeadDim;
@@ -1118,50 +1127,149 @@ struct Forward {
   }
 };
 
+// Waits, on sm_90+, until the grid this one was launched as a programmatic dependent of (the
+// prepare kernel) has finished and its writes are visible; a no-op otherwise.
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// One side of the backward as a standalone kernel: grid Side::grid, blocks as Side::block.
+template <typename Side>
+__global__ void __launch_bounds__(Side::kThreads) attention_backward_side_kernel(const BackwardArgs args) {
+  Side::block(args, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z),
+              static_cast<int>(gridDim.x));
+}
+
+// Both sides in one grid: the first key_blocks blocks are the key side's (in its grid order,
+// heaviest first), the rest the query side's, so query blocks fill the key side's tail and no
+// second launch waits for the first to drain. Each block's work and summation order are those of
+// the standalone kernels, so results are bit-identical to them.
+template <typename Key, typename Query>
+__global__ void __launch_bounds__(Key::kThreads)
+    attention_backward_fused_kernel(const BackwardArgs args, int key_x, int key_y, int key_blocks, int query_x,
+                                    int query_y) {
+  wait_for_prerequisite_grid();
+  const int index = static_cast<int>(blockIdx.x);
+  if (index < key_blocks) {
+    Key::block(args, index % key_x, (index / key_x) % key_y, index / (key_x * key_y), key_x);
+  } else {
+    const int q = index - key_blocks;
+    Query::block(args, q % query_x, (q / query_x) % query_y, q / (query_x * query_y), query_x);
+  }
+}
+
 // Key side, one warp per kMTiles x 16 keys holding dK and dV, over query tiles of kBlockM rows in
 // slices of kSliceM.
 template <int kHeadDim, int kWarps, int kMTiles, int kBlockM, int kSliceM>
 struct KeySide {
+  static constexpr int kThreads = kWarps * 32;
   static constexpr int kKeys = 16 * kMTiles * kWarps;
   static constexpr std::size_t kSmemBytes = backward_key_smem_bytes<kHeadDim, kBlockM, kWarps, kMTiles>();
+  static dim3 grid(const BackwardArgs& args, int batch) {
+    return dim3((args.seq + kKeys - 1) / kKeys, args.q_heads / args.group, batch);
+  }
+  static __device__ __forceinline__ void block(const BackwardArgs& args, int x, int y, int z, int) {
+    backward_key_block<kHeadDim, kBlockM, kSliceM, kWarps, kMTiles>(args, x, y, z);
+  }
   static void run(const BackwardArgs& args, int batch, cudaStream_t stream) {
-    const dim3 grid((args.seq + kKeys - 1) / kKeys, args.q_heads / args.group, batch);
-    launch(attention_backward_key_kernel<kHeadDim, kBlockM, kSliceM, kWarps, kMTiles>, grid, kWarps * 32, kSmemBytes,
-           args, stream, "attention_backward_key_kernel");
+    launch(attention_backward_side_kernel<KeySide>, grid(args, batch), kThreads, kSmemBytes, args, stream,
+           "attention_backward_key_kernel");
   }
 };
 
 // Key side, one warp pair per kMTiles x 16 keys (one warp holds dV, the other dK).
 template <int kHeadDim, int kPairs, int kMTiles, int kBlockM, int kSliceM>
 struct KeyPairsSide {
+  static constexpr int kThreads = kPairs * 64;
   static constexpr int kKeys = 16 * kMTiles * kPairs;
   static constexpr std::size_t kSmemBytes =
       backward_key_pairs_smem_bytes<kHeadDim, kBlockM, kSliceM, kPairs, kMTiles>();
+  static dim3 grid(const BackwardArgs& args, int batch) {
+    return dim3((args.seq + kKeys - 1) / kKeys, args.q_heads / args.group, batch);
+  }
+  static __device__ __forceinline__ void block(const BackwardArgs& args, int x, int y, int z, int) {
+    backward_key_pairs_block<kHeadDim, kBlockM, kSliceM, kPairs, kMTiles>(args, x, y, z);
+  }
   static void run(const BackwardArgs& args, int batch, cudaStream_t stream) {
-    const dim3 grid((args.seq + kKeys - 1) / kKeys, args.q_heads / args.group, batch);
-    launch(attention_backward_key_pairs_kernel<kHeadDim, kBlockM, kSliceM, kPairs, kMTiles>, grid, kPairs * 64,
-           kSmemBytes, args, stream, "attention_backward_key_pairs_kernel");
+    launch(attention_backward_side_kernel<KeyPairsSide>, grid(args, batch), kThreads, kSmemBytes, args, stream,
+           "attention_backward_key_pairs_kernel");
   }
 };
 
 // Query side, one warp per kMTiles x 16 rows, over key tiles of kBlockN in sub-tiles of kSubN.
 template <int kHeadDim, int kWarps, int kMTiles, int kBlockN, int kSubN>
 struct QuerySide {
+  static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = 16 * kMTiles * kWarps;
   static constexpr std::size_t kSmemBytes = backward_query_smem_bytes<kHeadDim, kBlockN, kWarps, kMTiles>();
+  static dim3 grid(const BackwardArgs& args, int batch) {
+    return dim3((args.seq + kRows - 1) / kRows, args.q_heads, batch);
+  }
+  static __device__ __forceinline__ void block(const BackwardArgs& args, int x, int y, int z, int grid_x) {
+    backward_query_block<kHeadDim, kBlockN, kSubN, kWarps, kMTiles>(args, x, y, z, grid_x);
+  }
   static void run(const BackwardArgs& args, int batch, cudaStream_t stream) {
-    const dim3 grid((args.seq + kRows - 1) / kRows, args.q_heads, batch);
-    launch(attention_backward_query_kernel<kHeadDim, kBlockN, kSubN, kWarps, kMTiles>, grid, kWarps * 32, kSmemBytes,
-           args, stream, "attention_backward_query_kernel");
+    launch(attention_backward_side_kernel<QuerySide>, grid(args, batch), kThreads, kSmemBytes, args, stream,
+           "attention_backward_query_kernel");
   }
 };
 
+// Two launches: the key side, then the query side.
 template <typename Key, typename Query>
 struct Backward {
   static constexpr std::size_t kSmemBytes = Key::kSmemBytes > Query::kSmemBytes ? Key::kSmemBytes : Query::kSmemBytes;
   static void run(const BackwardArgs& args, int batch, cudaStream_t stream) {
     Key::run(args, batch, stream);
     Query::run(args, batch, stream);
+  }
+};
+
+// Whether the current device can launch a kernel as a programmatic dependent of the previous one
+// in its stream (compute capability 9.0+). Cached per device.
+bool programmatic_launch_supported() {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};  // 0: unknown, 1: no, 2: yes
+  if (device >= kMaxDevices) return false;
+  if (cached[device] == 0) {
+    int major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    cached[device] = major >= 9 ? 2 : 1;
+  }
+  return cached[device] == 2;
+}
+
+// One launch of both sides (attention_backward_fused_kernel), as a programmatic dependent of the
+// prepare kernel where the device supports it, so that its blocks start as the prepare grid drains.
+template <typename Key, typename Query>
+struct FusedBackward {
+  static_assert(Key::kThreads == Query::kThreads, "both sides run in blocks of one size");
+  static constexpr std::size_t kSmemBytes = Key::kSmemBytes > Query::kSmemBytes ? Key::kSmemBytes : Query::kSmemBytes;
+  static void run(const BackwardArgs& args, int batch, cudaStream_t stream) {
+    const dim3 key = Key::grid(args, batch), query = Query::grid(args, batch);
+    const int key_blocks = static_cast<int>(key.x * key.y * key.z);
+    const int query_blocks = static_cast<int>(query.x * query.y * query.z);
+    auto* kernel = attention_backward_fused_kernel<Key, Query>;
+    CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(key_blocks + query_blocks));
+    config.blockDim = dim3(Key::kThreads);
+    config.dynamicSmemBytes = kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    if (programmatic_launch_supported()) {
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+    }
+    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args, static_cast<int>(key.x), static_cast<int>(key.y), key_blocks,
+                                  static_cast<int>(query.x), static_cast<int>(query.y)));
+    CUDA_CHECK_LAUNCH("attention_backward_fused_kernel");
   }
 };
 
@@ -1203,6 +1311,8 @@ constexpr ForwardVariant kForward128[] = {
     forward_variant<Forward<128, 128, 32, 4>>("m128 n32 w4x32"),
 };
 constexpr BackwardVariant kBackward64[] = {
+    backward_variant<FusedBackward<KeySide<64, 4, 2, 128, 32>, QuerySide<64, 4, 2, 128, 32>>>(
+        "fused key n128 m128/32 w4x32 | query m128 n128/32 w4x32"),
     backward_variant<Backward<KeySide<64, 4, 2, 128, 32>, QuerySide<64, 4, 2, 128, 32>>>(
         "key n128 m128/32 w4x32 | query m128 n128/32 w4x32"),
     backward_variant<Backward<KeySide<64, 4, 2, 64, 32>, QuerySide<64, 4, 2, 64, 32>>>(
@@ -1213,10 +1323,16 @@ constexpr BackwardVariant kBackward64[] = {
         "key n64 m128/64 w4x16 | query m64 n128 w4x16"),
 };
 constexpr BackwardVariant kBackward128[] = {
+    backward_variant<FusedBackward<KeyPairsSide<128, 2, 2, 64, 64>, QuerySide<128, 4, 2, 32, 32>>>(
+        "fused key n64 m64 pairs2x32 | query m128 n32 w4x32 (> 99 KB smem)"),
+    backward_variant<FusedBackward<KeyPairsSide<128, 2, 2, 64, 32>, QuerySide<128, 4, 2, 32, 32>>>(
+        "fused key n64 m64/32 pairs2x32 | query m128 n32 w4x32 (> 99 KB smem)"),
     backward_variant<Backward<KeyPairsSide<128, 2, 2, 64, 64>, QuerySide<128, 4, 2, 32, 32>>>(
         "key n64 m64 pairs2x32 | query m128 n32 w4x32 (> 99 KB smem)"),
     backward_variant<Backward<KeyPairsSide<128, 2, 2, 64, 32>, QuerySide<128, 4, 2, 32, 32>>>(
         "key n64 m64/32 pairs2x32 | query m128 n32 w4x32 (> 99 KB smem)"),
+    backward_variant<FusedBackward<KeySide<128, 4, 1, 64, 64>, QuerySide<128, 4, 2, 32, 32>>>(
+        "fused key n64 m64 w4x16 | query m128 n32 w4x32"),
     backward_variant<Backward<KeySide<128, 4, 1, 64, 64>, QuerySide<128, 4, 2, 32, 32>>>(
         "key n64 m64 w4x16 | query m128 n32 w4x32"),
     backward_variant<Backward<KeySide<128, 4, 1, 64, 64>, QuerySide<128, 4, 1, 64, 64>>>(

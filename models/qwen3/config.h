@@ -28,6 +28,8 @@ struct Qwen3Config {
   std::int64_t kv_size() const { return num_kv_heads * head_dim; }
   std::int64_t qkv_size() const { return q_size() + 2 * kv_size(); }
   std::int64_t parameter_count() const;
+
+  bool operator==(const Qwen3Config&) const = default;
 };
 
 // Throws core::InputError naming `where` when a field is out of range or inconsistent.

@@ -1,0 +1,710 @@
+// The run configuration: overrides applied to the YAML tree, then each section read with its key
+// set, types and ranges checked; the resolved config written back as YAML.
+#include "trainer/config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "core/error.h"
+
+namespace trainer {
+
+namespace {
+
+using models::qwen3::Recompute;
+
+// The keys of each section, in the order resolved_yaml writes them.
+const std::vector<std::string>& top_level_keys() {
+  static const std::vector<std::string> keys = {"run",      "device",   "model",      "data", "training", "optimizer",
+                                                "schedule", "parallel", "checkpoint", "eval", "logging",  "sample"};
+  return keys;
+}
+
+const std::vector<std::string>& model_shape_keys() {
+  static const std::vector<std::string> keys = {
+      "vocab_size", "hidden_size", "intermediate_size", "num_layers",          "num_heads",
+      "num_kv_heads", "head_dim",  "rope_theta",        "rms_norm_eps",        "tie_word_embeddings",
+      "max_position_embeddings"};
+  return keys;
+}
+
+const std::map<std::string, std::vector<std::string>>& section_keys() {
+  static const std::map<std::string, std::vector<std::string>> sections = [] {
+    std::map<std::string, std::vector<std::string>> s = {
+        {"run", {"name", "output_dir", "seed"}},
+        {"model", {"arch", "preset", "init_from", "recompute"}},
+        {"data", {"train", "val", "seq_len", "tokenizer"}},
+        {"training", {"micro_batch_size", "global_batch_size", "max_steps", "precision", "grad_clip"}},
+        {"optimizer", {}},
+        {"schedule", {"type", "warmup_steps", "min_lr_ratio", "decay_ratio"}},
+        {"parallel", {"zero_stage", "timeout_s"}},
+        {"checkpoint", {"every", "keep_last", "resume"}},
+        {"eval", {"every", "batches"}},
+        {"logging", {"every", "tensorboard"}},
+        {"sample", {"every", "tokens", "prompt"}},
+    };
+    for (const auto& key : model_shape_keys()) s["model"].push_back(key);
+    for (const auto& key : optim::optimizer_config_keys()) {
+      if (key != "grad_clip") s["optimizer"].push_back(key);
+    }
+    return s;
+  }();
+  return sections;
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+// "unknown key (did you mean 'x'?)", falling back to the key in another section, then to the list.
+std::string unknown_key_message(const std::string& section, const std::string& key) {
+  const std::vector<std::string>& known = section.empty() ? top_level_keys() : section_keys().at(section);
+  std::string best;
+  std::size_t best_distance = std::max<std::size_t>(2, key.size() / 3) + 1;
+  for (const auto& candidate : known) {
+    const std::size_t d = edit_distance(key, candidate);
+    if (d < best_distance) {
+      best_distance = d;
+      best = candidate;
+    }
+  }
+  if (section == "optimizer" && key == "grad_clip") {
+    return "not set here: the clipping threshold is training.grad_clip (copied into the optimizer)";
+  }
+  if (!best.empty()) return "unknown key (did you mean '" + best + "'?)";
+  for (const auto& [other, keys] : section_keys()) {
+    if (other != section && std::find(keys.begin(), keys.end(), key) != keys.end()) {
+      return "unknown key (did you mean '" + other + "." + key + "'?)";
+    }
+  }
+  return "unknown key (known: " + joined(known) + ")";
+}
+
+std::string format_double(double value) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  return std::string(buffer, result.ptr);
+}
+
+std::string describe(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) return "nothing";
+  if (node.IsScalar()) return "'" + node.Scalar() + "'";
+  return node.IsSequence() ? "a list" : "a mapping";
+}
+
+// Reads the tree, naming each key by its path and its origin (file line or override).
+class Reader {
+ public:
+  Reader(std::string file, std::map<std::string, std::string> override_sources)
+      : file_(std::move(file)), override_sources_(std::move(override_sources)) {}
+
+  const std::string& file() const { return file_; }
+
+  std::string where(const std::string& path, const YAML::Node& node) const {
+    const auto it = override_sources_.find(path);
+    if (it != override_sources_.end()) return it->second;
+    if (node.IsDefined() && node.Mark().line >= 0) return file_ + ":" + std::to_string(node.Mark().line + 1);
+    return file_;
+  }
+
+  [[noreturn]] void fail(const std::string& path, const YAML::Node& node, const std::string& message) const {
+    throw core::InputError(where(path, node) + ": " + path + ": " + message);
+  }
+
+  // An optimizer error about a key set on the command line names the override.
+  [[noreturn]] void rethrow_optimizer_error(const std::string& message) const {
+    const std::size_t at = message.find("optimizer.");
+    if (at != std::string::npos) {
+      const std::size_t end = message.find_first_of(":[ ", at);
+      const auto it = override_sources_.find(message.substr(at, end - at));
+      if (it != override_sources_.end()) throw core::InputError(it->second + ": " + message.substr(at));
+    }
+    throw core::InputError(message);
+  }
+
+ private:
+  std::string file_;
+  std::map<std::string, std::string> override_sources_;
+};
+
+// One section: its keys checked on construction, typed getters that leave the default when absent.
+class Section {
+ public:
+  Section(const Reader& reader, const YAML::Node& root, const std::string& name, bool required)
+      : reader_(reader), name_(name), node_(root[name]), present_(node_.IsDefined() && !node_.IsNull()) {
+    if (!present_) {
+      if (required) reader_.fail(name, YAML::Node(), "missing required section");
+      return;
+    }
+    if (!node_.IsMap()) reader_.fail(name, node_, "expected a mapping, got " + describe(node_));
+    std::set<std::string> seen;
+    for (const auto& item : node_) {
+      const std::string key = item.first.Scalar();
+      const std::vector<std::string>& known = section_keys().at(name);
+      if (std::find(known.begin(), known.end(), key) == known.end()) {
+        reader_.fail(name + "." + key, item.first, unknown_key_message(name, key));
+      }
+      if (!seen.insert(key).second) reader_.fail(name + "." + key, item.first, "duplicate key");
+    }
+  }
+
+  bool present() const { return present_; }
+  const YAML::Node& node() const { return node_; }
+  std::string path(const std::string& key) const { return name_ + "." + key; }
+  YAML::Node value(const std::string& key) const {
+    if (!present_) return YAML::Node();
+    return node_[key];
+  }
+  bool has(const std::string& key) const {
+    const YAML::Node v = value(key);
+    return v.IsDefined() && !v.IsNull();
+  }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& message) const {
+    const YAML::Node v = value(key);
+    reader_.fail(path(key), v.IsDefined() ? v : node_, message);
+  }
+
+  void require(const std::string& key, const std::string& expected) const {
+    if (!has(key)) {
+      reader_.fail(path(key), present_ ? node_ : YAML::Node(), "missing required key (expected " + expected + ")");
+    }
+  }
+
+  void integer(const std::string& key, std::int64_t& out) const {
+    if (!has(key)) return;
+    try {
+      out = value(key).as<std::int64_t>();
+    } catch (const YAML::Exception&) {
+      fail(key, "expected an integer, got " + describe(value(key)));
+    }
+  }
+
+  void number(const std::string& key, double& out) const {
+    if (!has(key)) return;
+    const YAML::Node v = value(key);
+    try {
+      if (!v.IsScalar()) throw YAML::TypedBadConversion<double>(v.Mark());
+      out = v.as<double>();
+    } catch (const YAML::Exception&) {
+      fail(key, "expected a number, got " + describe(v));
+    }
+  }
+
+  void boolean(const std::string& key, bool& out) const {
+    if (!has(key)) return;
+    try {
+      out = value(key).as<bool>();
+    } catch (const YAML::Exception&) {
+      fail(key, "expected true or false, got " + describe(value(key)));
+    }
+  }
+
+  void string(const std::string& key, std::string& out) const {
+    if (!has(key)) return;
+    const YAML::Node v = value(key);
+    if (!v.IsScalar()) fail(key, "expected a string, got " + describe(v));
+    out = v.Scalar();
+  }
+
+  template <typename Enum>
+  void choice(const std::string& key, Enum& out, const std::vector<std::pair<std::string, Enum>>& choices) const {
+    if (!has(key)) return;
+    const YAML::Node v = value(key);
+    std::vector<std::string> names;
+    for (const auto& [name, e] : choices) {
+      if (v.IsScalar() && v.Scalar() == name) {
+        out = e;
+        return;
+      }
+      names.push_back(name);
+    }
+    fail(key, "expected one of [" + joined(names) + "], got " + describe(v));
+  }
+
+  // Range checks on a value already read.
+  void check(bool ok, const std::string& key, const std::string& expected, const std::string& got) const {
+    if (!ok) fail(key, "expected " + expected + ", got " + got);
+  }
+  void at_least(std::int64_t value, std::int64_t minimum, const std::string& key) const {
+    check(value >= minimum, key, "an integer >= " + std::to_string(minimum), std::to_string(value));
+  }
+
+ private:
+  const Reader& reader_;
+  std::string name_;
+  YAML::Node node_;
+  bool present_;
+};
+
+void require_existing_path(const Section& section, const std::string& key, const std::string& value,
+                           const std::string& what) {
+  if (!std::filesystem::exists(value)) section.fail(key, what + " '" + value + "' does not exist");
+}
+
+// Applies `a.b=value` overrides to `root`, recording where each key came from.
+std::map<std::string, std::string> apply_overrides(YAML::Node& root, const std::vector<std::string>& overrides) {
+  std::map<std::string, std::string> sources;
+  for (const auto& text : overrides) {
+    const std::string origin = "command line override '" + text + "'";
+    const std::size_t eq = text.find('=');
+    if (eq == std::string::npos) {
+      throw core::InputError(origin + ": expected SECTION.KEY=VALUE (e.g. training.max_steps=100)");
+    }
+    const std::string path = text.substr(0, eq);
+    const std::string value_text = text.substr(eq + 1);
+    const std::size_t dot = path.find('.');
+    const std::string section = path.substr(0, dot);
+    const auto& top = top_level_keys();
+    if (std::find(top.begin(), top.end(), section) == top.end()) {
+      throw core::InputError(origin + ": " + section + ": " + unknown_key_message("", section));
+    }
+    YAML::Node value;
+    try {
+      value = YAML::Load(value_text);
+    } catch (const YAML::Exception& e) {
+      throw core::InputError(origin + ": " + path + ": the value is not valid YAML: " + e.msg);
+    }
+    if (section == "device") {
+      if (dot != std::string::npos) throw core::InputError(origin + ": device: expected device=VALUE");
+      root["device"] = value;
+      sources["device"] = origin;
+      continue;
+    }
+    if (dot == std::string::npos) {
+      throw core::InputError(origin + ": " + section + ": expected " + section + ".KEY=VALUE (a key inside the section)");
+    }
+    const std::string key = path.substr(dot + 1);
+    const auto& known = section_keys().at(section);
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      throw core::InputError(origin + ": " + path + ": " + unknown_key_message(section, key));
+    }
+    if (root[section].IsDefined() && !root[section].IsNull() && !root[section].IsMap()) {
+      throw core::InputError(origin + ": " + section + " is not a mapping in the config file");
+    }
+    root[section][key] = value;
+    sources[path] = origin;
+  }
+  return sources;
+}
+
+models::qwen3::Qwen3Config read_model(const Section& s, ModelConfig& m) {
+  s.require("preset", "one of [" + joined(models::qwen3::preset_names()) + "]");
+  s.string("arch", m.arch);
+  s.check(m.arch == "qwen3", "arch", "one of [qwen3]", "'" + m.arch + "'");
+  s.string("preset", m.preset);
+  const auto presets = models::qwen3::preset_names();
+  s.check(std::find(presets.begin(), presets.end(), m.preset) != presets.end(), "preset",
+          "one of [" + joined(presets) + "]", "'" + m.preset + "'");
+  models::qwen3::Qwen3Config c = models::qwen3::preset(m.preset);
+  struct IntegerField {
+    const char* key;
+    std::int64_t* field;
+  };
+  for (const IntegerField& f : {IntegerField{"vocab_size", &c.vocab_size}, {"hidden_size", &c.hidden_size},
+                                {"intermediate_size", &c.intermediate_size}, {"num_layers", &c.num_layers},
+                                {"num_heads", &c.num_heads}, {"num_kv_heads", &c.num_kv_heads},
+                                {"head_dim", &c.head_dim}, {"max_position_embeddings", &c.max_position_embeddings}}) {
+    s.integer(f.key, *f.field);
+    s.at_least(*f.field, 1, f.key);
+  }
+  s.number("rope_theta", c.rope_theta);
+  s.check(c.rope_theta > 0 && std::isfinite(c.rope_theta), "rope_theta", "a finite number > 0",
+          format_double(c.rope_theta));
+  s.number("rms_norm_eps", c.rms_norm_eps);
+  s.check(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps), "rms_norm_eps", "a finite number > 0",
+          format_double(c.rms_norm_eps));
+  s.boolean("tie_word_embeddings", c.tie_word_embeddings);
+  s.check(c.num_heads % c.num_kv_heads == 0, "num_kv_heads",
+          "a divisor of num_heads (" + std::to_string(c.num_heads) + ")", std::to_string(c.num_kv_heads));
+  s.check(c.head_dim % 2 == 0, "head_dim", "an even integer (rotary embedding)", std::to_string(c.head_dim));
+  s.string("init_from", m.init_from);
+  if (!m.init_from.empty()) require_existing_path(s, "init_from", m.init_from, "model folder or checkpoint");
+  s.choice<Recompute>("recompute", m.recompute,
+                      {{"none", Recompute::none}, {"mlp", Recompute::mlp}, {"full", Recompute::full}});
+  return c;
+}
+
+RunConfig read_config(const YAML::Node& root, const Reader& reader) {
+  if (!root.IsMap()) {
+    throw core::InputError(reader.file() + ": expected a mapping with the sections " + joined(top_level_keys()) +
+                           ", got " + describe(root));
+  }
+  std::set<std::string> seen;
+  for (const auto& item : root) {
+    const std::string key = item.first.Scalar();
+    const auto& top = top_level_keys();
+    if (std::find(top.begin(), top.end(), key) == top.end()) reader.fail(key, item.first, unknown_key_message("", key));
+    if (!seen.insert(key).second) reader.fail(key, item.first, "duplicate key");
+  }
+
+  RunConfig c;
+  {
+    const Section s(reader, root, "run", true);
+    s.require("output_dir", "the directory for checkpoints, logs and the resolved config");
+    s.string("name", c.run.name);
+    s.string("output_dir", c.run.output_dir);
+    s.check(!c.run.output_dir.empty(), "output_dir", "a directory path", "''");
+    std::int64_t seed = static_cast<std::int64_t>(c.run.seed);
+    s.integer("seed", seed);
+    s.at_least(seed, 0, "seed");
+    c.run.seed = static_cast<std::uint64_t>(seed);
+  }
+  const YAML::Node device = root["device"];
+  if (device.IsDefined() && !device.IsNull()) {
+    if (device.IsScalar() && device.Scalar() == "cuda") {
+      c.device = Device::cuda;
+    } else if (device.IsScalar() && device.Scalar() == "cpu") {
+      c.device = Device::cpu;
+    } else {
+      reader.fail("device", device, "expected one of [cuda, cpu], got " + describe(device));
+    }
+  }
+  {
+    const Section s(reader, root, "model", true);
+    c.model.shape = read_model(s, c.model);
+  }
+  {
+    const Section s(reader, root, "data", true);
+    s.require("train", "a token shard path");
+    s.string("train", c.data.train);
+    require_existing_path(s, "train", c.data.train, "training data");
+    s.string("val", c.data.val);
+    if (!c.data.val.empty()) require_existing_path(s, "val", c.data.val, "validation data");
+    s.integer("seq_len", c.data.seq_len);
+    s.check(c.data.seq_len > 0 && c.data.seq_len <= c.model.shape.max_position_embeddings, "seq_len",
+            "an integer in [1, " + std::to_string(c.model.shape.max_position_embeddings) +
+                "] (model max_position_embeddings)",
+            std::to_string(c.data.seq_len));
+    s.string("tokenizer", c.data.tokenizer);
+    if (c.data.tokenizer == "byte") {
+      if (c.model.shape.vocab_size < 256) {
+        throw core::InputError(reader.where("model.vocab_size", root["model"]) +
+                               ": model.vocab_size: the byte tokenizer needs vocab_size >= 256, got " +
+                               std::to_string(c.model.shape.vocab_size));
+      }
+    } else {
+      require_existing_path(s, "tokenizer", c.data.tokenizer, "tokenizer (byte or a tokenizer.json path)");
+    }
+  }
+  {
+    const Section s(reader, root, "training", true);
+    s.require("max_steps", "the number of optimizer steps, an integer >= 1");
+    s.integer("micro_batch_size", c.training.micro_batch_size);
+    s.at_least(c.training.micro_batch_size, 1, "micro_batch_size");
+    if (s.has("global_batch_size") && !(s.value("global_batch_size").IsScalar() &&
+                                        s.value("global_batch_size").Scalar() == "auto")) {
+      std::int64_t global = 0;
+      s.integer("global_batch_size", global);
+      s.check(global >= c.training.micro_batch_size, "global_batch_size",
+              "auto or a number of sequences >= micro_batch_size (" + std::to_string(c.training.micro_batch_size) + ")",
+              std::to_string(global));
+      c.training.global_batch_size = global;
+    }
+    s.integer("max_steps", c.training.max_steps);
+    s.at_least(c.training.max_steps, 1, "max_steps");
+    c.training.precision = c.device == Device::cpu ? Precision::fp32 : Precision::bf16;
+    s.choice<Precision>("precision", c.training.precision, {{"bf16", Precision::bf16}, {"fp32", Precision::fp32}});
+    const Precision required = c.device == Device::cpu ? Precision::fp32 : Precision::bf16;
+    s.check(c.training.precision == required, "precision",
+            std::string(precision_name(required)) + " (device " + device_name(c.device) + ")",
+            precision_name(c.training.precision));
+    s.number("grad_clip", c.training.grad_clip);
+    s.check(std::isfinite(c.training.grad_clip) && c.training.grad_clip >= 0, "grad_clip",
+            "a finite number >= 0 (0 disables)", format_double(c.training.grad_clip));
+  }
+  {
+    const Section s(reader, root, "optimizer", false);
+    if (s.present()) {
+      try {
+        c.optimizer = optim::optimizer_config_from_yaml(s.node(), reader.file());
+      } catch (const core::InputError& e) {
+        reader.rethrow_optimizer_error(e.what());
+      }
+    }
+    c.optimizer.grad_clip = c.training.grad_clip;
+  }
+  {
+    const Section s(reader, root, "schedule", false);
+    s.choice<ScheduleType>("type", c.schedule.type,
+                           {{"constant", ScheduleType::constant}, {"linear", ScheduleType::linear},
+                            {"cosine", ScheduleType::cosine}, {"wsd", ScheduleType::wsd}});
+    s.integer("warmup_steps", c.schedule.warmup_steps);
+    s.check(c.schedule.warmup_steps >= 0 && c.schedule.warmup_steps <= c.training.max_steps, "warmup_steps",
+            "an integer in [0, training.max_steps = " + std::to_string(c.training.max_steps) + "]",
+            std::to_string(c.schedule.warmup_steps));
+    s.number("min_lr_ratio", c.schedule.min_lr_ratio);
+    s.check(c.schedule.min_lr_ratio >= 0 && c.schedule.min_lr_ratio <= 1, "min_lr_ratio", "a number in [0, 1]",
+            format_double(c.schedule.min_lr_ratio));
+    s.number("decay_ratio", c.schedule.decay_ratio);
+    s.check(c.schedule.decay_ratio >= 0 && c.schedule.decay_ratio <= 1, "decay_ratio", "a number in [0, 1]",
+            format_double(c.schedule.decay_ratio));
+    if (c.schedule.type == ScheduleType::wsd) {
+      const std::int64_t decay = wsd_decay_steps(c.schedule, c.training.max_steps);
+      s.check(c.schedule.warmup_steps + decay <= c.training.max_steps, "decay_ratio",
+              "warmup_steps + decay steps <= training.max_steps (" + std::to_string(c.training.max_steps) + ")",
+              std::to_string(c.schedule.warmup_steps) + " + " + std::to_string(decay));
+    }
+  }
+  {
+    const Section s(reader, root, "parallel", false);
+    std::int64_t stage = c.parallel.zero_stage;
+    s.integer("zero_stage", stage);
+    s.check(stage >= 0 && stage <= 2, "zero_stage", "one of [0, 1, 2]", std::to_string(stage));
+    c.parallel.zero_stage = static_cast<int>(stage);
+    s.integer("timeout_s", c.parallel.timeout_s);
+    s.at_least(c.parallel.timeout_s, 1, "timeout_s");
+  }
+  {
+    const Section s(reader, root, "checkpoint", false);
+    s.integer("every", c.checkpoint.every);
+    s.at_least(c.checkpoint.every, 0, "every");
+    s.integer("keep_last", c.checkpoint.keep_last);
+    s.at_least(c.checkpoint.keep_last, 0, "keep_last");
+    s.string("resume", c.checkpoint.resume);
+    if (c.checkpoint.resume != "auto" && c.checkpoint.resume != "never") {
+      require_existing_path(s, "resume", c.checkpoint.resume, "checkpoint (resume: auto, never or a path)");
+    }
+  }
+  {
+    const Section s(reader, root, "eval", false);
+    if (!c.data.val.empty()) c.eval.every = 200;
+    s.integer("every", c.eval.every);
+    s.at_least(c.eval.every, 0, "every");
+    if (c.eval.every > 0 && c.data.val.empty()) s.fail("every", "eval.every > 0 needs data.val (or set eval.every: 0)");
+    s.integer("batches", c.eval.batches);
+    s.at_least(c.eval.batches, 1, "batches");
+  }
+  {
+    const Section s(reader, root, "logging", false);
+    s.integer("every", c.logging.every);
+    s.at_least(c.logging.every, 1, "every");
+    s.boolean("tensorboard", c.logging.tensorboard);
+  }
+  {
+    const Section s(reader, root, "sample", false);
+    s.integer("every", c.sample.every);
+    s.at_least(c.sample.every, 0, "every");
+    s.integer("tokens", c.sample.tokens);
+    s.at_least(c.sample.tokens, 1, "tokens");
+    s.string("prompt", c.sample.prompt);
+  }
+  return c;
+}
+
+const char* quantization_name(optim::Quantization q) {
+  return q == optim::Quantization::companded ? "companded" : "linear";
+}
+
+}  // namespace
+
+const char* device_name(Device device) { return device == Device::cuda ? "cuda" : "cpu"; }
+const char* precision_name(Precision precision) { return precision == Precision::bf16 ? "bf16" : "fp32"; }
+const char* recompute_name(Recompute recompute) {
+  return recompute == Recompute::none ? "none" : recompute == Recompute::mlp ? "mlp" : "full";
+}
+
+RunConfig parse_run_config(const std::string& yaml, const std::string& source,
+                           const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    throw core::InputError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                           ": not valid YAML: " + e.msg);
+  }
+  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) {
+    throw core::InputError(source + ": expected a mapping with the sections " + joined(top_level_keys()) +
+                           ", got " + describe(root));
+  }
+  const Reader reader(source, apply_overrides(root, overrides));
+  return read_config(root, reader);
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw core::InputError(path + ": cannot open the config file");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_run_config(text.str(), path, overrides);
+}
+
+std::int64_t global_batch_sequences(const RunConfig& config, int world) {
+  return config.training.global_batch_size.value_or(config.training.micro_batch_size * world);
+}
+
+std::int64_t accumulation_steps(const RunConfig& config, int world) {
+  return global_batch_sequences(config, world) / (config.training.micro_batch_size * world);
+}
+
+void validate_for_world(const RunConfig& config, int world) {
+  if (world < 1) throw core::InputError("world size must be >= 1, got " + std::to_string(world));
+  const std::int64_t per_step = config.training.micro_batch_size * world;
+  const std::int64_t global = global_batch_sequences(config, world);
+  if (global % per_step != 0) {
+    throw core::InputError("training.global_batch_size: expected a multiple of micro_batch_size x world size (" +
+                           std::to_string(config.training.micro_batch_size) + " x " + std::to_string(world) + " = " +
+                           std::to_string(per_step) + " sequences), got " + std::to_string(global));
+  }
+}
+
+std::string resolved_yaml(const RunConfig& c) {
+  YAML::Emitter out;
+  const auto number = [&](const char* key, double value) { out << YAML::Key << key << YAML::Value << format_double(value); };
+  const auto integer = [&](const char* key, std::int64_t value) { out << YAML::Key << key << YAML::Value << value; };
+  const auto text = [&](const char* key, const std::string& value) { out << YAML::Key << key << YAML::Value << value; };
+  const auto optional_text = [&](const char* key, const std::string& value) {
+    out << YAML::Key << key << YAML::Value;
+    if (value.empty()) {
+      out << YAML::Null;
+    } else {
+      out << value;
+    }
+  };
+  const auto boolean = [&](const char* key, bool value) { out << YAML::Key << key << YAML::Value << value; };
+
+  out << YAML::BeginMap;
+  out << YAML::Key << "run" << YAML::Value << YAML::BeginMap;
+  text("name", c.run.name);
+  text("output_dir", c.run.output_dir);
+  out << YAML::Key << "seed" << YAML::Value << c.run.seed;
+  out << YAML::EndMap;
+  text("device", device_name(c.device));
+
+  const auto& m = c.model.shape;
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  text("arch", c.model.arch);
+  text("preset", c.model.preset);
+  optional_text("init_from", c.model.init_from);
+  text("recompute", recompute_name(c.model.recompute));
+  integer("vocab_size", m.vocab_size);
+  integer("hidden_size", m.hidden_size);
+  integer("intermediate_size", m.intermediate_size);
+  integer("num_layers", m.num_layers);
+  integer("num_heads", m.num_heads);
+  integer("num_kv_heads", m.num_kv_heads);
+  integer("head_dim", m.head_dim);
+  number("rope_theta", m.rope_theta);
+  number("rms_norm_eps", m.rms_norm_eps);
+  boolean("tie_word_embeddings", m.tie_word_embeddings);
+  integer("max_position_embeddings", m.max_position_embeddings);
+  out << YAML::EndMap;
+
+  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  text("train", c.data.train);
+  optional_text("val", c.data.val);
+  integer("seq_len", c.data.seq_len);
+  text("tokenizer", c.data.tokenizer);
+  out << YAML::EndMap;
+
+  out << YAML::Key << "training" << YAML::Value << YAML::BeginMap;
+  integer("micro_batch_size", c.training.micro_batch_size);
+  if (c.training.global_batch_size) {
+    integer("global_batch_size", *c.training.global_batch_size);
+  } else {
+    text("global_batch_size", "auto");
+  }
+  integer("max_steps", c.training.max_steps);
+  text("precision", precision_name(c.training.precision));
+  number("grad_clip", c.training.grad_clip);
+  out << YAML::EndMap;
+
+  const optim::OptimizerConfig& o = c.optimizer;
+  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  text("type", o.type);
+  number("lr", o.lr);
+  number("weight_decay", o.weight_decay);
+  text("nonfinite", optim::nonfinite_policy_name(o.nonfinite));
+  if (o.type == "adamw" || o.type == "adamw8bit") {
+    out << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq << format_double(o.beta1)
+        << format_double(o.beta2) << YAML::EndSeq;
+    number("eps", o.eps);
+  }
+  if (o.type == "adamw8bit") {
+    integer("min_8bit_size", o.adamw8bit.min_8bit_size);
+    text("quantization", quantization_name(o.adamw8bit.quantization));
+  }
+  if (o.type == "adafactor") {
+    const optim::AdafactorConfig& a = o.adafactor;
+    number("eps1", a.eps1);
+    number("eps2", a.eps2);
+    number("clip_threshold", a.clip_threshold);
+    number("decay_rate", a.decay_rate);
+    out << YAML::Key << "beta1" << YAML::Value;
+    if (a.beta1) {
+      out << format_double(*a.beta1);
+    } else {
+      out << YAML::Null;
+    }
+    boolean("relative_step", a.relative_step);
+    boolean("scale_parameter", a.scale_parameter);
+    boolean("warmup_init", a.warmup_init);
+    text("eps1_mode", a.eps1_mode == optim::Eps1Mode::add ? "add" : "clamp");
+    text("decay_scale", a.decay_scale == optim::DecayScale::lr ? "lr" : "alpha");
+  }
+  out << YAML::EndMap;
+
+  out << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
+  text("type", schedule_type_name(c.schedule.type));
+  integer("warmup_steps", c.schedule.warmup_steps);
+  number("min_lr_ratio", c.schedule.min_lr_ratio);
+  number("decay_ratio", c.schedule.decay_ratio);
+  out << YAML::EndMap;
+
+  out << YAML::Key << "parallel" << YAML::Value << YAML::BeginMap;
+  integer("zero_stage", c.parallel.zero_stage);
+  integer("timeout_s", c.parallel.timeout_s);
+  out << YAML::EndMap;
+
+  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
+  integer("every", c.checkpoint.every);
+  integer("keep_last", c.checkpoint.keep_last);
+  text("resume", c.checkpoint.resume);
+  out << YAML::EndMap;
+
+  out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap;
+  integer("every", c.eval.every);
+  integer("batches", c.eval.batches);
+  out << YAML::EndMap;
+
+  out << YAML::Key << "logging" << YAML::Value << YAML::BeginMap;
+  integer("every", c.logging.every);
+  boolean("tensorboard", c.logging.tensorboard);
+  out << YAML::EndMap;
+
+  out << YAML::Key << "sample" << YAML::Value << YAML::BeginMap;
+  integer("every", c.sample.every);
+  integer("tokens", c.sample.tokens);
+  text("prompt", c.sample.prompt);
+  out << YAML::EndMap;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace trainer

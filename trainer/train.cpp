@@ -1,0 +1,245 @@
+#include "trainer/train.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "core/error.h"
+#include "models/qwen3/hf_import.h"
+#include "models/qwen3/model.h"
+#include "optim/optimizer.h"
+#include "trainer/model_runner.h"
+#include "trainer/sampler.h"
+#include "trainer/token_shard.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+namespace q3 = models::qwen3;
+
+namespace {
+
+constexpr double kPeakBf16Flops = 989e12;  // H100/H200 dense bf16, the MFU denominator
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string format_duration(double s) {
+  char buf[32];
+  const int total = static_cast<int>(s);
+  std::snprintf(buf, sizeof buf, "%d:%02d:%02d", total / 3600, total / 60 % 60, total % 60);
+  return buf;
+}
+
+// Every token of `shard` must be a valid id of the model's vocabulary.
+void check_vocabulary(const TokenShard& shard, std::int64_t vocab) {
+  std::uint32_t largest = 0;
+  for (std::uint64_t i = 0; i < shard.size(); ++i) largest = std::max(largest, shard[i]);
+  if (shard.size() > 0 && largest >= static_cast<std::uint64_t>(vocab)) {
+    throw core::InputError(shard.path().string() + ": token id " + std::to_string(largest) +
+                           " is outside the model's vocabulary of " + std::to_string(vocab));
+  }
+}
+
+// Fresh master weights: the model's initialisation or a Hugging Face folder, written through a
+// cpu slab of the same layout and copied to the training slab.
+void initialize_weights(const RunConfig& config, optim::Slab& slab, const core::DeviceContext& context) {
+  const core::DeviceContext cpu(core::Device::cpu());
+  optim::Slab host(slab.layout(), cpu);
+  if (!config.model.init_from.empty()) {
+    q3::load_hf_weights(config.model.init_from, config.model.shape, host);
+  } else {
+    q3::Qwen3Model(config.model.shape, host).initialize(config.run.seed);
+  }
+  core::copy_bytes(slab.master().data(), host.master().as<float>() + slab.owned().begin, slab.master().bytes(),
+                   context.stream());
+  context.synchronize();
+  slab.write_mirror(context);
+  context.synchronize();
+}
+
+struct Batch {
+  std::vector<std::int32_t> ids, targets;
+};
+
+// Validation: the first `batches` x micro-batch windows of the shard, in order (the same every time).
+double validation_loss(ModelRunner& runner, const TokenShard& val, std::int64_t batches, std::int64_t micro_batch,
+                       std::int64_t seq) {
+  const std::uint64_t windows = val.size() > static_cast<std::uint64_t>(seq) ? (val.size() - 1) / static_cast<std::uint64_t>(seq) : 0;
+  if (windows == 0) throw core::InputError(val.path().string() + ": too few tokens for one sequence of " + std::to_string(seq));
+  Batch b{std::vector<std::int32_t>(static_cast<std::size_t>(micro_batch * seq)), {}};
+  b.targets.resize(b.ids.size());
+  double total = 0;
+  std::int64_t counted = 0;
+  std::uint64_t next = 0;
+  for (std::int64_t i = 0; i < batches; ++i) {
+    for (std::int64_t s = 0; s < micro_batch; ++s) {
+      const std::uint64_t start = (next++ % windows) * static_cast<std::uint64_t>(seq);
+      val.read_window(start, {b.ids.data() + s * seq, static_cast<std::size_t>(seq)},
+                      {b.targets.data() + s * seq, static_cast<std::size_t>(seq)});
+    }
+    total += runner.eval_loss(b.ids.data(), b.targets.data(), micro_batch, seq);
+    ++counted;
+  }
+  return total / static_cast<double>(counted);
+}
+
+// A generated continuation of `prompt` (byte tokenizer): temperature 0.8 sampling, seeded.
+std::string sample_text(ModelRunner& runner, const std::string& prompt, std::int64_t tokens, std::int64_t seq,
+                        std::uint64_t seed) {
+  std::vector<std::int32_t> ids;
+  for (unsigned char ch : prompt) ids.push_back(ch);
+  if (ids.empty()) ids.push_back('\n');
+  std::mt19937_64 rng(seed);
+  std::string out;
+  for (std::int64_t i = 0; i < tokens; ++i) {
+    const std::int64_t n = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), seq);
+    const auto logits = runner.next_logits(ids.data() + ids.size() - static_cast<std::size_t>(n), n);
+    const float top = *std::max_element(logits.begin(), logits.end());
+    std::vector<double> p(logits.size());
+    for (std::size_t v = 0; v < logits.size(); ++v) p[v] = std::exp((logits[v] - top) / 0.8);
+    std::discrete_distribution<int> pick(p.begin(), p.end());
+    const int next = pick(rng);
+    ids.push_back(next);
+    out.push_back(static_cast<char>(next));
+  }
+  return out;
+}
+
+}  // namespace
+
+TrainSummary train(const RunConfig& config) {
+  const int world = 1;
+  validate_for_world(config, world);
+  fs::create_directories(config.run.output_dir);
+  {
+    std::ofstream resolved(fs::path(config.run.output_dir) / "config.yaml");
+    resolved << resolved_yaml(config);
+    if (!resolved) throw core::Error("cannot write " + (fs::path(config.run.output_dir) / "config.yaml").string());
+  }
+  const bool cuda = config.device == Device::cuda;
+  if (cuda && core::cuda_device_count() == 0) {
+    throw core::InputError("device: cuda was requested but no CUDA device is available (use device=cpu)");
+  }
+  const core::DeviceContext context(cuda ? core::Device::cuda(0) : core::Device::cpu());
+  const q3::Qwen3Config& shape = config.model.shape;
+  const std::int64_t seq = config.data.seq_len, micro = config.training.micro_batch_size;
+  const std::int64_t accumulation = accumulation_steps(config, world);
+
+  const TokenShard train_shard(config.data.train);
+  check_vocabulary(train_shard, shape.vocab_size);
+  std::optional<TokenShard> val_shard;
+  if (!config.data.val.empty()) {
+    val_shard.emplace(config.data.val);
+    check_vocabulary(*val_shard, shape.vocab_size);
+  }
+  Sampler sampler(train_shard.size(), seq, world, /*rank=*/0, config.run.seed);
+
+  optim::Slab slab(optim::SlabLayout(q3::parameter_specs(shape), world), context,
+                   {.rank = 0, .zero_stage = config.parallel.zero_stage});
+  initialize_weights(config, slab, context);
+  auto runner = make_model_runner(shape, slab, context, micro * seq, seq, config.model.recompute);
+  auto optimizer = optim::make_optimizer(config.optimizer, slab, context);
+  if (config.logging.tensorboard) spdlog::warn("logging.tensorboard: event files are not written by this build");
+
+  const std::int64_t tokens_per_step = global_batch_sequences(config, world) * seq;
+  const double flops_per_token = 6.0 * static_cast<double>(shape.parameter_count()) +
+                                 6.0 * static_cast<double>(shape.num_layers * shape.num_heads * shape.head_dim * seq);
+  spdlog::info("{}: {} on {}, {:.1f}M parameters, {} tokens per step ({} x {} x {} accumulation), {} steps",
+               config.run.name, config.model.preset, context.device_name(), shape.parameter_count() / 1e6,
+               tokens_per_step, micro, seq, accumulation, config.training.max_steps);
+
+  std::ofstream metrics(fs::path(config.run.output_dir) / "metrics.jsonl", std::ios::app);
+  if (!metrics) throw core::Error("cannot write metrics.jsonl in " + config.run.output_dir);
+  TrainSummary summary;
+  Batch batch{std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)), {}};
+  batch.targets.resize(batch.ids.size());
+  const auto start = std::chrono::steady_clock::now();
+  auto interval_start = start;
+  double interval_loss = 0;
+  std::int64_t interval_steps = 0;
+
+  auto record = [&](const nlohmann::json& j) {
+    metrics << j.dump() << "\n";
+    metrics.flush();
+  };
+  auto evaluate = [&](std::int64_t step) {
+    if (!val_shard) return;
+    const double val = validation_loss(*runner, *val_shard, config.eval.batches, micro, seq);
+    summary.final_val_loss = val;
+    spdlog::info("step {}/{} | val_loss {:.4f}", step, config.training.max_steps, val);
+    record({{"step", step}, {"val_loss", val}});
+  };
+
+  for (std::int64_t step = 1; step <= config.training.max_steps; ++step) {
+    const double lr = lr_at(config.schedule, config.optimizer.lr, step - 1, config.training.max_steps);
+    for (std::int64_t a = 0; a < accumulation; ++a) {
+      for (std::int64_t s = 0; s < micro; ++s) {
+        train_shard.read_window(sampler.next(), {batch.ids.data() + s * seq, static_cast<std::size_t>(seq)},
+                                {batch.targets.data() + s * seq, static_cast<std::size_t>(seq)});
+      }
+      runner->micro_step(batch.ids.data(), batch.targets.data(), micro, seq, 1.0f / static_cast<float>(accumulation));
+    }
+    optimizer->step(lr);
+    const auto losses = runner->take_losses();
+    double loss = 0;
+    for (double l : losses) loss += l;
+    loss /= static_cast<double>(losses.size());
+    interval_loss += loss;
+    ++interval_steps;
+    summary.steps = step;
+    summary.tokens += tokens_per_step;
+
+    if (step % config.logging.every == 0 || step == config.training.max_steps) {
+      const optim::StepReport report = optimizer->report();
+      const double elapsed = seconds_since(interval_start);
+      const double tokens_per_s = static_cast<double>(interval_steps * tokens_per_step) / elapsed;
+      const double mean_loss = interval_loss / static_cast<double>(interval_steps);
+      summary.final_loss = mean_loss;
+      double memory_gib = 0;
+      if (cuda) {
+        std::size_t free_bytes = 0, total_bytes = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+        memory_gib = static_cast<double>(total_bytes - free_bytes) / (1 << 30);
+      }
+      const double mfu = cuda ? tokens_per_s * flops_per_token / kPeakBf16Flops : 0.0;
+      const double eta = seconds_since(start) / static_cast<double>(step) *
+                         static_cast<double>(config.training.max_steps - step);
+      spdlog::info("step {}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f}{} | {:.0f} tok/s | MFU {:.1f}% | {:.1f} GiB | ETA {}",
+                   step, config.training.max_steps, mean_loss, lr, report.grad_norm,
+                   report.skipped_steps > 0 ? " (" + std::to_string(report.skipped_steps) + " skipped)" : std::string(),
+                   tokens_per_s, 100 * mfu, memory_gib, format_duration(eta));
+      record({{"step", step}, {"loss", mean_loss}, {"lr", lr}, {"grad_norm", report.grad_norm},
+              {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"memory_gib", memory_gib},
+              {"skipped_steps", report.skipped_steps}, {"elapsed_s", seconds_since(start)}});
+      if (runner->saw_invalid_ids()) throw core::Error("token ids outside the vocabulary reached the model");
+      interval_start = std::chrono::steady_clock::now();
+      interval_loss = 0;
+      interval_steps = 0;
+    }
+    if (config.eval.every > 0 && step % config.eval.every == 0) evaluate(step);
+    if (config.sample.every > 0 && step % config.sample.every == 0 && config.data.tokenizer == "byte") {
+      spdlog::info("sample at step {}: {}{}", step, config.sample.prompt,
+                   sample_text(*runner, config.sample.prompt, config.sample.tokens, seq, config.run.seed + step));
+    }
+  }
+  if (config.eval.every == 0 || config.training.max_steps % config.eval.every != 0) evaluate(config.training.max_steps);
+  summary.seconds = seconds_since(start);
+  spdlog::info("done: {} steps, {} tokens in {:.1f} s ({:.0f} tok/s), final loss {:.4f}{}", summary.steps, summary.tokens,
+               summary.seconds, static_cast<double>(summary.tokens) / summary.seconds, summary.final_loss,
+               summary.final_val_loss >= 0 ? fmt::format(", validation loss {:.4f}", summary.final_val_loss) : "");
+  if (config.data.tokenizer == "byte") {
+    const std::string text = sample_text(*runner, config.sample.prompt, config.sample.tokens, seq, config.run.seed);
+    std::printf("\n--- sample ---\n%s%s\n--------------\n", config.sample.prompt.c_str(), text.c_str());
+  }
+  return summary;
+}
+
+}  // namespace trainer
