@@ -212,10 +212,12 @@ TrainSummary train(const RunConfig& config) {
       const double mfu = cuda ? tokens_per_s * flops_per_token / kPeakBf16Flops : 0.0;
       const double eta = seconds_since(start) / static_cast<double>(step) *
                          static_cast<double>(config.training.max_steps - step);
-      spdlog::info("step {}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f}{} | {:.0f} tok/s | MFU {:.1f}% | {:.1f} GiB | ETA {}",
-                   step, config.training.max_steps, mean_loss, lr, report.grad_norm,
+      const std::string device_figures =
+          cuda ? fmt::format(" | MFU {:.1f}% | {:.1f} GiB", 100 * mfu, memory_gib) : std::string();
+      spdlog::info("step {}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f}{} | {:.0f} tok/s{} | ETA {}", step,
+                   config.training.max_steps, mean_loss, lr, report.grad_norm,
                    report.skipped_steps > 0 ? " (" + std::to_string(report.skipped_steps) + " skipped)" : std::string(),
-                   tokens_per_s, 100 * mfu, memory_gib, format_duration(eta));
+                   tokens_per_s, device_figures, format_duration(eta));
       record({{"step", step}, {"loss", mean_loss}, {"lr", lr}, {"grad_norm", report.grad_norm},
               {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"memory_gib", memory_gib},
               {"skipped_steps", report.skipped_steps}, {"elapsed_s", seconds_since(start)}});
