@@ -118,6 +118,32 @@ StepReport Optimizer::report() {
   return r;
 }
 
+StepScalars Optimizer::step_scalars() {
+  StepScalars s;
+  if (on_cuda()) {
+    core::copy_bytes(&s, scalars_.data(), sizeof(StepScalars), context_.stream());
+    context_.synchronize();
+  } else {
+    s = *scalars();
+  }
+  return s;
+}
+
+void Optimizer::restore_step_scalars(const StepScalars& saved) {
+  StepScalars s = step_scalars();
+  s.grad_sq_sum = 0;
+  s.nonfinite = 0;
+  s.step = saved.step;
+  s.skipped = saved.skipped;
+  if (on_cuda()) {
+    core::copy_bytes(scalars_.data(), &s, sizeof(StepScalars), context_.stream());
+    context_.synchronize();
+    *report_.as<StepScalars>() = s;
+  } else {
+    *scalars() = s;
+  }
+}
+
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, Slab& slab,
                                           const core::DeviceContext& context, std::int64_t chunk_elements) {
   if (config.type == "adamw") return std::make_unique<AdamW>(config, slab, context, chunk_elements);

@@ -68,6 +68,12 @@ class Optimizer {
   Slab& slab() { return slab_; }
   virtual std::vector<StateBuffer> state_buffers() = 0;
 
+  // The step counters as they stand after the last enqueued step (waits for the device on cuda).
+  StepScalars step_scalars();
+  // Writes `saved`'s step counters (step, skipped) back, e.g. from a checkpoint, and clears the
+  // per-step statistics; on cuda through the stream, finished before it returns.
+  void restore_step_scalars(const StepScalars& saved);
+
   // Work chunk size used by both launches (elements).
   static constexpr std::int64_t kDefaultChunkElements = 16384;
 

@@ -14,8 +14,10 @@
 #include "models/qwen3/hf_import.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
+#include "trainer/checkpoint.h"
 #include "trainer/model_runner.h"
 #include "trainer/sampler.h"
+#include "trainer/stop_signals.h"
 #include "trainer/token_shard.h"
 
 namespace trainer {
@@ -115,9 +117,14 @@ std::string sample_text(ModelRunner& runner, const std::string& prompt, std::int
 
 }  // namespace
 
-TrainSummary train(const RunConfig& config) {
+TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const int world = 1;
   validate_for_world(config, world);
+  const q3::Qwen3Config& shape = config.model.shape;
+  // The checkpoint to resume from is verified before anything is written.
+  optim::SlabLayout layout(q3::parameter_specs(shape), world);
+  const std::optional<VerifiedCheckpoint> resume_from = select_checkpoint(config, layout);
+  const StopSignals stop_signals;
   fs::create_directories(config.run.output_dir);
   {
     std::ofstream resolved(fs::path(config.run.output_dir) / "config.yaml");
@@ -129,7 +136,6 @@ TrainSummary train(const RunConfig& config) {
     throw core::InputError("device: cuda was requested but no CUDA device is available (use device=cpu)");
   }
   const core::DeviceContext context(cuda ? core::Device::cuda(0) : core::Device::cpu());
-  const q3::Qwen3Config& shape = config.model.shape;
   const std::int64_t seq = config.data.seq_len, micro = config.training.micro_batch_size;
   const std::int64_t accumulation = accumulation_steps(config, world);
 
@@ -140,13 +146,23 @@ TrainSummary train(const RunConfig& config) {
     val_shard.emplace(config.data.val);
     check_vocabulary(*val_shard, shape.vocab_size);
   }
-  Sampler sampler(train_shard.size(), seq, world, /*rank=*/0, config.run.seed);
 
-  optim::Slab slab(optim::SlabLayout(q3::parameter_specs(shape), world), context,
-                   {.rank = 0, .zero_stage = config.parallel.zero_stage});
-  initialize_weights(config, slab, context);
+  optim::Slab slab(std::move(layout), context, {.rank = 0, .zero_stage = config.parallel.zero_stage});
+  if (!resume_from) initialize_weights(config, slab, context);
   auto runner = make_model_runner(shape, slab, context, micro * seq, seq, config.model.recompute);
   auto optimizer = optim::make_optimizer(config.optimizer, slab, context);
+  TrainingProgress progress;
+  progress.sampler_seed = config.run.seed;
+  if (resume_from) progress = load_checkpoint(*resume_from, *optimizer, context);
+  Sampler sampler(train_shard.size(), seq, world, /*rank=*/0, progress.sampler_seed);
+  sampler.restore(progress.sampler);
+  const std::int64_t first_step = progress.step + 1;
+  const fs::path checkpoints = checkpoints_root(config);
+  auto save = [&] {
+    progress.sampler = sampler.cursor();
+    save_checkpoint(checkpoints, config, progress, *optimizer, context);
+    prune_checkpoints(checkpoints, config.checkpoint.keep_last);
+  };
   if (config.logging.tensorboard) spdlog::warn("logging.tensorboard: event files are not written by this build");
 
   const std::int64_t tokens_per_step = global_batch_sequences(config, world) * seq;
@@ -159,6 +175,8 @@ TrainSummary train(const RunConfig& config) {
   std::ofstream metrics(fs::path(config.run.output_dir) / "metrics.jsonl", std::ios::app);
   if (!metrics) throw core::Error("cannot write metrics.jsonl in " + config.run.output_dir);
   TrainSummary summary;
+  summary.steps = progress.step;
+  summary.resumed_from = progress.step;
   Batch batch{std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)), {}};
   batch.targets.resize(batch.ids.size());
   const auto start = std::chrono::steady_clock::now();
@@ -178,7 +196,7 @@ TrainSummary train(const RunConfig& config) {
     record({{"step", step}, {"val_loss", val}});
   };
 
-  for (std::int64_t step = 1; step <= config.training.max_steps; ++step) {
+  for (std::int64_t step = first_step; step <= config.training.max_steps; ++step) {
     const double lr = lr_at(config.schedule, config.optimizer.lr, step - 1, config.training.max_steps);
     for (std::int64_t a = 0; a < accumulation; ++a) {
       for (std::int64_t s = 0; s < micro; ++s) {
@@ -196,6 +214,8 @@ TrainSummary train(const RunConfig& config) {
     ++interval_steps;
     summary.steps = step;
     summary.tokens += tokens_per_step;
+    progress.step = step;
+    progress.tokens_seen += tokens_per_step;
 
     if (step % config.logging.every == 0 || step == config.training.max_steps) {
       const optim::StepReport report = optimizer->report();
@@ -210,7 +230,7 @@ TrainSummary train(const RunConfig& config) {
         memory_gib = static_cast<double>(total_bytes - free_bytes) / (1 << 30);
       }
       const double mfu = cuda ? tokens_per_s * flops_per_token / kPeakBf16Flops : 0.0;
-      const double eta = seconds_since(start) / static_cast<double>(step) *
+      const double eta = seconds_since(start) / static_cast<double>(step - first_step + 1) *
                          static_cast<double>(config.training.max_steps - step);
       const std::string device_figures =
           cuda ? fmt::format(" | MFU {:.1f}% | {:.1f} GiB", 100 * mfu, memory_gib) : std::string();
@@ -230,6 +250,19 @@ TrainSummary train(const RunConfig& config) {
     if (config.sample.every > 0 && step % config.sample.every == 0 && config.data.tokenizer == "byte") {
       spdlog::info("sample at step {}: {}{}", step, config.sample.prompt,
                    sample_text(*runner, config.sample.prompt, config.sample.tokens, seq, config.run.seed + step));
+    }
+    const bool stop = StopSignals::requested() || step == options.stop_after_step;
+    if (stop || step == config.training.max_steps ||
+        (config.checkpoint.every > 0 && step % config.checkpoint.every == 0)) {
+      save();
+    }
+    if (stop && step < config.training.max_steps) {
+      if (StopSignals::requested()) {
+        spdlog::info("signal {}: stopped after step {} with a checkpoint", StopSignals::signal_number(), step);
+      }
+      summary.stopped_early = true;
+      summary.seconds = seconds_since(start);
+      return summary;
     }
   }
   if (config.eval.every == 0 || config.training.max_steps % config.eval.every != 0) evaluate(config.training.max_steps);

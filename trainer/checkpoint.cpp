@@ -1,0 +1,670 @@
+// Checkpoint writing, verification and restoring (see checkpoint.h and docs/formats.md).
+#include "trainer/checkpoint.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
+#include "core/error.h"
+#include "models/qwen3/config.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+static_assert(std::endian::native == std::endian::little, "checkpoint files are written in host order");
+
+namespace {
+
+constexpr char kFormat[] = "llmtrain-checkpoint";
+constexpr int kFormatVersion = 1;
+constexpr char kManifestName[] = "manifest.json";
+constexpr char kDoneName[] = "DONE";
+constexpr char kFileMagic[8] = {'L', 'L', 'M', 'C', 'K', 'P', 'T', '1'};
+constexpr std::uint32_t kFileVersion = 1;
+constexpr std::size_t kFileHeaderBytes = 64;
+constexpr std::size_t kStagingChunkBytes = std::size_t{32} << 20;
+
+// The 64-byte header in front of every buffer file; all fields little-endian.
+struct FileHeader {
+  std::uint32_t element_bytes = 0;  // bytes per element of the buffer's dtype
+  std::int64_t range_begin = 0;     // global element range of the slab this file belongs to
+  std::int64_t range_end = 0;
+  std::uint64_t payload_bytes = 0;  // bytes after the header
+  std::uint32_t elementwise = 0;    // 1: element i of the payload is global element range_begin + i
+
+  std::array<unsigned char, kFileHeaderBytes> encode() const {
+    std::array<unsigned char, kFileHeaderBytes> out{};
+    std::memcpy(out.data(), kFileMagic, 8);
+    std::memcpy(out.data() + 8, &kFileVersion, 4);
+    std::memcpy(out.data() + 12, &element_bytes, 4);
+    std::memcpy(out.data() + 16, &range_begin, 8);
+    std::memcpy(out.data() + 24, &range_end, 8);
+    std::memcpy(out.data() + 32, &payload_bytes, 8);
+    std::memcpy(out.data() + 40, &elementwise, 4);
+    return out;
+  }
+};
+
+std::string errno_text() { return std::strerror(errno); }
+
+std::string hex32(std::uint32_t value) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", value);
+  return buf;
+}
+
+// A file written with plain POSIX calls and fsynced before it is closed; the CRC32C of every byte
+// written is kept.
+class SyncedFile {
+ public:
+  explicit SyncedFile(fs::path path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw core::Error("cannot create " + path_.string() + ": " + errno_text());
+  }
+  ~SyncedFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  SyncedFile(const SyncedFile&) = delete;
+  SyncedFile& operator=(const SyncedFile&) = delete;
+
+  void write(const void* data, std::size_t bytes) {
+    crc_ = crc32c(crc_, data, bytes);
+    written_ += bytes;
+    const auto* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd_, p, bytes);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw core::Error("cannot write " + path_.string() + ": " + errno_text());
+      p += n;
+      bytes -= static_cast<std::size_t>(n);
+    }
+  }
+  void finish() {
+    if (::fsync(fd_) != 0) throw core::Error("cannot fsync " + path_.string() + ": " + errno_text());
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) throw core::Error("cannot close " + path_.string() + ": " + errno_text());
+  }
+  std::uint32_t crc() const { return crc_; }
+  std::uint64_t written() const { return written_; }
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+  std::uint32_t crc_ = 0;
+  std::uint64_t written_ = 0;
+};
+
+void fsync_directory(const fs::path& directory) {
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw core::Error("cannot open directory " + directory.string() + ": " + errno_text());
+  const int status = ::fsync(fd);
+  ::close(fd);
+  if (status != 0) throw core::Error("cannot fsync directory " + directory.string() + ": " + errno_text());
+}
+
+void write_text_file(const fs::path& path, const std::string& text) {
+  SyncedFile file(path);
+  file.write(text.data(), text.size());
+  file.finish();
+}
+
+std::string read_text_file(const fs::path& path) {
+  std::string out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw core::InputError(path.string() + ": cannot open (" + errno_text() + ")");
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      throw core::InputError(path.string() + ": cannot read (" + errno_text() + ")");
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+// Reads `bytes` at `offset` of an open file; throws core::InputError naming `path` on a short read.
+void read_exact(int fd, const fs::path& path, std::uint64_t offset, void* out, std::size_t bytes) {
+  auto* p = static_cast<char*>(out);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw core::InputError(path.string() + ": cannot read (" + errno_text() + ")");
+    if (n == 0) throw core::InputError(path.string() + ": truncated (ends before byte " + std::to_string(offset + bytes) + ")");
+    p += n;
+    offset += static_cast<std::uint64_t>(n);
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+// Two pinned host chunks and their events: device buffers go to and from files through them.
+class PinnedStaging {
+ public:
+  explicit PinnedStaging(const core::DeviceContext& context) : context_(context) {
+    if (!context.is_cuda()) return;
+    for (int i = 0; i < 2; ++i) {
+      chunks_[i] = core::Buffer(core::Device::cpu(), kStagingChunkBytes, /*pinned=*/true);
+      CUDA_CHECK(cudaEventCreateWithFlags(&ready_[i], cudaEventDisableTiming));
+    }
+  }
+  ~PinnedStaging() {
+    for (cudaEvent_t e : ready_) {
+      if (e) (void)cudaEventDestroy(e);
+    }
+  }
+  PinnedStaging(const PinnedStaging&) = delete;
+  PinnedStaging& operator=(const PinnedStaging&) = delete;
+
+  // Appends `bytes` of `source` (device memory on cuda) to `file`: the copy of the next chunk
+  // overlaps the write of the current one.
+  void write(SyncedFile& file, const void* source, std::size_t bytes) {
+    if (!context_.is_cuda()) {
+      file.write(source, bytes);
+      return;
+    }
+    const auto* src = static_cast<const char*>(source);
+    const std::size_t chunks = (bytes + kStagingChunkBytes - 1) / kStagingChunkBytes;
+    auto enqueue = [&](std::size_t i) {
+      const std::size_t n = std::min(kStagingChunkBytes, bytes - i * kStagingChunkBytes);
+      core::copy_bytes(chunks_[i % 2].data(), src + i * kStagingChunkBytes, n, context_.stream());
+      CUDA_CHECK(cudaEventRecord(ready_[i % 2], context_.stream()));
+    };
+    if (chunks > 0) enqueue(0);
+    for (std::size_t i = 0; i < chunks; ++i) {
+      if (i + 1 < chunks) enqueue(i + 1);
+      CUDA_CHECK(cudaEventSynchronize(ready_[i % 2]));
+      file.write(chunks_[i % 2].data(), std::min(kStagingChunkBytes, bytes - i * kStagingChunkBytes));
+    }
+  }
+
+  // Reads `bytes` at `offset` of the open file into `destination` (device memory on cuda).
+  void read(int fd, const fs::path& path, std::uint64_t offset, void* destination, std::size_t bytes) {
+    if (!context_.is_cuda()) {
+      read_exact(fd, path, offset, destination, bytes);
+      return;
+    }
+    auto* dst = static_cast<char*>(destination);
+    for (std::size_t done = 0; done < bytes; done += kStagingChunkBytes) {
+      const std::size_t n = std::min(kStagingChunkBytes, bytes - done);
+      read_exact(fd, path, offset + done, chunks_[0].data(), n);
+      core::copy_bytes(dst + done, chunks_[0].data(), n, context_.stream());
+      context_.synchronize();
+    }
+  }
+
+ private:
+  const core::DeviceContext& context_;
+  core::Buffer chunks_[2];
+  cudaEvent_t ready_[2] = {nullptr, nullptr};
+};
+
+// One buffer of the slab or the optimizer as a checkpoint file.
+struct BufferToSave {
+  std::string name;  // "master" or the optimizer's state buffer name
+  std::string kind;  // master | optimizer_state
+  core::DType dtype;
+  const core::Buffer* buffer;
+};
+
+json write_buffer_file(const fs::path& directory, const BufferToSave& b, optim::Range owned, int rank,
+                       PinnedStaging& staging) {
+  const std::string file_name = (b.kind == "master" ? std::string("master") : "state." + b.name) + ".rank" +
+                                std::to_string(rank) + ".bin";
+  FileHeader header;
+  header.element_bytes = static_cast<std::uint32_t>(core::dtype_size(b.dtype));
+  header.range_begin = owned.begin;
+  header.range_end = owned.end;
+  header.payload_bytes = b.buffer->bytes();
+  header.elementwise = b.buffer->bytes() == static_cast<std::size_t>(owned.size()) * core::dtype_size(b.dtype);
+  SyncedFile file(directory / file_name);
+  const auto encoded = header.encode();
+  file.write(encoded.data(), encoded.size());
+  staging.write(file, b.buffer->data(), b.buffer->bytes());
+  file.finish();
+  return {{"buffer", b.name},
+          {"kind", b.kind},
+          {"path", file_name},
+          {"dtype", std::string(core::dtype_name(b.dtype))},
+          {"range", {owned.begin, owned.end}},
+          {"elementwise", header.elementwise == 1},
+          {"payload_bytes", header.payload_bytes},
+          {"file_bytes", file.written()},
+          {"crc32c", hex32(file.crc())}};
+}
+
+json layout_json(const optim::SlabLayout& layout) {
+  json tensors = json::array();
+  for (const optim::SlabTensor& t : layout.tensors()) {
+    tensors.push_back({{"name", t.spec.name}, {"shape", t.spec.shape}, {"offset", t.offset}, {"numel", t.numel}});
+  }
+  return {{"world_size", layout.world_size()},
+          {"used_elements", layout.used_elements()},
+          {"total_elements", layout.total_elements()},
+          {"tensors", tensors}};
+}
+
+json optimizer_json(const optim::OptimizerConfig& c) {
+  json j = {{"type", c.type},           {"lr", c.lr},
+            {"beta1", c.beta1},         {"beta2", c.beta2},
+            {"eps", c.eps},             {"weight_decay", c.weight_decay},
+            {"grad_clip", c.grad_clip}, {"nonfinite", optim::nonfinite_policy_name(c.nonfinite)}};
+  if (c.type == "adamw8bit") {
+    j["adamw8bit"] = {{"min_8bit_size", c.adamw8bit.min_8bit_size},
+                      {"quantization", c.adamw8bit.quantization == optim::Quantization::linear ? "linear" : "companded"}};
+  }
+  if (c.type == "adafactor") {
+    const optim::AdafactorConfig& a = c.adafactor;
+    j["adafactor"] = {{"eps1", a.eps1},
+                      {"eps2", a.eps2},
+                      {"clip_threshold", a.clip_threshold},
+                      {"decay_rate", a.decay_rate},
+                      {"beta1", a.beta1 ? json(*a.beta1) : json(nullptr)},
+                      {"relative_step", a.relative_step},
+                      {"scale_parameter", a.scale_parameter},
+                      {"warmup_init", a.warmup_init},
+                      {"eps1_mode", a.eps1_mode == optim::Eps1Mode::add ? "add" : "clamp"},
+                      {"decay_scale", a.decay_scale == optim::DecayScale::lr ? "lr" : "alpha"}};
+  }
+  return j;
+}
+
+// Step of a directory named step_NNNNNNNN (at least 8 digits), else -1.
+std::int64_t step_of(const fs::path& directory) {
+  const std::string name = directory.filename().string();
+  if (name.size() < 13 || name.compare(0, 5, "step_") != 0) return -1;
+  std::int64_t step = 0;
+  for (std::size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+// Checkpoint directories under `root`, newest first.
+std::vector<fs::path> list_checkpoints(const fs::path& root) {
+  std::vector<std::pair<std::int64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return {};
+  for (const fs::directory_entry& entry : fs::directory_iterator(root)) {
+    const std::int64_t step = step_of(entry.path());
+    if (step >= 0 && entry.is_directory()) found.emplace_back(step, entry.path());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<fs::path> out;
+  for (auto& [step, path] : found) out.push_back(std::move(path));
+  return out;
+}
+
+void check_layout(const fs::path& manifest_path, const json& saved, const optim::SlabLayout& layout) {
+  const json& tensors = saved.at("tensors");
+  const auto mismatch = [&](const std::string& what) {
+    throw core::InputError(manifest_path.string() + ": the checkpoint is of another model: " + what);
+  };
+  if (tensors.size() != layout.tensors().size()) {
+    mismatch(std::to_string(tensors.size()) + " tensors in the checkpoint, " + std::to_string(layout.tensors().size()) +
+             " in the configured model");
+  }
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const optim::SlabTensor& t = layout.tensors()[i];
+    const std::string name = tensors[i].at("name").get<std::string>();
+    const core::Shape shape = tensors[i].at("shape").get<core::Shape>();
+    const std::int64_t offset = tensors[i].at("offset").get<std::int64_t>();
+    if (name != t.spec.name || shape != t.spec.shape || offset != t.offset) {
+      mismatch("tensor " + std::to_string(i) + " is " + name + " " + core::shape_str(shape) + " at element " +
+               std::to_string(offset) + " in the checkpoint but " + t.spec.name + " " + core::shape_str(t.spec.shape) +
+               " at element " + std::to_string(t.offset) + " in the configured model");
+    }
+  }
+  if (saved.at("used_elements").get<std::int64_t>() != layout.used_elements()) {
+    mismatch("the slab holds " + saved.at("used_elements").dump() + " elements in the checkpoint, " +
+             std::to_string(layout.used_elements()) + " in the configured model");
+  }
+}
+
+// Checks one buffer file against its manifest entry: present, size, header, CRC32C.
+void verify_buffer_file(const fs::path& directory, const json& entry) {
+  const fs::path path = directory / entry.at("path").get<std::string>();
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) throw core::InputError(path.string() + ": missing (listed in manifest.json)");
+  const std::uint64_t expected_bytes = entry.at("file_bytes").get<std::uint64_t>();
+  const std::uint64_t size = fs::file_size(path);
+  if (size != expected_bytes) {
+    throw core::InputError(path.string() + ": " + (size < expected_bytes ? "truncated" : "too long") + ": " +
+                           std::to_string(size) + " bytes, manifest.json says " + std::to_string(expected_bytes));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw core::InputError(path.string() + ": cannot open (" + errno_text() + ")");
+  std::vector<char> buf(std::size_t{8} << 20);
+  std::uint32_t crc = 0;
+  std::array<unsigned char, kFileHeaderBytes> header{};
+  try {
+    read_exact(fd, path, 0, header.data(), std::min<std::uint64_t>(size, kFileHeaderBytes));
+    for (std::uint64_t offset = 0; offset < size; offset += buf.size()) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - offset));
+      read_exact(fd, path, offset, buf.data(), n);
+      crc = crc32c(crc, buf.data(), n);
+    }
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  if (hex32(crc) != entry.at("crc32c").get<std::string>()) {
+    throw core::InputError(path.string() + ": checksum mismatch (crc32c " + hex32(crc) + ", manifest.json says " +
+                           entry.at("crc32c").get<std::string>() + "): the file is corrupt");
+  }
+  const auto range = entry.at("range").get<std::array<std::int64_t, 2>>();
+  if (std::memcmp(header.data(), kFileMagic, 8) != 0 || std::memcmp(header.data() + 16, &range[0], 8) != 0 ||
+      std::memcmp(header.data() + 24, &range[1], 8) != 0) {
+    throw core::InputError(path.string() + ": the header does not match its manifest.json entry");
+  }
+}
+
+core::DType dtype_from_name(const fs::path& manifest_path, const std::string& name) {
+  for (core::DType t : {core::DType::f32, core::DType::f64, core::DType::bf16, core::DType::f16, core::DType::i8,
+                        core::DType::u8, core::DType::i32, core::DType::u32, core::DType::i64, core::DType::u64,
+                        core::DType::u16}) {
+    if (core::dtype_name(t) == name) return t;
+  }
+  throw core::InputError(manifest_path.string() + ": unknown dtype '" + name + "'");
+}
+
+// Fills `destination` (covering global range `owned`, `element_bytes` each) from the elementwise
+// files of `buffer_name`, each contributing its overlap with `owned`.
+void gather_elementwise(const VerifiedCheckpoint& checkpoint, const std::string& buffer_name, core::Buffer& destination,
+                        std::size_t element_bytes, optim::Range owned, PinnedStaging& staging) {
+  std::int64_t covered = 0;
+  for (const json& entry : checkpoint.manifest.at("files")) {
+    if (entry.at("buffer") != buffer_name || !entry.at("elementwise").get<bool>()) continue;
+    const auto r = entry.at("range").get<std::array<std::int64_t, 2>>();
+    const optim::Range overlap = optim::Range{r[0], r[1]}.intersect(owned);
+    if (overlap.empty()) continue;
+    const fs::path path = checkpoint.directory / entry.at("path").get<std::string>();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw core::InputError(path.string() + ": cannot open (" + errno_text() + ")");
+    try {
+      staging.read(fd, path, kFileHeaderBytes + static_cast<std::uint64_t>(overlap.begin - r[0]) * element_bytes,
+                   static_cast<char*>(destination.data()) + static_cast<std::size_t>(overlap.begin - owned.begin) * element_bytes,
+                   static_cast<std::size_t>(overlap.size()) * element_bytes);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+    covered += overlap.size();
+  }
+  if (covered != owned.size()) {
+    throw core::InputError((checkpoint.directory / kManifestName).string() + ": the files of '" + buffer_name +
+                           "' cover " + std::to_string(covered) + " of the " + std::to_string(owned.size()) +
+                           " elements of global range [" + std::to_string(owned.begin) + ", " +
+                           std::to_string(owned.end) + ")");
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(std::uint32_t state, const unsigned char* p,
+                                                               std::size_t n) {
+  std::uint64_t c = state;
+  for (; n >= 8; p += 8, n -= 8) {
+    std::uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = _mm_crc32_u64(c, word);
+  }
+  auto c32 = static_cast<std::uint32_t>(c);
+  for (; n > 0; ++p, --n) c32 = _mm_crc32_u8(c32, *p);
+  return c32;
+}
+#endif
+
+std::uint32_t crc32c_table(std::uint32_t state, const unsigned char* p, std::size_t n) {
+  static const std::array<std::uint32_t, 256> table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  for (; n > 0; ++p, --n) state = table[(state ^ *p) & 0xFF] ^ (state >> 8);
+  return state;
+}
+
+}  // namespace
+
+std::uint32_t crc32c(std::uint32_t crc, const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+#if defined(__x86_64__)
+  static const bool hardware = __builtin_cpu_supports("sse4.2");
+  if (hardware) return ~crc32c_sse42(~crc, p, bytes);
+#endif
+  return ~crc32c_table(~crc, p, bytes);
+}
+
+fs::path checkpoints_root(const RunConfig& config) { return fs::path(config.run.output_dir) / "checkpoints"; }
+
+fs::path checkpoint_directory(const fs::path& root, std::int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return root / name;
+}
+
+fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const TrainingProgress& progress,
+                         optim::Optimizer& optimizer, const core::DeviceContext& context) {
+  const auto started = std::chrono::steady_clock::now();
+  optim::Slab& slab = optimizer.slab();
+  fs::create_directories(root);
+  const fs::path final_dir = checkpoint_directory(root, progress.step);
+  const fs::path temp_dir = fs::path(final_dir.string() + ".tmp");
+  fs::remove_all(temp_dir);
+  fs::create_directory(temp_dir);
+  context.synchronize();
+  const optim::StepScalars scalars = optimizer.step_scalars();
+
+  std::vector<BufferToSave> buffers = {{"master", "master", core::DType::f32, &slab.master()}};
+  for (const optim::StateBuffer& s : optimizer.state_buffers()) buffers.push_back({s.name, "optimizer_state", s.dtype, s.buffer});
+  PinnedStaging staging(context);
+  json files = json::array();
+  for (const BufferToSave& b : buffers) files.push_back(write_buffer_file(temp_dir, b, slab.owned(), slab.rank(), staging));
+
+  const json manifest = {
+      {"format", kFormat},
+      {"version", kFormatVersion},
+      {"checksum", "crc32c"},
+      {"step", progress.step},
+      {"tokens_seen", progress.tokens_seen},
+      {"schedule",
+       {{"type", schedule_type_name(config.schedule.type)},
+        {"position", progress.step},
+        {"max_steps", config.training.max_steps},
+        {"warmup_steps", config.schedule.warmup_steps}}},
+      {"rng", {{"run_seed", config.run.seed}, {"sampler_seed", progress.sampler_seed}}},
+      {"sampler", progress.sampler},
+      {"world_size", slab.layout().world_size()},
+      {"zero_stage", slab.zero_stage()},
+      {"layout", layout_json(slab.layout())},
+      {"optimizer", optimizer_json(optimizer.config())},
+      {"step_scalars", {{"step", scalars.step}, {"skipped", scalars.skipped}}},
+      {"files", files},
+      {"config_yaml", resolved_yaml(config)},
+  };
+  const std::string manifest_text = manifest.dump(2) + "\n";
+  write_text_file(temp_dir / kManifestName, manifest_text);
+  write_text_file(temp_dir / kDoneName, "crc32c " + hex32(crc32c(0, manifest_text.data(), manifest_text.size())) + "\n");
+  fsync_directory(temp_dir);
+
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) {
+    const fs::path replaced = fs::path(final_dir.string() + ".replaced");
+    fs::remove_all(replaced);
+    fs::rename(final_dir, replaced);
+    fs::rename(temp_dir, final_dir);
+    fsync_directory(root);
+    fs::remove_all(replaced);
+  } else {
+    fs::rename(temp_dir, final_dir);
+  }
+  fsync_directory(root);
+  spdlog::info("checkpoint: step {} saved to {} in {:.2f} s", progress.step, final_dir.string(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  return final_dir;
+}
+
+void prune_checkpoints(const fs::path& root, std::int64_t keep_last) {
+  if (keep_last <= 0) return;
+  std::int64_t complete = 0;
+  for (const fs::path& dir : list_checkpoints(root)) {
+    std::error_code ec;
+    if (!fs::is_regular_file(dir / kDoneName, ec)) continue;
+    if (++complete > keep_last) {
+      fs::remove_all(dir);
+      spdlog::info("checkpoint: removed {} (keep_last {})", dir.string(), keep_last);
+    }
+  }
+}
+
+VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::SlabLayout& layout,
+                                     const std::string& optimizer_type) {
+  const fs::path manifest_path = directory / kManifestName;
+  std::error_code ec;
+  if (!fs::is_directory(directory, ec)) throw core::InputError(directory.string() + ": not a checkpoint directory");
+  if (!fs::is_regular_file(directory / kDoneName, ec)) {
+    throw core::InputError((directory / kDoneName).string() + ": missing: the checkpoint is incomplete");
+  }
+  if (!fs::is_regular_file(manifest_path, ec)) throw core::InputError(manifest_path.string() + ": missing");
+  const std::string manifest_text = read_text_file(manifest_path);
+  const std::string done = read_text_file(directory / kDoneName);
+  const std::string manifest_crc = hex32(crc32c(0, manifest_text.data(), manifest_text.size()));
+  if (done != "crc32c " + manifest_crc + "\n") {
+    throw core::InputError(manifest_path.string() + ": checksum mismatch (crc32c " + manifest_crc + ", DONE says '" +
+                           done.substr(0, done.find('\n')) + "'): the manifest is corrupt");
+  }
+  VerifiedCheckpoint out;
+  out.directory = directory;
+  try {
+    out.manifest = json::parse(manifest_text);
+    const json& m = out.manifest;
+    if (m.at("format") != kFormat || m.at("version") != kFormatVersion) {
+      throw core::InputError(manifest_path.string() + ": not a version " + std::to_string(kFormatVersion) + " " +
+                             kFormat + " manifest");
+    }
+    check_layout(manifest_path, m.at("layout"), layout);
+    const std::string saved_type = m.at("optimizer").at("type").get<std::string>();
+    if (saved_type != optimizer_type) {
+      throw core::InputError(manifest_path.string() + ": the checkpoint holds " + saved_type +
+                             " optimizer state but the run uses optimizer.type " + optimizer_type);
+    }
+    for (const json& entry : m.at("files")) verify_buffer_file(directory, entry);
+    out.progress.step = m.at("step").get<std::int64_t>();
+    out.progress.tokens_seen = m.at("tokens_seen").get<std::int64_t>();
+    out.progress.sampler_seed = m.at("rng").at("sampler_seed").get<std::uint64_t>();
+    out.progress.sampler = m.at("sampler").get<SamplerCursor>();
+  } catch (const json::exception& e) {
+    throw core::InputError(manifest_path.string() + ": malformed manifest: " + e.what());
+  }
+  return out;
+}
+
+std::optional<VerifiedCheckpoint> select_checkpoint(const RunConfig& config, const optim::SlabLayout& layout) {
+  const std::string& resume = config.checkpoint.resume;
+  if (resume == "never") return std::nullopt;
+  if (resume != "auto") return verify_checkpoint(resume, layout, config.optimizer.type);
+  const fs::path root = checkpoints_root(config);
+  const std::vector<fs::path> candidates = list_checkpoints(root);
+  std::string newest_problem;
+  for (const fs::path& dir : candidates) {
+    try {
+      return verify_checkpoint(dir, layout, config.optimizer.type);
+    } catch (const core::InputError& e) {
+      if (newest_problem.empty()) newest_problem = e.what();
+      spdlog::warn("checkpoint {} is unusable: {}; falling back to the previous checkpoint", dir.string(), e.what());
+    }
+  }
+  if (!candidates.empty()) {
+    throw core::InputError("checkpoint.resume: auto: none of the " + std::to_string(candidates.size()) +
+                           " checkpoints in " + root.string() + " verifies (newest: " + newest_problem +
+                           "); name one with checkpoint.resume=PATH or start afresh in another run.output_dir");
+  }
+  return std::nullopt;
+}
+
+TrainingProgress load_checkpoint(const VerifiedCheckpoint& checkpoint, optim::Optimizer& optimizer,
+                                 const core::DeviceContext& context) {
+  const fs::path manifest_path = checkpoint.directory / kManifestName;
+  optim::Slab& slab = optimizer.slab();
+  const optim::Range owned = slab.owned();
+  PinnedStaging staging(context);
+  try {
+    gather_elementwise(checkpoint, "master", slab.master(), sizeof(float), owned, staging);
+    for (const optim::StateBuffer& state : optimizer.state_buffers()) {
+      const json* found = nullptr;
+      for (const json& entry : checkpoint.manifest.at("files")) {
+        if (entry.at("kind") == "optimizer_state" && entry.at("buffer") == state.name) found = &entry;
+      }
+      if (found == nullptr) {
+        throw core::InputError(manifest_path.string() + ": no optimizer state '" + state.name + "' in the checkpoint");
+      }
+      const core::DType saved = dtype_from_name(manifest_path, found->at("dtype").get<std::string>());
+      if (saved != state.dtype) {
+        throw core::InputError(manifest_path.string() + ": optimizer state '" + state.name + "' is " +
+                               std::string(core::dtype_name(saved)) + " in the checkpoint, " +
+                               std::string(core::dtype_name(state.dtype)) + " in the run");
+      }
+      const std::size_t element_bytes = core::dtype_size(state.dtype);
+      if (state.buffer->bytes() == static_cast<std::size_t>(owned.size()) * element_bytes &&
+          found->at("elementwise").get<bool>()) {
+        gather_elementwise(checkpoint, state.name, *state.buffer, element_bytes, owned, staging);
+        continue;
+      }
+      // A buffer in the optimizer's own per-rank layout is read back only for the same range and size.
+      const auto r = found->at("range").get<std::array<std::int64_t, 2>>();
+      if (optim::Range{r[0], r[1]} != owned || found->at("payload_bytes").get<std::uint64_t>() != state.buffer->bytes()) {
+        throw core::InputError(manifest_path.string() + ": optimizer state '" + state.name +
+                               "' was saved for another shard or size and cannot be resharded");
+      }
+      const fs::path path = checkpoint.directory / found->at("path").get<std::string>();
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) throw core::InputError(path.string() + ": cannot open (" + errno_text() + ")");
+      try {
+        staging.read(fd, path, kFileHeaderBytes, state.buffer->data(), state.buffer->bytes());
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      ::close(fd);
+    }
+    optim::StepScalars scalars;
+    scalars.step = checkpoint.manifest.at("step_scalars").at("step").get<long long>();
+    scalars.skipped = checkpoint.manifest.at("step_scalars").at("skipped").get<long long>();
+    slab.grad().fill_bytes(0, context.stream());
+    slab.write_mirror(context);
+    context.synchronize();
+    optimizer.restore_step_scalars(scalars);
+  } catch (const json::exception& e) {
+    throw core::InputError(manifest_path.string() + ": malformed manifest: " + e.what());
+  }
+  spdlog::info("checkpoint: resumed from {} at step {}", checkpoint.directory.string(), checkpoint.progress.step);
+  return checkpoint.progress;
+}
+
+}  // namespace trainer

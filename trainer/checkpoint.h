@@ -1,0 +1,81 @@
+// Training checkpoints (format in docs/formats.md, "Checkpoints"): OUT/checkpoints/step_NNNNNNNN/
+// holding manifest.json, one binary file per slab buffer (master weights, each optimizer state
+// buffer) and a DONE marker. A checkpoint is written into step_NNNNNNNN.tmp, every file and the
+// directory fsynced, DONE written last, then renamed into place; a crash at any point leaves the
+// complete checkpoints untouched. Every file carries the global element range it holds, so a run
+// with another world size can read it. Files are checked with CRC32C (Castagnoli) on load.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/device.h"
+#include "optim/optimizer.h"
+#include "optim/slab_layout.h"
+#include "trainer/config.h"
+#include "trainer/sampler.h"
+
+namespace trainer {
+
+// Where a run stands between two optimizer steps: everything besides the slab and optimizer
+// buffers that a resumed run needs to continue exactly.
+struct TrainingProgress {
+  std::int64_t step = 0;         // optimizer steps taken; also the schedule position
+  std::int64_t tokens_seen = 0;  // training tokens consumed over all ranks
+  std::uint64_t sampler_seed = 0;
+  SamplerCursor sampler;
+
+  bool operator==(const TrainingProgress&) const = default;
+};
+
+// A checkpoint whose DONE marker, manifest, layout and file checksums were verified.
+struct VerifiedCheckpoint {
+  std::filesystem::path directory;
+  nlohmann::json manifest;
+  TrainingProgress progress;
+};
+
+// OUT/checkpoints
+std::filesystem::path checkpoints_root(const RunConfig& config);
+// `root`/step_NNNNNNNN (8 digits)
+std::filesystem::path checkpoint_directory(const std::filesystem::path& root, std::int64_t step);
+
+// CRC32C (Castagnoli, reflected 0x82F63B78) of `bytes`, continuing from `crc` (0 to start).
+std::uint32_t crc32c(std::uint32_t crc, const void* data, std::size_t bytes);
+
+// Writes the checkpoint of `progress.step` under `root` and returns its directory. On cuda the
+// buffers stream through pinned host chunks. A directory of the same step is replaced only once
+// the new one is complete. Throws core::Error on I/O failure.
+std::filesystem::path save_checkpoint(const std::filesystem::path& root, const RunConfig& config,
+                                      const TrainingProgress& progress, optim::Optimizer& optimizer,
+                                      const core::DeviceContext& context);
+
+// Deletes the complete checkpoints (those with DONE) under `root` except the newest `keep_last`;
+// 0 keeps all. Incomplete directories are left alone.
+void prune_checkpoints(const std::filesystem::path& root, std::int64_t keep_last);
+
+// Checks `directory`: DONE present, the manifest's checksum (recorded in DONE), the slab layout
+// against `layout` (names, shapes, offsets), the optimizer type, and every listed file's header,
+// size and CRC32C. Throws core::InputError naming the offending file and what is wrong.
+VerifiedCheckpoint verify_checkpoint(const std::filesystem::path& directory, const optim::SlabLayout& layout,
+                                     const std::string& optimizer_type);
+
+// The checkpoint a run resumes from under config.checkpoint.resume:
+//   never: none; PATH: that checkpoint, verified (core::InputError when it does not verify);
+//   auto:  the newest verified one under checkpoints_root(config), falling back to older ones with
+//          a warning for each that does not verify; none when there are none; core::InputError
+//          when checkpoints exist but none verifies.
+std::optional<VerifiedCheckpoint> select_checkpoint(const RunConfig& config, const optim::SlabLayout& layout);
+
+// Restores a verified checkpoint into `optimizer` and its slab: master weights (the global range
+// the slab owns, gathered from the files that cover it), every optimizer state buffer, the step
+// counters, the mirror (rewritten from the master weights) and zero gradients. Returns the
+// progress to continue from. Throws core::InputError when a buffer does not match.
+TrainingProgress load_checkpoint(const VerifiedCheckpoint& checkpoint, optim::Optimizer& optimizer,
+                                 const core::DeviceContext& context);
+
+}  // namespace trainer
