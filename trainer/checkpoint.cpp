@@ -525,8 +525,14 @@ fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const Tr
     fs::rename(temp_dir, final_dir);
   }
   fsync_directory(root);
-  spdlog::info("checkpoint: step {} saved to {} in {:.2f} s", progress.step, final_dir.string(),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::uintmax_t bytes = 0;
+  for (const auto& entry : fs::directory_iterator(final_dir)) {
+    if (entry.is_regular_file()) bytes += entry.file_size();
+  }
+  spdlog::info("checkpoint: step {} saved to {}: {:.2f} GB in {:.2f} s ({:.2f} GB/s)", progress.step,
+               final_dir.string(), static_cast<double>(bytes) / 1e9, seconds,
+               static_cast<double>(bytes) / 1e9 / std::max(seconds, 1e-9));
   return final_dir;
 }
 
