@@ -1,5 +1,5 @@
 // The bf16 GPU Qwen3 model against transformers (tests/fixtures/qwen3): logits within 2e-2
-// normwise relative, loss within 1e-2 relative (the bf16 parity bounds); gradients
+// normwise relative, loss within 1e-2 relative (the project's bf16 parity bounds); gradients
 // compared too (bf16 activations: within 5e-2 normwise). Recompute modes give bit-identical
 // gradients, and reruns are bit-identical.
 #include <cmath>
