@@ -507,6 +507,7 @@ fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const Tr
       {"step_scalars", {{"step", scalars.step}, {"skipped", scalars.skipped}}},
       {"files", files},
       {"config_yaml", resolved_yaml(config)},
+      {"model", models::qwen3::hf_config_object(config.model.shape)},  // what export_hf writes
   };
   const std::string manifest_text = manifest.dump(2) + "\n";
   write_text_file(temp_dir / kManifestName, manifest_text);
@@ -671,6 +672,18 @@ TrainingProgress load_checkpoint(const VerifiedCheckpoint& checkpoint, optim::Op
   }
   spdlog::info("checkpoint: resumed from {} at step {}", checkpoint.directory.string(), checkpoint.progress.step);
   return checkpoint.progress;
+}
+
+core::Buffer read_master_weights(const VerifiedCheckpoint& checkpoint, optim::Range range) {
+  const core::DeviceContext cpu(core::Device::cpu());
+  PinnedStaging staging(cpu);  // plain reads on the cpu
+  core::Buffer master(core::Device::cpu(), static_cast<std::size_t>(range.size()) * sizeof(float));
+  try {
+    gather_elementwise(checkpoint, "master", master, sizeof(float), range, staging);
+  } catch (const json::exception& e) {
+    throw core::InputError((checkpoint.directory / kManifestName).string() + ": malformed manifest: " + e.what());
+  }
+  return master;
 }
 
 }  // namespace trainer

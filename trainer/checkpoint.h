@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/buffer.h"
 #include "core/device.h"
 #include "optim/optimizer.h"
 #include "optim/slab_layout.h"
@@ -77,5 +78,10 @@ std::optional<VerifiedCheckpoint> select_checkpoint(const RunConfig& config, con
 // progress to continue from. Throws core::InputError when a buffer does not match.
 TrainingProgress load_checkpoint(const VerifiedCheckpoint& checkpoint, optim::Optimizer& optimizer,
                                  const core::DeviceContext& context);
+
+// The fp32 master weights of global range `range`, gathered from a verified checkpoint's files
+// into host memory (what export tools read). Throws core::InputError when the files do not
+// cover the range.
+core::Buffer read_master_weights(const VerifiedCheckpoint& checkpoint, optim::Range range);
 
 }  // namespace trainer

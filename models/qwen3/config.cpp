@@ -90,6 +90,11 @@ Qwen3Config config_from_hf_json(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw core::InputError(path + ": not valid JSON: " + e.what());
   }
+  return config_from_hf_object(j, path);
+}
+
+Qwen3Config config_from_hf_object(const nlohmann::json& j, const std::string& path) {
+  if (!j.is_object()) throw core::InputError(path + ": the model configuration is not a JSON object");
   Qwen3Config c;
   auto get_int = [&](const char* key, std::int64_t& out) {
     if (!j.contains(key)) throw core::InputError(path + ": missing key '" + std::string(key) + "'");
@@ -124,8 +129,8 @@ Qwen3Config config_from_hf_json(const std::string& path) {
   return c;
 }
 
-void write_hf_config(const Qwen3Config& c, const std::string& path) {
-  const nlohmann::json j = {
+nlohmann::json hf_config_object(const Qwen3Config& c) {
+  return nlohmann::json{
       {"architectures", {"Qwen3ForCausalLM"}},
       {"model_type", "qwen3"},
       {"vocab_size", c.vocab_size},
@@ -144,6 +149,10 @@ void write_hf_config(const Qwen3Config& c, const std::string& path) {
       {"rope_scaling", nullptr},
       {"torch_dtype", "float32"},
   };
+}
+
+void write_hf_config(const Qwen3Config& c, const std::string& path) {
+  const nlohmann::json j = hf_config_object(c);
   std::ofstream out(path);
   if (!out) throw core::Error("cannot write " + path);
   out << j.dump(2) << "\n";

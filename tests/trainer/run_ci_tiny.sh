@@ -20,6 +20,16 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(a - b > 0.8) }' || { echo "FAIL: 
 grep -q -- "--- sample ---" "$work/out.log" || { echo "FAIL: no sample printed"; exit 1; }
 [ -f "$work/run/config.yaml" ] || { echo "FAIL: resolved config not written"; exit 1; }
 
+# The final checkpoint exports as a Hugging Face folder; a directory that is not a checkpoint exits 2.
+final=$(ls -d "$work/run/checkpoints"/step_* | sort | tail -1)
+"$build/tools/export_hf" "$final" "$work/hf" --dtype bf16 || { echo "FAIL: export_hf"; exit 1; }
+[ -s "$work/hf/model.safetensors" ] && [ -s "$work/hf/config.json" ] || { echo "FAIL: export incomplete"; exit 1; }
+set +e
+"$build/tools/export_hf" "$work/run" "$work/hf2" > /dev/null 2>&1
+code=$?
+set -e
+[ "$code" -eq 2 ] || { echo "FAIL: export_hf of a non-checkpoint gave exit code $code, expected 2"; exit 1; }
+
 # A misspelt key is refused before any work, naming the key, with exit code 2.
 sed 's/  max_steps:/  max_step:/' "$source/configs/ci-tiny.yaml" > "$work/bad.yaml"
 set +e
