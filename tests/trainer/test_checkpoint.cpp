@@ -27,6 +27,7 @@
 #include "trainer/config.h"
 #include "trainer/token_shard.h"
 #include "trainer/train.h"
+#include "support/test_support.h"
 
 namespace {
 
@@ -220,6 +221,24 @@ TEST_F(Checkpoints, ResumeIsBitExact) {
   EXPECT_EQ(m1.at("sampler"), m2.at("sampler"));
   EXPECT_EQ(m1.at("step_scalars"), m2.at("step_scalars"));
   EXPECT_EQ(m1.at("tokens_seen"), m2.at("tokens_seen"));
+}
+
+// The same on the GPU (bf16 model, head_dim 64 for the GPU attention): losses and the final
+// master weights and optimizer state are byte-identical.
+TEST_F(Checkpoints, ResumeIsBitExactOnGpu) {
+  REQUIRE_GPU();
+  const std::vector<std::string> gpu = {"device=cuda", "training.precision=bf16", "model.head_dim=64"};
+  const trainer::TrainSummary whole = trainer::train(config("whole", gpu));
+  EXPECT_EQ(whole.steps, 8);
+  trainer::train(config("split", gpu), {.stop_after_step = 4});
+  const trainer::TrainSummary second = trainer::train(config("split", gpu));
+  EXPECT_EQ(second.resumed_from, 4);
+  EXPECT_EQ(logged_losses(dir_ / "split"), logged_losses(dir_ / "whole"));
+  for (const auto& entry : fs::directory_iterator(checkpoint("whole", 8))) {
+    const std::string name = entry.path().filename().string();
+    if (name == "manifest.json" || name == "DONE") continue;
+    EXPECT_EQ(read_bytes(entry.path()), read_bytes(checkpoint("split", 8) / name)) << name;
+  }
 }
 
 TEST_F(Checkpoints, KeepLastPrunesOnlyCompleteOlderCheckpoints) {
