@@ -94,7 +94,7 @@ struct QuantisedChunkCpu {
         const std::int64_t i = base + e, l = local + e;
         float mi = Codec::decode_m(q_m[l], old_scale_m);
         float vi = Codec::decode_v(q_v[l], old_scale_v);
-        adamw_element(master[l], mi, vi, grad[i], params[owner[e]]);
+        adamw_element_quantised(master[l], mi, vi, grad[i], params[owner[e]]);
         mirror[i] = bf16 ? core::float_to_bf16(master[l]) : core::float_to_fp16(master[l]);
         grad[i] = 0.0f;
         m[e] = mi;

@@ -199,7 +199,7 @@ __device__ __forceinline__ void update_group(const AdamW8bitBuffers& b, Half* mi
   for (int k = 0; k < 4; ++k) {
     float mk = fp::mul(scale_m, shared.unit_m[(codes_m >> (8 * k)) & 0xFFu]);
     float vk = fp::mul(scale_v, shared.unit_v[(codes_v >> (8 * k)) & 0xFFu]);
-    adamw_element(lane_of(w, k), mk, vk, lane_value(g, k), e);
+    adamw_element_quantised(lane_of(w, k), mk, vk, lane_value(g, k), e);
     const bool member = (mask >> k) & 1u;
     lane_of(m, k) = member ? mk : 0.0f;
     lane_of(v, k) = member ? vk : 0.0f;

@@ -33,6 +33,7 @@ struct AdamWStepParams {
 struct AdamWElementParams {
   float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
   float clip, step_size, bc2_sqrt, decay_factor;
+  float inv_bc2_sqrt;  // 1 / sqrt(bc2), for adamw_element_quantised
 };
 
 // `t` is the 1-based number of the step being applied.
@@ -50,6 +51,7 @@ OPTIM_HD AdamWElementParams adamw_element_params(const AdamWStepParams& p, float
   e.clip = clip;
   e.step_size = static_cast<float>(lr / bc1);
   e.bc2_sqrt = static_cast<float>(::sqrt(bc2));
+  e.inv_bc2_sqrt = static_cast<float>(1.0 / ::sqrt(bc2));
   e.decay_factor = static_cast<float>(1.0 - lr * p.weight_decay * static_cast<double>(decay));
   return e;
 }
@@ -61,6 +63,18 @@ OPTIM_HD void adamw_element(float& w, float& m, float& v, float grad, const Adam
   m = fp::fma(e.beta1, m, fp::mul(e.one_minus_beta1, g));
   v = fp::fma(e.beta2, v, fp::mul(fp::mul(e.one_minus_beta2, g), g));
   const float denom = fp::add(fp::div(fp::sqrt(v), e.bc2_sqrt), e.eps);
+  w = fp::mul(w, e.decay_factor);
+  w = fp::fma(-e.step_size, fp::div(m, denom), w);
+}
+
+// The same update with v's bias correction applied as a multiplication (one correctly rounded
+// division per element instead of two): 8-bit AdamW's quantised moments use it, whose values are
+// approximations already; its fp32 state keeps adamw_element.
+OPTIM_HD void adamw_element_quantised(float& w, float& m, float& v, float grad, const AdamWElementParams& e) {
+  const float g = fp::mul(fp::finite(grad) ? grad : 0.0f, e.clip);
+  m = fp::fma(e.beta1, m, fp::mul(e.one_minus_beta1, g));
+  v = fp::fma(e.beta2, v, fp::mul(fp::mul(e.one_minus_beta2, g), g));
+  const float denom = fp::fma(fp::sqrt(v), e.inv_bc2_sqrt, e.eps);
   w = fp::mul(w, e.decay_factor);
   w = fp::fma(-e.step_size, fp::div(m, denom), w);
 }
