@@ -4,11 +4,10 @@ events, median after warm-up. Prints one JSON object.
 """
 import argparse
 import json
-import statistics
 
 import torch
 
-from peer_adamw import qwen3_0_6b_shapes
+from peer_adamw import median_ms, qwen3_0_6b_shapes
 
 
 def main():
@@ -25,19 +24,11 @@ def main():
     no_decay = [p for p, (_, d) in zip(params, shapes) if not d]
     opt = torch.optim.Adafactor([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                                 lr=1e-2, foreach=True)
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for i in range(args.warmup + args.reps):
-        start.record()
-        opt.step()
-        stop.record()
-        stop.synchronize()
-        if i >= args.warmup:
-            times.append(start.elapsed_time(stop))
+    peer_ms = median_ms(opt.step, args.warmup, args.reps)
     print(json.dumps({
         "peer": f"torch {torch.__version__}: torch.optim.Adafactor(foreach=True).step()",
         "device": torch.cuda.get_device_name(),
-        "peer_ms": statistics.median(times),
+        "peer_ms": peer_ms,
     }))
 
 

@@ -14,15 +14,20 @@ std::vector<StateBuffer> AdamW::state_buffers() {
   return {{"exp_avg", core::DType::f32, &exp_avg_}, {"exp_avg_sq", core::DType::f32, &exp_avg_sq_}};
 }
 
-void AdamW::update(double lr) {
+AdamWStepParams adamw_step_params(const OptimizerConfig& config, double lr) {
   AdamWStepParams params;
   params.lr = lr;
-  params.beta1 = config_.beta1;
-  params.beta2 = config_.beta2;
-  params.eps = config_.eps;
-  params.weight_decay = config_.weight_decay;
-  params.max_norm = config_.grad_clip;
-  params.policy = config_.nonfinite;
+  params.beta1 = config.beta1;
+  params.beta2 = config.beta2;
+  params.eps = config.eps;
+  params.weight_decay = config.weight_decay;
+  params.max_norm = config.grad_clip;
+  params.policy = config.nonfinite;
+  return params;
+}
+
+void AdamW::update(double lr) {
+  const AdamWStepParams params = adamw_step_params(config_, lr);
   if (!on_cuda()) {
     update_cpu(params);
     return;

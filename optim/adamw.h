@@ -25,6 +25,9 @@ class AdamW final : public Optimizer {
   core::Buffer exp_avg_sq_;
 };
 
+// The step's hyper-parameters from the optimizer config (AdamW and 8-bit AdamW share them).
+AdamWStepParams adamw_step_params(const OptimizerConfig& config, double lr);
+
 // Arguments of the update launch: buffers by their base pointers; master and state cover the
 // owned range starting at global index `owned_begin`, grad and mirror the whole slab.
 struct AdamWBuffers {

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "optim/adamw.h"
 #include "optim/quantization.h"
 
 namespace optim {
@@ -210,14 +211,7 @@ std::vector<StateBuffer> AdamW8bit::state_buffers() {
 }
 
 void AdamW8bit::update(double lr) {
-  AdamWStepParams params;
-  params.lr = lr;
-  params.beta1 = config_.beta1;
-  params.beta2 = config_.beta2;
-  params.eps = config_.eps;
-  params.weight_decay = config_.weight_decay;
-  params.max_norm = config_.grad_clip;
-  params.policy = config_.nonfinite;
+  const AdamWStepParams params = adamw_step_params(config_, lr);
   if (!on_cuda()) {
     update_cpu(params);
     return;
