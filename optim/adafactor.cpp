@@ -65,8 +65,21 @@ std::vector<Partial> Adafactor::phase_partials(int phase) {
 }
 
 std::vector<StateBuffer> Adafactor::state_buffers() {
-  std::vector<StateBuffer> s = {{"row_col", core::DType::f32, &row_col_state_},
-                                {"v", core::DType::f32, &v_state_}};
+  // R and C of a factored tensor belong to the whole tensor (every rank holding part of it keeps
+  // the same copy); v of a non-factored segment is packed.
+  std::vector<StatePiece> row_col, v;
+  const auto& tensors = slab_.layout().tensors();
+  for (std::size_t i = 0; i < plan_.segments.size(); ++i) {
+    const AdafactorSegment& info = plan_.segments[i];
+    const Segment& seg = slab_.segments()[i];
+    if (info.row_state >= 0) {
+      row_col.push_back({tensors[static_cast<std::size_t>(seg.tensor)].range(), info.row_state,
+                         static_cast<std::int64_t>(seg.rows) + seg.cols, true});
+    }
+    if (info.v_state >= 0) v.push_back({{seg.offset, seg.offset + seg.length}, info.v_state, seg.length});
+  }
+  std::vector<StateBuffer> s = {{"row_col", core::DType::f32, &row_col_state_, row_col, 1},
+                                {"v", core::DType::f32, &v_state_, v, 1}};
   if (config_.adafactor.beta1) s.push_back({"exp_avg", core::DType::f32, &exp_avg_});
   return s;
 }

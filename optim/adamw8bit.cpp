@@ -205,9 +205,19 @@ AdamW8bit::AdamW8bit(const OptimizerConfig& config, Slab& slab, const core::Devi
 }
 
 std::vector<StateBuffer> AdamW8bit::state_buffers() {
-  return {{"q_m", core::DType::i8, &q_m_},           {"q_v", core::DType::u8, &q_v_},
-          {"scale_m", core::DType::f32, &scale_m_},  {"scale_v", core::DType::f32, &scale_v_},
-          {"small_m", core::DType::f32, &small_m_},  {"small_v", core::DType::f32, &small_v_}};
+  // The small tensors' state is packed: each fp32 chunk says where its elements' entries start.
+  std::vector<StatePiece> small;
+  for (const AdamW8bitChunk& c : plan_.chunks) {
+    if (c.kind == ChunkKind::fp32) small.push_back({{c.offset, c.offset + c.length}, c.state_offset, c.length});
+  }
+  const Range owned = slab_.owned();
+  const std::vector<StatePiece> blocks = {{owned, 0, plan_.owned_blocks}};
+  return {{"q_m", core::DType::i8, &q_m_, {}, 1},
+          {"q_v", core::DType::u8, &q_v_, {}, 1},
+          {"scale_m", core::DType::f32, &scale_m_, blocks, kQuantBlock},
+          {"scale_v", core::DType::f32, &scale_v_, blocks, kQuantBlock},
+          {"small_m", core::DType::f32, &small_m_, small, 1},
+          {"small_v", core::DType::f32, &small_v_, small, 1}};
 }
 
 void AdamW8bit::update(double lr) {

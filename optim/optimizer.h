@@ -27,11 +27,26 @@
 
 namespace optim {
 
-// A buffer of optimizer state covering the slab's owned range, e.g. AdamW's exp_avg.
+// Where entries of a state buffer belong in the slab's global element space, so that a
+// checkpoint written by one world size can be read by another. Entries
+// [entry_offset, entry_offset + entries) of the buffer hold the state of global elements
+// `global`: one entry per `elements_per_entry` elements (1 for per-element state, 256 for
+// per-block scales), or, when `whole`, a fixed-size record of the whole range (e.g. Adafactor's
+// row and column statistics of one tensor) that is only ever read back in one piece.
+struct StatePiece {
+  Range global;
+  std::int64_t entry_offset = 0;
+  std::int64_t entries = 0;
+  bool whole = false;
+};
+
+// A buffer of optimizer state of this rank, e.g. AdamW's exp_avg over the owned range.
 struct StateBuffer {
   std::string name;
   core::DType dtype;
   core::Buffer* buffer;
+  std::vector<StatePiece> pieces;  // empty: one entry per element of the owned range
+  std::int64_t elements_per_entry = 1;
 };
 
 // A small buffer of per-rank partial sums that must be summed across ranks between phases.

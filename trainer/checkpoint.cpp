@@ -19,6 +19,7 @@
 #endif
 
 #include "core/error.h"
+#include "comm/single_rank.h"
 #include "models/qwen3/config.h"
 
 namespace trainer {
@@ -31,7 +32,7 @@ static_assert(std::endian::native == std::endian::little, "checkpoint files are 
 namespace {
 
 constexpr char kFormat[] = "llmtrain-checkpoint";
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;
 constexpr char kManifestName[] = "manifest.json";
 constexpr char kDoneName[] = "DONE";
 constexpr char kFileMagic[8] = {'L', 'L', 'M', 'C', 'K', 'P', 'T', '1'};
@@ -218,34 +219,73 @@ class PinnedStaging {
   cudaEvent_t ready_[2] = {nullptr, nullptr};
 };
 
-// One buffer of the slab or the optimizer as a checkpoint file.
+// One buffer of the slab or the optimizer as a checkpoint file: the entries of `pieces` (in
+// this rank's buffer) that this rank writes.
 struct BufferToSave {
   std::string name;  // "master" or the optimizer's state buffer name
   std::string kind;  // master | optimizer_state
   core::DType dtype;
   const core::Buffer* buffer;
+  std::vector<optim::StatePiece> pieces;
+  std::int64_t elements_per_entry = 1;
 };
 
-json write_buffer_file(const fs::path& directory, const BufferToSave& b, optim::Range owned, int rank,
+// The pieces of `state` (or the per-element default over `owned`) that the rank whose shard is
+// `shard` writes: element pieces cut to the shard, whole pieces by the shard holding their start.
+// Ranks that hold the same state (ZeRO-0 replicas, a tensor's Adafactor statistics on every rank
+// that owns part of it) thereby write it exactly once between them.
+std::vector<optim::StatePiece> pieces_to_write(const std::vector<optim::StatePiece>& pieces, std::int64_t per_entry,
+                                               optim::Range shard) {
+  std::vector<optim::StatePiece> out;
+  for (const optim::StatePiece& p : pieces) {
+    if (p.whole) {
+      if (p.global.begin >= shard.begin && p.global.begin < shard.end) out.push_back(p);
+      continue;
+    }
+    const optim::Range cut = p.global.intersect(shard);
+    if (cut.empty()) continue;
+    out.push_back({cut, p.entry_offset + (cut.begin - p.global.begin) / per_entry, cut.size() / per_entry, false});
+  }
+  return out;
+}
+
+std::vector<optim::StatePiece> default_pieces(optim::Range owned, std::int64_t per_entry) {
+  return {{owned, 0, owned.size() / per_entry, false}};
+}
+
+json write_buffer_file(const fs::path& directory, const BufferToSave& b, optim::Range shard, int rank,
                        PinnedStaging& staging) {
   const std::string file_name = (b.kind == "master" ? std::string("master") : "state." + b.name) + ".rank" +
                                 std::to_string(rank) + ".bin";
+  const std::size_t entry_bytes = core::dtype_size(b.dtype);
   FileHeader header;
-  header.element_bytes = static_cast<std::uint32_t>(core::dtype_size(b.dtype));
-  header.range_begin = owned.begin;
-  header.range_end = owned.end;
-  header.payload_bytes = b.buffer->bytes();
-  header.elementwise = b.buffer->bytes() == static_cast<std::size_t>(owned.size()) * core::dtype_size(b.dtype);
+  header.element_bytes = static_cast<std::uint32_t>(entry_bytes);
+  header.range_begin = shard.begin;
+  header.range_end = shard.end;
+  json pieces = json::array();
+  std::uint64_t payload_entries = 0;
+  for (const optim::StatePiece& p : b.pieces) {
+    pieces.push_back({p.global.begin, p.global.end, payload_entries, p.entries, p.whole});
+    payload_entries += static_cast<std::uint64_t>(p.entries);
+  }
+  header.payload_bytes = payload_entries * entry_bytes;
+  header.elementwise = b.elements_per_entry == 1 && b.pieces.size() == 1 && !b.pieces[0].whole &&
+                       b.pieces[0].global == shard;
   SyncedFile file(directory / file_name);
   const auto encoded = header.encode();
   file.write(encoded.data(), encoded.size());
-  staging.write(file, b.buffer->data(), b.buffer->bytes());
+  for (const optim::StatePiece& p : b.pieces) {
+    staging.write(file, static_cast<const char*>(b.buffer->data()) + static_cast<std::size_t>(p.entry_offset) * entry_bytes,
+                  static_cast<std::size_t>(p.entries) * entry_bytes);
+  }
   file.finish();
   return {{"buffer", b.name},
           {"kind", b.kind},
           {"path", file_name},
           {"dtype", std::string(core::dtype_name(b.dtype))},
-          {"range", {owned.begin, owned.end}},
+          {"range", {shard.begin, shard.end}},
+          {"elements_per_entry", b.elements_per_entry},
+          {"pieces", pieces},
           {"elementwise", header.elementwise == 1},
           {"payload_bytes", header.payload_bytes},
           {"file_bytes", file.written()},
@@ -389,35 +429,74 @@ core::DType dtype_from_name(const fs::path& manifest_path, const std::string& na
   throw core::InputError(manifest_path.string() + ": unknown dtype '" + name + "'");
 }
 
-// Fills `destination` (covering global range `owned`, `element_bytes` each) from the elementwise
-// files of `buffer_name`, each contributing its overlap with `owned`.
-void gather_elementwise(const VerifiedCheckpoint& checkpoint, const std::string& buffer_name, core::Buffer& destination,
-                        std::size_t element_bytes, optim::Range owned, PinnedStaging& staging) {
-  std::int64_t covered = 0;
+// Fills the entries `needed` of `destination` from the files of `buffer_name`. Element pieces
+// take their overlap with every saved piece; whole pieces need a saved piece of the same range.
+// Elements at or beyond `saved_total` (the saving run's tail padding) are left as they are (zero).
+void gather_pieces(const VerifiedCheckpoint& checkpoint, const std::string& buffer_name, core::Buffer& destination,
+                   std::size_t entry_bytes, std::int64_t per_entry, const std::vector<optim::StatePiece>& needed,
+                   PinnedStaging& staging) {
+  const fs::path manifest_path = checkpoint.directory / kManifestName;
+  const std::int64_t saved_total = checkpoint.manifest.at("layout").at("total_elements").get<std::int64_t>();
+  std::vector<std::int64_t> covered(needed.size(), 0);
   for (const json& entry : checkpoint.manifest.at("files")) {
-    if (entry.at("buffer") != buffer_name || !entry.at("elementwise").get<bool>()) continue;
-    const auto r = entry.at("range").get<std::array<std::int64_t, 2>>();
-    const optim::Range overlap = optim::Range{r[0], r[1]}.intersect(owned);
-    if (overlap.empty()) continue;
+    if (entry.at("buffer") != buffer_name) continue;
+    if (entry.at("elements_per_entry").get<std::int64_t>() != per_entry) {
+      throw core::InputError(manifest_path.string() + ": '" + buffer_name + "' has " +
+                             entry.at("elements_per_entry").dump() + " elements per entry in the checkpoint, " +
+                             std::to_string(per_entry) + " in the run");
+    }
     const fs::path path = checkpoint.directory / entry.at("path").get<std::string>();
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw core::InputError(path.string() + ": cannot open (" + errno_text() + ")");
+    int fd = -1;
     try {
-      staging.read(fd, path, kFileHeaderBytes + static_cast<std::uint64_t>(overlap.begin - r[0]) * element_bytes,
-                   static_cast<char*>(destination.data()) + static_cast<std::size_t>(overlap.begin - owned.begin) * element_bytes,
-                   static_cast<std::size_t>(overlap.size()) * element_bytes);
+      for (const json& saved_piece : entry.at("pieces")) {
+        const optim::Range saved{saved_piece.at(0).get<std::int64_t>(), saved_piece.at(1).get<std::int64_t>()};
+        const auto file_entry = saved_piece.at(2).get<std::int64_t>();
+        const auto saved_entries = saved_piece.at(3).get<std::int64_t>();
+        const bool saved_whole = saved_piece.at(4).get<bool>();
+        for (std::size_t i = 0; i < needed.size(); ++i) {
+          const optim::StatePiece& want = needed[i];
+          std::int64_t from = 0, to = 0, entries = 0;
+          if (want.whole || saved_whole) {
+            if (!(want.whole && saved_whole && want.global == saved && want.entries == saved_entries) ||
+                covered[i] > 0) {
+              continue;
+            }
+            from = file_entry;
+            to = want.entry_offset;
+            entries = want.entries;
+            covered[i] = want.global.size();
+          } else {
+            const optim::Range overlap = saved.intersect(want.global);
+            if (overlap.empty()) continue;
+            from = file_entry + (overlap.begin - saved.begin) / per_entry;
+            to = want.entry_offset + (overlap.begin - want.global.begin) / per_entry;
+            entries = overlap.size() / per_entry;
+            covered[i] += overlap.size();
+          }
+          if (fd < 0) {
+            fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+            if (fd < 0) throw core::InputError(path.string() + ": cannot open (" + errno_text() + ")");
+          }
+          staging.read(fd, path, kFileHeaderBytes + static_cast<std::uint64_t>(from) * entry_bytes,
+                       static_cast<char*>(destination.data()) + static_cast<std::size_t>(to) * entry_bytes,
+                       static_cast<std::size_t>(entries) * entry_bytes);
+        }
+      }
     } catch (...) {
-      ::close(fd);
+      if (fd >= 0) ::close(fd);
       throw;
     }
-    ::close(fd);
-    covered += overlap.size();
+    if (fd >= 0) ::close(fd);
   }
-  if (covered != owned.size()) {
-    throw core::InputError((checkpoint.directory / kManifestName).string() + ": the files of '" + buffer_name +
-                           "' cover " + std::to_string(covered) + " of the " + std::to_string(owned.size()) +
-                           " elements of global range [" + std::to_string(owned.begin) + ", " +
-                           std::to_string(owned.end) + ")");
+  for (std::size_t i = 0; i < needed.size(); ++i) {
+    const optim::Range want = needed[i].global;
+    const std::int64_t expected = needed[i].whole ? want.size() : want.intersect({0, saved_total}).size();
+    if (covered[i] != expected) {
+      throw core::InputError(manifest_path.string() + ": the files of '" + buffer_name + "' cover " +
+                             std::to_string(covered[i]) + " of the " + std::to_string(expected) +
+                             " elements of global range [" + std::to_string(want.begin) + ", " +
+                             std::to_string(want.end) + ")");
+    }
   }
 }
 
@@ -470,70 +549,109 @@ fs::path checkpoint_directory(const fs::path& root, std::int64_t step) {
 }
 
 fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const TrainingProgress& progress,
-                         optim::Optimizer& optimizer, const core::DeviceContext& context) {
+                         optim::Optimizer& optimizer, const core::DeviceContext& context, comm::Communicator* communicator) {
+  comm::SingleRankCommunicator single;
+  comm::Communicator& comm = communicator ? *communicator : single;
   const auto started = std::chrono::steady_clock::now();
   optim::Slab& slab = optimizer.slab();
-  fs::create_directories(root);
   const fs::path final_dir = checkpoint_directory(root, progress.step);
   const fs::path temp_dir = fs::path(final_dir.string() + ".tmp");
-  fs::remove_all(temp_dir);
-  fs::create_directory(temp_dir);
+  if (comm.rank() == 0) {
+    fs::create_directories(root);
+    fs::remove_all(temp_dir);
+    fs::create_directory(temp_dir);
+  }
+  comm.barrier("checkpoint directory");
   context.synchronize();
   const optim::StepScalars scalars = optimizer.step_scalars();
 
-  std::vector<BufferToSave> buffers = {{"master", "master", core::DType::f32, &slab.master()}};
-  for (const optim::StateBuffer& s : optimizer.state_buffers()) buffers.push_back({s.name, "optimizer_state", s.dtype, s.buffer});
-  PinnedStaging staging(context);
-  json files = json::array();
-  for (const BufferToSave& b : buffers) files.push_back(write_buffer_file(temp_dir, b, slab.owned(), slab.rank(), staging));
-
-  const json manifest = {
-      {"format", kFormat},
-      {"version", kFormatVersion},
-      {"checksum", "crc32c"},
-      {"step", progress.step},
-      {"tokens_seen", progress.tokens_seen},
-      {"schedule",
-       {{"type", schedule_type_name(config.schedule.type)},
-        {"position", progress.step},
-        {"max_steps", config.training.max_steps},
-        {"warmup_steps", config.schedule.warmup_steps}}},
-      {"rng", {{"run_seed", config.run.seed}, {"sampler_seed", progress.sampler_seed}}},
-      {"sampler", progress.sampler},
-      {"world_size", slab.layout().world_size()},
-      {"zero_stage", slab.zero_stage()},
-      {"layout", layout_json(slab.layout())},
-      {"optimizer", optimizer_json(optimizer.config())},
-      {"step_scalars", {{"step", scalars.step}, {"skipped", scalars.skipped}}},
-      {"files", files},
-      {"config_yaml", resolved_yaml(config)},
-      {"model", models::qwen3::hf_config_object(config.model.shape)},  // what export_hf writes
-  };
-  const std::string manifest_text = manifest.dump(2) + "\n";
-  write_text_file(temp_dir / kManifestName, manifest_text);
-  write_text_file(temp_dir / kDoneName, "crc32c " + hex32(crc32c(0, manifest_text.data(), manifest_text.size())) + "\n");
-  fsync_directory(temp_dir);
-
-  std::error_code ec;
-  if (fs::exists(final_dir, ec)) {
-    const fs::path replaced = fs::path(final_dir.string() + ".replaced");
-    fs::remove_all(replaced);
-    fs::rename(final_dir, replaced);
-    fs::rename(temp_dir, final_dir);
-    fsync_directory(root);
-    fs::remove_all(replaced);
-  } else {
-    fs::rename(temp_dir, final_dir);
+  // Each rank writes the part of every buffer that falls in its shard of the layout; with ZeRO-0
+  // every rank holds everything and the shards split the writing. A failure is reported to rank 0
+  // instead of thrown at once, so no rank waits for one that gave up.
+  const optim::Range shard = slab.layout().shard(comm.rank());
+  const optim::Range owned = slab.owned();
+  std::vector<BufferToSave> buffers;
+  buffers.push_back({"master", "master", core::DType::f32, &slab.master(),
+                     pieces_to_write(default_pieces(owned, 1), 1, shard), 1});
+  for (const optim::StateBuffer& st : optimizer.state_buffers()) {
+    const auto all = st.pieces.empty() ? default_pieces(owned, st.elements_per_entry) : st.pieces;
+    buffers.push_back({st.name, "optimizer_state", st.dtype, st.buffer,
+                       pieces_to_write(all, st.elements_per_entry, shard), st.elements_per_entry});
   }
-  fsync_directory(root);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::uintmax_t bytes = 0;
-  for (const auto& entry : fs::directory_iterator(final_dir)) {
-    if (entry.is_regular_file()) bytes += entry.file_size();
+  std::string report;
+  try {
+    PinnedStaging staging(context);
+    json files = json::array();
+    for (const BufferToSave& b : buffers) files.push_back(write_buffer_file(temp_dir, b, shard, comm.rank(), staging));
+    report = files.dump();
+  } catch (const std::exception& e) {
+    report = std::string("!rank ") + std::to_string(comm.rank()) + ": " + e.what();
   }
-  spdlog::info("checkpoint: step {} saved to {}: {:.2f} GB in {:.2f} s ({:.2f} GB/s)", progress.step,
-               final_dir.string(), static_cast<double>(bytes) / 1e9, seconds,
-               static_cast<double>(bytes) / 1e9 / std::max(seconds, 1e-9));
+  const std::vector<std::string> reports = comm.gather_strings(report, 0, "checkpoint file list");
+
+  std::string outcome = "ok";
+  if (comm.rank() == 0) {
+    try {
+      json files = json::array();
+      for (const std::string& r : reports) {
+        if (!r.empty() && r[0] == '!') throw core::Error("checkpoint: " + r.substr(1));
+        for (json& f : json::parse(r)) files.push_back(std::move(f));
+      }
+      const json manifest = {
+          {"format", kFormat},
+          {"version", kFormatVersion},
+          {"checksum", "crc32c"},
+          {"step", progress.step},
+          {"tokens_seen", progress.tokens_seen},
+          {"schedule",
+           {{"type", schedule_type_name(config.schedule.type)},
+            {"position", progress.step},
+            {"max_steps", config.training.max_steps},
+            {"warmup_steps", config.schedule.warmup_steps}}},
+          {"rng", {{"run_seed", config.run.seed}, {"sampler_seed", progress.sampler_seed}}},
+          {"sampler", progress.sampler},
+          {"world_size", slab.layout().world_size()},
+          {"zero_stage", slab.zero_stage()},
+          {"layout", layout_json(slab.layout())},
+          {"optimizer", optimizer_json(optimizer.config())},
+          {"step_scalars", {{"step", scalars.step}, {"skipped", scalars.skipped}}},
+          {"files", files},
+          {"config_yaml", resolved_yaml(config)},
+          {"model", models::qwen3::hf_config_object(config.model.shape)},  // what export_hf writes
+      };
+      const std::string manifest_text = manifest.dump(2) + "\n";
+      write_text_file(temp_dir / kManifestName, manifest_text);
+      write_text_file(temp_dir / kDoneName, "crc32c " + hex32(crc32c(0, manifest_text.data(), manifest_text.size())) + "\n");
+      fsync_directory(temp_dir);
+
+      std::error_code ec;
+      if (fs::exists(final_dir, ec)) {
+        const fs::path replaced = fs::path(final_dir.string() + ".replaced");
+        fs::remove_all(replaced);
+        fs::rename(final_dir, replaced);
+        fs::rename(temp_dir, final_dir);
+        fsync_directory(root);
+        fs::remove_all(replaced);
+      } else {
+        fs::rename(temp_dir, final_dir);
+      }
+      fsync_directory(root);
+    } catch (const std::exception& e) {
+      outcome = e.what();
+    }
+  }
+  outcome = comm.broadcast_string(outcome, 0, "checkpoint outcome");
+  if (outcome != "ok") throw core::Error(outcome);
+  if (comm.rank() == 0) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    std::uintmax_t bytes = 0;
+    for (const auto& entry : fs::directory_iterator(final_dir)) {
+      if (entry.is_regular_file()) bytes += entry.file_size();
+    }
+    spdlog::info("checkpoint: step {} saved to {}: {:.2f} GB in {:.2f} s ({:.2f} GB/s)", progress.step,
+                 final_dir.string(), static_cast<double>(bytes) / 1e9, seconds,
+                 static_cast<double>(bytes) / 1e9 / std::max(seconds, 1e-9));
+  }
   return final_dir;
 }
 
@@ -622,7 +740,8 @@ TrainingProgress load_checkpoint(const VerifiedCheckpoint& checkpoint, optim::Op
   const optim::Range owned = slab.owned();
   PinnedStaging staging(context);
   try {
-    gather_elementwise(checkpoint, "master", slab.master(), sizeof(float), owned, staging);
+    slab.master().fill_bytes(0, context.stream());
+    gather_pieces(checkpoint, "master", slab.master(), sizeof(float), 1, default_pieces(owned, 1), staging);
     for (const optim::StateBuffer& state : optimizer.state_buffers()) {
       const json* found = nullptr;
       for (const json& entry : checkpoint.manifest.at("files")) {
@@ -637,28 +756,10 @@ TrainingProgress load_checkpoint(const VerifiedCheckpoint& checkpoint, optim::Op
                                std::string(core::dtype_name(saved)) + " in the checkpoint, " +
                                std::string(core::dtype_name(state.dtype)) + " in the run");
       }
-      const std::size_t element_bytes = core::dtype_size(state.dtype);
-      if (state.buffer->bytes() == static_cast<std::size_t>(owned.size()) * element_bytes &&
-          found->at("elementwise").get<bool>()) {
-        gather_elementwise(checkpoint, state.name, *state.buffer, element_bytes, owned, staging);
-        continue;
-      }
-      // A buffer in the optimizer's own per-rank layout is read back only for the same range and size.
-      const auto r = found->at("range").get<std::array<std::int64_t, 2>>();
-      if (optim::Range{r[0], r[1]} != owned || found->at("payload_bytes").get<std::uint64_t>() != state.buffer->bytes()) {
-        throw core::InputError(manifest_path.string() + ": optimizer state '" + state.name +
-                               "' was saved for another shard or size and cannot be resharded");
-      }
-      const fs::path path = checkpoint.directory / found->at("path").get<std::string>();
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) throw core::InputError(path.string() + ": cannot open (" + errno_text() + ")");
-      try {
-        staging.read(fd, path, kFileHeaderBytes, state.buffer->data(), state.buffer->bytes());
-      } catch (...) {
-        ::close(fd);
-        throw;
-      }
-      ::close(fd);
+      const auto needed = state.pieces.empty() ? default_pieces(owned, state.elements_per_entry) : state.pieces;
+      state.buffer->fill_bytes(0, context.stream());
+      gather_pieces(checkpoint, state.name, *state.buffer, core::dtype_size(state.dtype), state.elements_per_entry,
+                    needed, staging);
     }
     optim::StepScalars scalars;
     scalars.step = checkpoint.manifest.at("step_scalars").at("step").get<long long>();
@@ -670,7 +771,8 @@ TrainingProgress load_checkpoint(const VerifiedCheckpoint& checkpoint, optim::Op
   } catch (const json::exception& e) {
     throw core::InputError(manifest_path.string() + ": malformed manifest: " + e.what());
   }
-  spdlog::info("checkpoint: resumed from {} at step {}", checkpoint.directory.string(), checkpoint.progress.step);
+  spdlog::info("checkpoint: resumed from {} at step {} (saved by {} ranks)", checkpoint.directory.string(),
+               checkpoint.progress.step, checkpoint.manifest.at("world_size").get<int>());
   return checkpoint.progress;
 }
 
@@ -678,8 +780,9 @@ core::Buffer read_master_weights(const VerifiedCheckpoint& checkpoint, optim::Ra
   const core::DeviceContext cpu(core::Device::cpu());
   PinnedStaging staging(cpu);  // plain reads on the cpu
   core::Buffer master(core::Device::cpu(), static_cast<std::size_t>(range.size()) * sizeof(float));
+  master.fill_bytes(0, nullptr);
   try {
-    gather_elementwise(checkpoint, "master", master, sizeof(float), range, staging);
+    gather_pieces(checkpoint, "master", master, sizeof(float), 1, default_pieces(range, 1), staging);
   } catch (const json::exception& e) {
     throw core::InputError((checkpoint.directory / kManifestName).string() + ": malformed manifest: " + e.what());
   }

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/communicator.h"
 #include "core/buffer.h"
 #include "core/device.h"
 #include "optim/optimizer.h"
@@ -48,12 +49,14 @@ std::filesystem::path checkpoint_directory(const std::filesystem::path& root, st
 // CRC32C (Castagnoli, reflected 0x82F63B78) of `bytes`, continuing from `crc` (0 to start).
 std::uint32_t crc32c(std::uint32_t crc, const void* data, std::size_t bytes);
 
-// Writes the checkpoint of `progress.step` under `root` and returns its directory. On cuda the
-// buffers stream through pinned host chunks. A directory of the same step is replaced only once
-// the new one is complete. Throws core::Error on I/O failure.
+// Writes the checkpoint of `progress.step` under `root` and returns its directory; every rank of
+// `communicator` (none: a single rank) calls it and writes its shard's files, rank 0 the manifest
+// and DONE once all files are written. On cuda the buffers stream through pinned host chunks. A
+// directory of the same step is replaced only once the new one is complete. Throws core::Error on
+// I/O failure (on every rank).
 std::filesystem::path save_checkpoint(const std::filesystem::path& root, const RunConfig& config,
                                       const TrainingProgress& progress, optim::Optimizer& optimizer,
-                                      const core::DeviceContext& context);
+                                      const core::DeviceContext& context, comm::Communicator* communicator = nullptr);
 
 // Deletes the complete checkpoints (those with DONE) under `root` except the newest `keep_last`;
 // 0 keeps all. Incomplete directories are left alone.

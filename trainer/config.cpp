@@ -46,7 +46,7 @@ const std::map<std::string, std::vector<std::string>>& section_keys() {
         {"optimizer", {}},
         {"schedule", {"type", "warmup_steps", "min_lr_ratio", "decay_ratio"}},
         {"parallel", {"zero_stage", "timeout_s"}},
-        {"checkpoint", {"every", "keep_last", "resume"}},
+        {"checkpoint", {"every", "keep_last", "resume", "at_end"}},
         {"eval", {"every", "batches"}},
         {"logging", {"every", "tensorboard"}},
         {"sample", {"every", "tokens", "prompt"}},
@@ -486,6 +486,7 @@ RunConfig read_config(const YAML::Node& root, const Reader& reader) {
     s.at_least(c.checkpoint.every, 0, "every");
     s.integer("keep_last", c.checkpoint.keep_last);
     s.at_least(c.checkpoint.keep_last, 0, "keep_last");
+    s.boolean("at_end", c.checkpoint.at_end);
     s.string("resume", c.checkpoint.resume);
     if (c.checkpoint.resume != "auto" && c.checkpoint.resume != "never") {
       require_existing_path(s, "resume", c.checkpoint.resume, "checkpoint (resume: auto, never or a path)");
@@ -685,6 +686,7 @@ std::string resolved_yaml(const RunConfig& c) {
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
   integer("every", c.checkpoint.every);
   integer("keep_last", c.checkpoint.keep_last);
+  boolean("at_end", c.checkpoint.at_end);
   text("resume", c.checkpoint.resume);
   out << YAML::EndMap;
 

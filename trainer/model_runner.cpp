@@ -14,7 +14,17 @@ namespace {
 
 class CpuRunner final : public ModelRunner {
  public:
-  CpuRunner(const q3::Qwen3Config& config, optim::Slab& slab) : model_(config, slab) {}
+  CpuRunner(const q3::Qwen3Config& config, optim::Slab& slab, bool gathered)
+      : slab_(slab),
+        full_weights_(core::Device::cpu(), gathered ? static_cast<std::size_t>(slab.layout().total_elements()) * 4 : 0),
+        model_(config, slab, gathered ? full_weights_.as<float>() : nullptr) {}
+
+  void gather_weights(comm::Communicator& comm) override {
+    if (full_weights_.bytes() == 0) return;
+    const optim::Range owned = slab_.owned();
+    std::copy(slab_.master().as<float>(), slab_.master().as<float>() + owned.size(), full_weights_.as<float>() + owned.begin);
+    comm.all_gather(full_weights_.data(), core::DType::f32, static_cast<std::size_t>(owned.size()), "weight all-gather");
+  }
 
   void micro_step(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
                   float grad_scale) override {
@@ -34,6 +44,8 @@ class CpuRunner final : public ModelRunner {
   }
 
  private:
+  optim::Slab& slab_;
+  core::Buffer full_weights_;  // whole-model fp32 weights when the master is sharded
   q3::Qwen3Model model_;
   std::vector<double> losses_;
 };
@@ -41,8 +53,9 @@ class CpuRunner final : public ModelRunner {
 class CudaRunner final : public ModelRunner {
  public:
   CudaRunner(const q3::Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
-             std::int64_t max_tokens, std::int64_t max_seq, q3::Recompute recompute)
-      : config_(config), context_(context), model_(config, slab, context, max_tokens, recompute),
+             std::int64_t max_tokens, std::int64_t max_seq, q3::Recompute recompute, bool gathered)
+      : config_(config), context_(context), slab_(slab), gathered_(gathered),
+        model_(config, slab, context, max_tokens, recompute),
         ids_(context.device(), static_cast<std::size_t>(max_tokens) * 4),
         targets_(context.device(), static_cast<std::size_t>(max_tokens) * 4),
         staging_(core::Device::cpu(), static_cast<std::size_t>(max_tokens) * 8, /*pinned=*/true),
@@ -83,6 +96,19 @@ class CudaRunner final : public ModelRunner {
     for (std::size_t i = 0; i < last.size(); ++i) out[i] = core::bf16_to_float(last[i]);
     return out;
   }
+  void gather_weights(comm::Communicator& comm) override {
+    if (!gathered_) return;
+    const optim::Range owned = slab_.owned();
+    comm.all_gather(slab_.mirror().data(), slab_.mirror_dtype(), static_cast<std::size_t>(owned.size()),
+                    "mirror all-gather");
+  }
+  void overlap_gradient_sync(GradientSync* sync) override {
+    if (sync == nullptr) {
+      model_.set_gradients_ready({});
+    } else {
+      model_.set_gradients_ready([sync](optim::Range range) { sync->reduce_range(range); });
+    }
+  }
   bool saw_invalid_ids() override {
     std::int32_t flag = 0;
     CUDA_CHECK(cudaMemcpyAsync(&flag, model_.invalid_id_flag(), 4, cudaMemcpyDeviceToHost, context_.stream()));
@@ -111,6 +137,8 @@ class CudaRunner final : public ModelRunner {
 
   q3::Qwen3Config config_;
   const core::DeviceContext& context_;
+  optim::Slab& slab_;
+  bool gathered_;
   q3::Qwen3Cuda model_;
   core::Buffer ids_, targets_, staging_, losses_, logits_;
   std::size_t pending_ = 0;
@@ -120,9 +148,11 @@ class CudaRunner final : public ModelRunner {
 
 std::unique_ptr<ModelRunner> make_model_runner(const q3::Qwen3Config& config, optim::Slab& slab,
                                                const core::DeviceContext& context, std::int64_t max_tokens,
-                                               std::int64_t max_seq, q3::Recompute recompute) {
-  if (context.is_cuda()) return std::make_unique<CudaRunner>(config, slab, context, max_tokens, max_seq, recompute);
-  return std::make_unique<CpuRunner>(config, slab);
+                                               std::int64_t max_seq, q3::Recompute recompute, bool gathered) {
+  if (context.is_cuda()) {
+    return std::make_unique<CudaRunner>(config, slab, context, max_tokens, max_seq, recompute, gathered);
+  }
+  return std::make_unique<CpuRunner>(config, slab, gathered);
 }
 
 }  // namespace trainer

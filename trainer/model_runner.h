@@ -8,10 +8,12 @@
 #include <memory>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/device.h"
 #include "models/qwen3/config.h"
 #include "models/qwen3/model_cuda.h"
 #include "optim/slab.h"
+#include "trainer/gradient_sync.h"
 
 namespace trainer {
 
@@ -30,11 +32,21 @@ class ModelRunner {
   virtual std::vector<float> next_logits(const std::int32_t* ids, std::int64_t seq) = 0;
   // Ids outside the vocabulary were seen (cuda checks its device flag; cpu throws at once).
   virtual bool saw_invalid_ids() { return false; }
+  // Brings the weights the model reads up to date after an optimizer step or a load: with ZeRO
+  // >= 1 and several ranks each rank has updated only its shard (cuda: the mirror shards are
+  // all-gathered in place; cpu: the fp32 master shards into the model's whole-model copy).
+  virtual void gather_weights(comm::Communicator& comm) = 0;
+  // Reports each layer's gradient range to `sync` during the next micro_step, as soon as the
+  // range is final (ZeRO-2 overlap); nullptr stops it. Backends without the hook ignore it.
+  virtual void overlap_gradient_sync(GradientSync* sync) {}
 };
 
 // The runner for the slab's device: the fp32 cpu model or the bf16 cuda model.
+// `gathered`: the slab's master covers only this rank's shard and other ranks hold the rest (the
+// cpu runner then keeps a whole-model copy of the weights).
 std::unique_ptr<ModelRunner> make_model_runner(const models::qwen3::Qwen3Config& config, optim::Slab& slab,
                                                const core::DeviceContext& context, std::int64_t max_tokens,
-                                               std::int64_t max_seq, models::qwen3::Recompute recompute);
+                                               std::int64_t max_seq, models::qwen3::Recompute recompute,
+                                               bool gathered = false);
 
 }  // namespace trainer

@@ -6,15 +6,18 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "comm/single_rank.h"
 #include "core/error.h"
 #include "models/qwen3/hf_import.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "trainer/checkpoint.h"
+#include "trainer/gradient_sync.h"
 #include "trainer/model_runner.h"
 #include "trainer/sampler.h"
 #include "trainer/stop_signals.h"
@@ -72,8 +75,9 @@ struct Batch {
 };
 
 // Validation: the first `batches` x micro-batch windows of the shard, in order (the same every time).
+// With several ranks, rank r evaluates batches r, r + world, ... and the sums are all-reduced.
 double validation_loss(ModelRunner& runner, const TokenShard& val, std::int64_t batches, std::int64_t micro_batch,
-                       std::int64_t seq) {
+                       std::int64_t seq, comm::Communicator& comm) {
   const std::uint64_t windows = val.size() > static_cast<std::uint64_t>(seq) ? (val.size() - 1) / static_cast<std::uint64_t>(seq) : 0;
   if (windows == 0) throw core::InputError(val.path().string() + ": too few tokens for one sequence of " + std::to_string(seq));
   Batch b{std::vector<std::int32_t>(static_cast<std::size_t>(micro_batch * seq)), {}};
@@ -82,6 +86,10 @@ double validation_loss(ModelRunner& runner, const TokenShard& val, std::int64_t 
   std::int64_t counted = 0;
   std::uint64_t next = 0;
   for (std::int64_t i = 0; i < batches; ++i) {
+    if (i % comm.world() != comm.rank()) {
+      next += static_cast<std::uint64_t>(micro_batch);
+      continue;
+    }
     for (std::int64_t s = 0; s < micro_batch; ++s) {
       const std::uint64_t start = (next++ % windows) * static_cast<std::uint64_t>(seq);
       val.read_window(start, {b.ids.data() + s * seq, static_cast<std::size_t>(seq)},
@@ -90,7 +98,9 @@ double validation_loss(ModelRunner& runner, const TokenShard& val, std::int64_t 
     total += runner.eval_loss(b.ids.data(), b.targets.data(), micro_batch, seq);
     ++counted;
   }
-  return total / static_cast<double>(counted);
+  const std::vector<double> sums =
+      comm.all_reduce_host({total, static_cast<double>(counted)}, comm::ReduceOp::sum, "validation loss");
+  return sums[0] / sums[1];
 }
 
 // A generated continuation of `prompt` (byte tokenizer): temperature 0.8 sampling, seeded.
@@ -115,10 +125,26 @@ std::string sample_text(ModelRunner& runner, const std::string& prompt, std::int
   return out;
 }
 
+// Test hook for the collective timeout: LLMTRAIN_TEST_HANG=R:S makes rank R stop forever at step
+// S before the gradient synchronisation, as a wedged process would; the watchdog of the other
+// ranks must then end the job.
+void hang_if_asked(int rank, std::int64_t step) {
+  const char* spec = std::getenv("LLMTRAIN_TEST_HANG");
+  if (spec == nullptr) return;
+  int hang_rank = -1;
+  long long hang_step = -1;
+  if (std::sscanf(spec, "%d:%lld", &hang_rank, &hang_step) != 2) return;
+  if (hang_rank != rank || hang_step != step) return;
+  spdlog::warn("LLMTRAIN_TEST_HANG: rank {} stops at step {}", rank, step);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 }  // namespace
 
 TrainSummary train(const RunConfig& config, const TrainOptions& options) {
-  const int world = 1;
+  const comm::Placement placement = options.environment ? options.environment->placement() : comm::Placement{};
+  const int world = placement.world, rank = placement.rank;
+  const bool lead = rank == 0;  // writes logs, metrics and the resolved config
   validate_for_world(config, world);
   const q3::Qwen3Config& shape = config.model.shape;
   // The checkpoint to resume from is verified before anything is written.
@@ -126,16 +152,26 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const std::optional<VerifiedCheckpoint> resume_from = select_checkpoint(config, layout);
   const StopSignals stop_signals;
   fs::create_directories(config.run.output_dir);
-  {
+  if (lead) {
     std::ofstream resolved(fs::path(config.run.output_dir) / "config.yaml");
     resolved << resolved_yaml(config);
     if (!resolved) throw core::Error("cannot write " + (fs::path(config.run.output_dir) / "config.yaml").string());
   }
   const bool cuda = config.device == Device::cuda;
-  if (cuda && core::cuda_device_count() == 0) {
+  const int gpus = cuda ? core::cuda_device_count() : 0;
+  if (cuda && gpus == 0) {
     throw core::InputError("device: cuda was requested but no CUDA device is available (use device=cpu)");
   }
-  const core::DeviceContext context(cuda ? core::Device::cuda(0) : core::Device::cpu());
+  const core::DeviceContext context(cuda ? core::Device::cuda(comm::device_for(placement, gpus)) : core::Device::cpu());
+  std::unique_ptr<comm::Communicator> communicator;
+  if (options.environment) {
+    const double timeout = static_cast<double>(config.parallel.timeout_s);
+    communicator = comm::make_communicator(*options.environment, context,
+                                           {.timeout_s = timeout, .first_step_timeout_s = std::max(4 * timeout, 600.0)});
+  } else {
+    communicator = std::make_unique<comm::SingleRankCommunicator>();
+  }
+  comm::Communicator& comm = *communicator;
   const std::int64_t seq = config.data.seq_len, micro = config.training.micro_batch_size;
   const std::int64_t accumulation = accumulation_steps(config, world);
 
@@ -147,33 +183,61 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     check_vocabulary(*val_shard, shape.vocab_size);
   }
 
-  optim::Slab slab(std::move(layout), context, {.rank = 0, .zero_stage = config.parallel.zero_stage});
+  const int stage = config.parallel.zero_stage;
+  const bool sharded = stage >= 1 && world > 1;
+  optim::Slab slab(std::move(layout), context, {.rank = rank, .zero_stage = stage});
   if (!resume_from) initialize_weights(config, slab, context);
-  auto runner = make_model_runner(shape, slab, context, micro * seq, seq, config.model.recompute);
+  auto runner = make_model_runner(shape, slab, context, micro * seq, seq, config.model.recompute, sharded);
   auto optimizer = optim::make_optimizer(config.optimizer, slab, context);
+  if (sharded) {
+    optimizer->set_partials_reducer([&comm](const std::vector<optim::Partial>& partials) {
+      comm.group_start();
+      for (const optim::Partial& p : partials) comm.all_reduce(p.data, p.dtype, p.count, comm::ReduceOp::sum, "optimizer statistics");
+      comm.group_end();
+    });
+  }
+  GradientSync gradient_sync(comm, slab, context);
   TrainingProgress progress;
   progress.sampler_seed = config.run.seed;
   if (resume_from) progress = load_checkpoint(*resume_from, *optimizer, context);
-  Sampler sampler(train_shard.size(), seq, world, /*rank=*/0, progress.sampler_seed);
+  runner->gather_weights(comm);
+  Sampler sampler(train_shard.size(), seq, world, rank, progress.sampler_seed);
   sampler.restore(progress.sampler);
   const std::int64_t first_step = progress.step + 1;
   const fs::path checkpoints = checkpoints_root(config);
   auto save = [&] {
     progress.sampler = sampler.cursor();
-    save_checkpoint(checkpoints, config, progress, *optimizer, context);
-    prune_checkpoints(checkpoints, config.checkpoint.keep_last);
+    save_checkpoint(checkpoints, config, progress, *optimizer, context, &comm);
+    if (lead) prune_checkpoints(checkpoints, config.checkpoint.keep_last);
   };
   if (config.logging.tensorboard) spdlog::warn("logging.tensorboard: event files are not written by this build");
 
   const std::int64_t tokens_per_step = global_batch_sequences(config, world) * seq;
   const double flops_per_token = 6.0 * static_cast<double>(shape.parameter_count()) +
                                  6.0 * static_cast<double>(shape.num_layers * shape.num_heads * shape.head_dim * seq);
-  spdlog::info("{}: {} on {}, {:.1f}M parameters, {} tokens per step ({} x {} x {} accumulation), {} steps",
+  spdlog::info("{}: {} on {}, {:.1f}M parameters, {} tokens per step ({} x {} x {} accumulation x {} ranks), "
+               "ZeRO-{}, {} steps",
                config.run.name, config.model.preset, context.device_name(), shape.parameter_count() / 1e6,
-               tokens_per_step, micro, seq, accumulation, config.training.max_steps);
+               tokens_per_step, micro, seq, accumulation, world, stage, config.training.max_steps);
 
-  std::ofstream metrics(fs::path(config.run.output_dir) / "metrics.jsonl", std::ios::app);
-  if (!metrics) throw core::Error("cannot write metrics.jsonl in " + config.run.output_dir);
+  // What the slab and the optimizer hold on this rank (the terms of the ZeRO memory formula).
+  std::size_t state_bytes = 0;
+  for (const optim::StateBuffer& b : optimizer->state_buffers()) state_bytes += b.buffer->bytes();
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const nlohmann::json memory = {{"weights_gib", static_cast<double>(slab.mirror().bytes() + slab.master().bytes()) / gib},
+                                 {"grads_gib", static_cast<double>(slab.grad().bytes()) / gib},
+                                 {"state_gib", static_cast<double>(state_bytes) / gib}};
+  spdlog::info("memory per rank: weights {:.3f} GiB (mirror + master), gradients {:.3f} GiB, optimizer state {:.3f} GiB",
+               memory["weights_gib"].get<double>(), memory["grads_gib"].get<double>(), memory["state_gib"].get<double>());
+
+  std::ofstream metrics;
+  if (lead) {
+    metrics.open(fs::path(config.run.output_dir) / "metrics.jsonl", std::ios::app);
+    if (!metrics) throw core::Error("cannot write metrics.jsonl in " + config.run.output_dir);
+  }
+  if (lead) {
+    metrics << nlohmann::json({{"memory_per_rank", memory}, {"world", world}, {"zero_stage", stage}}).dump() << "\n";
+  }
   TrainSummary summary;
   summary.steps = progress.step;
   summary.resumed_from = progress.step;
@@ -185,12 +249,13 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   std::int64_t interval_steps = 0;
 
   auto record = [&](const nlohmann::json& j) {
+    if (!lead) return;
     metrics << j.dump() << "\n";
     metrics.flush();
   };
   auto evaluate = [&](std::int64_t step) {
     if (!val_shard) return;
-    const double val = validation_loss(*runner, *val_shard, config.eval.batches, micro, seq);
+    const double val = validation_loss(*runner, *val_shard, config.eval.batches, micro, seq, comm);
     summary.final_val_loss = val;
     spdlog::info("step {}/{} | val_loss {:.4f}", step, config.training.max_steps, val);
     record({{"step", step}, {"val_loss", val}});
@@ -203,13 +268,27 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
         train_shard.read_window(sampler.next(), {batch.ids.data() + s * seq, static_cast<std::size_t>(seq)},
                                 {batch.targets.data() + s * seq, static_cast<std::size_t>(seq)});
       }
+      // Only the last micro-batch's backward communicates (ZeRO-2 overlaps it layer by layer).
+      const bool last = a + 1 == accumulation;
+      if (last && gradient_sync.wants_ranges()) runner->overlap_gradient_sync(&gradient_sync);
       runner->micro_step(batch.ids.data(), batch.targets.data(), micro, seq, 1.0f / static_cast<float>(accumulation));
+      if (last && gradient_sync.wants_ranges()) runner->overlap_gradient_sync(nullptr);
     }
+    hang_if_asked(rank, step);
+    gradient_sync.finish();
     optimizer->step(lr);
+    runner->gather_weights(comm);
     const auto losses = runner->take_losses();
     double loss = 0;
     for (double l : losses) loss += l;
     loss /= static_cast<double>(losses.size());
+    // One small host all-reduce per step: the global mean loss and whether any rank must stop.
+    const bool stop_here = StopSignals::requested() || step == options.stop_after_step;
+    const std::vector<double> agreed =
+        comm.all_reduce_host({loss, stop_here ? 1.0 : 0.0}, comm::ReduceOp::sum, "loss and stop flag");
+    loss = agreed[0] / world;
+    const bool stop = agreed[1] > 0;
+    if (step == first_step) comm.mark_first_step_done();
     interval_loss += loss;
     ++interval_steps;
     summary.steps = step;
@@ -229,7 +308,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
         CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
         memory_gib = static_cast<double>(total_bytes - free_bytes) / (1 << 30);
       }
-      const double mfu = cuda ? tokens_per_s * flops_per_token / kPeakBf16Flops : 0.0;
+      // MFU per GPU: every rank does 1/world of the step's tokens.
+      const double mfu = cuda ? tokens_per_s / world * flops_per_token / kPeakBf16Flops : 0.0;
       const double eta = seconds_since(start) / static_cast<double>(step - first_step + 1) *
                          static_cast<double>(config.training.max_steps - step);
       const std::string device_figures =
@@ -239,7 +319,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
                    report.skipped_steps > 0 ? " (" + std::to_string(report.skipped_steps) + " skipped)" : std::string(),
                    tokens_per_s, device_figures, format_duration(eta));
       record({{"step", step}, {"loss", mean_loss}, {"lr", lr}, {"grad_norm", report.grad_norm},
-              {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"memory_gib", memory_gib},
+              {"tokens_per_s", tokens_per_s}, {"tokens_per_s_per_rank", tokens_per_s / world}, {"world", world},
+              {"zero_stage", stage}, {"mfu", mfu}, {"memory_gib", memory_gib},
               {"skipped_steps", report.skipped_steps}, {"elapsed_s", seconds_since(start)}});
       if (runner->saw_invalid_ids()) throw core::Error("token ids outside the vocabulary reached the model");
       interval_start = std::chrono::steady_clock::now();
@@ -247,18 +328,19 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       interval_steps = 0;
     }
     if (config.eval.every > 0 && step % config.eval.every == 0) evaluate(step);
-    if (config.sample.every > 0 && step % config.sample.every == 0 && config.data.tokenizer == "byte") {
+    if (lead && config.sample.every > 0 && step % config.sample.every == 0 && config.data.tokenizer == "byte") {
       spdlog::info("sample at step {}: {}{}", step, config.sample.prompt,
                    sample_text(*runner, config.sample.prompt, config.sample.tokens, seq, config.run.seed + step));
     }
-    const bool stop = StopSignals::requested() || step == options.stop_after_step;
-    if (stop || step == config.training.max_steps ||
+    if (stop || (step == config.training.max_steps && config.checkpoint.at_end) ||
         (config.checkpoint.every > 0 && step % config.checkpoint.every == 0)) {
       save();
     }
     if (stop && step < config.training.max_steps) {
       if (StopSignals::requested()) {
         spdlog::info("signal {}: stopped after step {} with a checkpoint", StopSignals::signal_number(), step);
+      } else {
+        spdlog::info("stopped after step {} with a checkpoint (another rank was signalled)", step);
       }
       summary.stopped_early = true;
       summary.seconds = seconds_since(start);
@@ -270,10 +352,11 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   spdlog::info("done: {} steps, {} tokens in {:.1f} s ({:.0f} tok/s), final loss {:.4f}{}", summary.steps, summary.tokens,
                summary.seconds, static_cast<double>(summary.tokens) / summary.seconds, summary.final_loss,
                summary.final_val_loss >= 0 ? fmt::format(", validation loss {:.4f}", summary.final_val_loss) : "");
-  if (config.data.tokenizer == "byte") {
+  if (lead && config.data.tokenizer == "byte") {
     const std::string text = sample_text(*runner, config.sample.prompt, config.sample.tokens, seq, config.run.seed);
     std::printf("\n--- sample ---\n%s%s\n--------------\n", config.sample.prompt.c_str(), text.c_str());
   }
+  comm.barrier("end of training");
   return summary;
 }
 

@@ -4,10 +4,14 @@
 // line and one metrics.jsonl record per logged step. It resumes from a checkpoint under
 // checkpoint.resume, saves one every checkpoint.every steps and at the end, and on SIGUSR1,
 // SIGTERM or a first SIGINT finishes the current step, saves and returns (trainer/stop_signals.h).
+// Under MPI every rank calls train(): the ranks split each global batch, synchronise gradients
+// per parallel.zero_stage (trainer/gradient_sync.h), agree on stopping, and rank 0 alone writes
+// the logs and metrics.
 #pragma once
 
 #include <cstdint>
 
+#include "comm/communicator.h"
 #include "trainer/config.h"
 
 namespace trainer {
@@ -26,6 +30,8 @@ struct TrainOptions {
   // > 0: after this step, save a checkpoint and return as a stop signal would (the schedule still
   // spans training.max_steps).
   std::int64_t stop_after_step = 0;
+  // The MPI job this process belongs to; nullptr: a single rank without MPI.
+  const comm::Environment* environment = nullptr;
 };
 
 // Throws core::InputError for bad input (data, devices, a checkpoint that does not verify) and

@@ -31,10 +31,12 @@ struct Qwen3Model::LayerActivations {
   Vec x_in, rstd_in, h, q, k, v, rstd_q, rstd_k, q_rot, k_rot, att, lse, x_mid, rstd_post, h2, gate_up, act;
 };
 
-Qwen3Model::Qwen3Model(const Qwen3Config& config, optim::Slab& slab) : config_(config), slab_(slab) {
+Qwen3Model::Qwen3Model(const Qwen3Config& config, optim::Slab& slab, float* full_weights)
+    : config_(config), slab_(slab), full_weights_(full_weights) {
   validate(config_, "qwen3 model");
-  if (slab.device().is_cuda() || !(slab.owned() == slab.full())) {
-    throw core::Error("Qwen3Model: the cpu model needs a whole-model cpu slab");
+  if (slab.device().is_cuda() || (full_weights == nullptr && !(slab.owned() == slab.full()))) {
+    throw core::Error("Qwen3Model: the cpu model needs a cpu slab whose master weights cover the whole model, or "
+                      "the whole model's weights");
   }
   const auto& layout = slab.layout();
   auto find = [&](const std::string& name) {
@@ -53,6 +55,10 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, optim::Slab& slab) : config_(c
 }
 
 std::span<float> Qwen3Model::weight(int tensor) {
+  if (full_weights_ != nullptr) {
+    const optim::SlabTensor& t = slab_.layout().tensors()[static_cast<std::size_t>(tensor)];
+    return {full_weights_ + t.offset, static_cast<std::size_t>(t.numel)};
+  }
   const auto v = slab_.master_view(tensor);
   return {v.as<float>(), static_cast<std::size_t>(v.numel())};
 }

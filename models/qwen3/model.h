@@ -16,8 +16,10 @@ namespace models::qwen3 {
 
 class Qwen3Model {
  public:
-  // `slab` must be laid out from parameter_specs(config), hold the whole model and live on cpu.
-  Qwen3Model(const Qwen3Config& config, optim::Slab& slab);
+  // `slab` must be laid out from parameter_specs(config) and live on cpu. The weights are the
+  // slab's master weights, which must then cover the whole slab, or `full_weights` (fp32 over the
+  // whole slab, e.g. gathered from the shards of every rank under ZeRO).
+  Qwen3Model(const Qwen3Config& config, optim::Slab& slab, float* full_weights = nullptr);
 
   const Qwen3Config& config() const { return config_; }
 
@@ -47,6 +49,7 @@ class Qwen3Model {
 
   Qwen3Config config_;
   optim::Slab& slab_;
+  float* full_weights_ = nullptr;
   int embed_ = 0, final_norm_ = 0, head_ = 0;
   std::vector<LayerWeights> layers_;
 };

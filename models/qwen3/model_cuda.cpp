@@ -1,6 +1,8 @@
 #include "models/qwen3/model_cuda.h"
 
 #include <algorithm>
+#include <functional>
+#include <limits>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -54,6 +56,7 @@ struct Qwen3Cuda::Impl {
 
   Qwen3Config c;
   optim::Slab& slab;
+  std::function<void(optim::Range)> on_gradients_ready;
   const core::DeviceContext& ctx;
   cudaStream_t stream;
   std::int64_t max_tokens;
@@ -205,6 +208,7 @@ struct Qwen3Cuda::Impl {
                            loss_outputs(), ws());
     ops::rmsnorm_backward_cuda(at<bf16>(dtmp), at<bf16>(x_final), w(final_norm), at<float>(rstd_final), n, d,
                                at<bf16>(dx), g(final_norm), at<char>(workspace), workspace_bytes, stream);
+    gradients_ready({final_norm, head == embed ? final_norm : head});
     const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
     const std::int32_t* pos = at<std::int32_t>(positions);
     for (std::size_t l = layers.size(); l-- > 0;) {
@@ -238,9 +242,23 @@ struct Qwen3Cuda::Impl {
       ops::rmsnorm_backward_cuda(at<bf16>(dh), at<bf16>(s.x_in), w(lw.input_norm), at<float>(s.rstd_in), n, d,
                                  at<bf16>(dtmp), g(lw.input_norm), at<char>(workspace), workspace_bytes, stream);
       add_bf16(at<bf16>(dx), at<bf16>(dtmp), at<bf16>(dx), n * d, stream);
+      gradients_ready({lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, lw.o_proj, lw.post_norm, lw.gate_up, lw.down});
     }
     ops::embedding_backward_cuda(ids, n, at<bf16>(dx), c.vocab_size, d, g(embed), at<std::int32_t>(invalid),
                                  at<char>(workspace), workspace_bytes, stream);
+    gradients_ready({embed});
+  }
+
+  // Reports the slab range spanned by `tensors` to the gradients-ready callback, if any.
+  void gradients_ready(std::initializer_list<int> tensors) {
+    if (!on_gradients_ready) return;
+    optim::Range span{std::numeric_limits<std::int64_t>::max(), 0};
+    for (int t : tensors) {
+      const optim::Range r = slab.layout().tensors()[static_cast<std::size_t>(t)].range();
+      span.begin = std::min(span.begin, r.begin);
+      span.end = std::max(span.end, r.end);
+    }
+    on_gradients_ready(span);
   }
 };
 
@@ -329,6 +347,10 @@ void Qwen3Cuda::logits(const std::int32_t* ids, std::int64_t batch, std::int64_t
   m.forward(ids, batch, seq);
   m.linear.forward(m.at<bf16>(m.x_norm), m.w(m.head), batch * seq, m.c.hidden_size, m.c.vocab_size,
                    reinterpret_cast<bf16*>(logits), m.ws());
+}
+
+void Qwen3Cuda::set_gradients_ready(std::function<void(optim::Range)> callback) {
+  impl_->on_gradients_ready = std::move(callback);
 }
 
 const float* Qwen3Cuda::loss() const { return impl_->at<float>(impl_->mean_loss); }

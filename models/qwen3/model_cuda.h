@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -38,6 +39,12 @@ class Qwen3Cuda {
   void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq);
   // bf16 logits [batch * seq, vocab] into `logits` (device).
   void logits(const std::int32_t* ids, std::int64_t batch, std::int64_t seq, std::uint16_t* logits);
+
+  // Called during forward_backward, in stream order, with every global slab range whose gradients
+  // are final for the call: the head (final norm, untied lm_head) after the loss, each layer
+  // after its backward, the embedding last. ZeRO-2 reduces them while the backward goes on.
+  // An empty function stops the calls.
+  void set_gradients_ready(std::function<void(optim::Range)> callback);
 
   const float* loss() const;          // device fp32: mean loss of the last call
   const std::int32_t* counted() const;  // device int32: tokens counted by the last call

@@ -1,0 +1,81 @@
+// The cpu backend's device collectives: MPI on host buffers, averages as a sum divided by the world.
+#include "comm/mpi_communicator.h"
+
+#include "core/error.h"
+
+namespace comm {
+namespace {
+
+// The MPI type for reducing `dtype` with `op`; throws when MPI cannot (bf16, f16; avg of integers).
+MPI_Datatype checked_type(core::DType dtype, ReduceOp op, const char* operation, const char* what) {
+  detail::check_op(dtype, op, operation, what);
+  const MPI_Datatype type = detail::reduction_type(dtype);
+  if (type == MPI_DATATYPE_NULL) {
+    throw core::Error("comm: " + detail::describe(operation, what) + ": the cpu backend cannot reduce " +
+                      std::string(core::dtype_name(dtype)));
+  }
+  return type;
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
+
+template <typename T>
+void divide(T* data, std::size_t count, int world) {
+  const auto divisor = static_cast<T>(world);
+  for (std::size_t i = 0; i < count; ++i) data[i] /= divisor;
+}
+
+// Turns the sum over `count` elements at `data` into the average (checked_type admits only f32, f64).
+void finish_average(void* data, core::DType dtype, std::size_t count, int world) {
+  if (dtype == core::DType::f32) divide(static_cast<float*>(data), count, world);
+  if (dtype == core::DType::f64) divide(static_cast<double*>(data), count, world);
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(Placement placement, CommOptions options, std::size_t max_chunk_bytes)
+    : HostCommunicator(placement, options, /*cuda_device=*/-1, max_chunk_bytes) {}
+
+void MpiCommunicator::all_reduce(void* data, core::DType dtype, std::size_t count, ReduceOp op, const char* what) {
+  (void)checked_type(dtype, op, "all_reduce", what);
+  if (world() == 1 || count == 0) return;
+  {
+    auto watch = watchdog_.watch_host("all_reduce", what);
+    mpi_.all_reduce(data, dtype, count, mpi_op(op));
+  }
+  if (op == ReduceOp::avg) finish_average(data, dtype, count, world());
+}
+
+void MpiCommunicator::reduce_scatter(void* data, core::DType dtype, std::size_t count_per_rank, ReduceOp op,
+                                     const char* what) {
+  (void)checked_type(dtype, op, "reduce_scatter", what);
+  if (world() == 1 || count_per_rank == 0) return;
+  {
+    auto watch = watchdog_.watch_host("reduce_scatter", what);
+    mpi_.reduce_scatter(data, dtype, count_per_rank, mpi_op(op));
+  }
+  if (op == ReduceOp::avg) {
+    auto* mine = static_cast<std::byte*>(data) + static_cast<std::size_t>(rank()) * count_per_rank * core::dtype_size(dtype);
+    finish_average(mine, dtype, count_per_rank, world());
+  }
+}
+
+void MpiCommunicator::all_gather(void* data, core::DType dtype, std::size_t count_per_rank, const char* what) {
+  if (world() == 1 || count_per_rank == 0) return;
+  auto watch = watchdog_.watch_host("all_gather", what);
+  mpi_.all_gather(data, count_per_rank * core::dtype_size(dtype));
+}
+
+void MpiCommunicator::reduce(void* data, core::DType dtype, std::size_t count, ReduceOp op, int root,
+                             const char* what) {
+  (void)checked_type(dtype, op, "reduce", what);
+  detail::check_root(root, world(), "reduce", what);
+  if (world() == 1 || count == 0) return;
+  {
+    auto watch = watchdog_.watch_host("reduce", what);
+    mpi_.reduce(data, dtype, count, mpi_op(op), root);
+  }
+  if (op == ReduceOp::avg && rank() == root) finish_average(data, dtype, count, world());
+}
+
+}  // namespace comm

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Multi-rank parity on the CPU: for each optimizer, a reference run of configs/ci-tiny.yaml with
+# one rank, then runs with 2 and 3 ranks under each parallel.zero_stage (0, 1, 2). The global batch
+# (6 sequences of 64 tokens) is the same at every world size, so every step's loss (the mean over
+# all ranks, from rank 0's metrics.jsonl) must match the reference within 1e-5 relative.
+# usage: run_mpi_parity.sh BUILD_DIR SOURCE_DIR [OPTIMIZERS...]   (default: adamw adamw8bit adafactor)
+# Environment: MPI_PARITY_WORLDS (default "2 3"), MPI_RUN_TIMEOUT (seconds per run, default 300),
+# MPI_KEEP_WORK (keep the temporary directory).
+set -euo pipefail
+build=$1
+source=$2
+shift 2
+optimizers=("$@")
+[ ${#optimizers[@]} -gt 0 ] || optimizers=(adamw adamw8bit adafactor)
+read -r -a worlds <<< "${MPI_PARITY_WORLDS:-2 3}"
+steps=6
+work=$(mktemp -d)
+# shellcheck source=tests/trainer/mpi_common.sh
+. "$(dirname "$0")/mpi_common.sh"
+mpi_setup
+
+failures=()
+printf '%-10s %3s %5s  %s\n' optimizer np stage "max relative loss difference (tolerance $MPI_REL_TOL)"
+for opt in "${optimizers[@]}"; do
+  case $opt in
+    adamw | adamw8bit | adafactor) ;;
+    *) echo "FAIL: unknown optimizer '$opt' (expected adamw, adamw8bit or adafactor)"; exit 1 ;;
+  esac
+  # ci-tiny sets lr 3e-3 and weight_decay 0. Adafactor needs no other keys (relative_step: its
+  # step size is min(lr, 1/sqrt(t)) x rms(w)); lr 1e-2, Hugging Face's default, makes it move.
+  args=(optimizer.type="$opt" training.max_steps="$steps" checkpoint.every=0 checkpoint.resume=never)
+  [ "$opt" = adafactor ] && args+=(optimizer.lr=1e-2)
+  ref="$work/$opt.ref"
+  code=0
+  mpi_train 1 "$ref.log" run.output_dir="$ref" "${args[@]}" || code=$?
+  if [ "$code" -ne 0 ]; then
+    cat "$ref.log"
+    echo "FAIL: $opt reference run (np 1) exited with code $code$([ "$code" -eq 124 ] && echo ' (timed out)')"
+    exit 1
+  fi
+  mpi_losses "$ref/metrics.jsonl" > "$ref.losses"
+  [ "$(wc -l < "$ref.losses")" -eq "$steps" ] ||
+    { cat "$ref/metrics.jsonl"; echo "FAIL: $opt reference run logged $(wc -l < "$ref.losses") losses, expected $steps"; exit 1; }
+  printf '%-10s %3s %5s  %s\n' "$opt" 1 - "reference: losses $(awk '{ printf "%s%.4f", (NR > 1 ? " " : ""), $2 }' "$ref.losses")"
+  for np in "${worlds[@]}"; do
+    for stage in 0 1 2; do
+      name="$opt np $np stage $stage"
+      out="$work/$opt.np$np.zero$stage"
+      code=0
+      mpi_train "$np" "$out.log" run.output_dir="$out" parallel.zero_stage=$stage "${args[@]}" || code=$?
+      if [ "$code" -ne 0 ]; then
+        tail -n 40 "$out.log"
+        printf '%-10s %3s %5s  %s\n' "$opt" "$np" "$stage" "FAIL (exit code $code$([ "$code" -eq 124 ] && echo ', timed out'))"
+        failures+=("$name: exit code $code")
+        continue
+      fi
+      if [ ! -f "$out/metrics.jsonl" ]; then
+        tail -n 40 "$out.log"
+        printf '%-10s %3s %5s  %s\n' "$opt" "$np" "$stage" "FAIL (no metrics.jsonl)"
+        failures+=("$name: no metrics.jsonl")
+        continue
+      fi
+      mpi_losses "$out/metrics.jsonl" > "$out.losses"
+      logged=$(wc -l < "$out.losses")
+      worst=""
+      if [ "$logged" -ne "$steps" ]; then
+        # More lines than steps: more than one rank wrote metrics.jsonl.
+        printf '%-10s %3s %5s  %s\n' "$opt" "$np" "$stage" "FAIL ($logged loss records, expected $steps)"
+        failures+=("$name: $logged loss records in metrics.jsonl, expected $steps (rank 0 alone writes one per step)")
+      elif worst=$(mpi_compare "$ref.losses" "$out.losses" 1 $steps); then
+        printf '%-10s %3s %5s  %s\n' "$opt" "$np" "$stage" "$worst"
+      else
+        printf '%-10s %3s %5s  %s\n' "$opt" "$np" "$stage" "$worst FAIL"
+        failures+=("$name: max relative loss difference $worst > $MPI_REL_TOL")
+      fi
+    done
+  done
+done
+if [ ${#failures[@]} -gt 0 ]; then
+  for f in "${failures[@]}"; do echo "FAIL: $f"; done
+  exit 1
+fi
+echo "mpi parity passed (${optimizers[*]}; world sizes 1 ${worlds[*]}; ZeRO stages 0 1 2)"
