@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs in one go: configure + build with all cores, the gpu (and cpu)
 # tests, the fixture generators, and the benchmarks with their PyTorch peers.
-# Logs and results go to $OUT (default ./gpu-out). Usage: tests/gpu.sh [build|test|fixtures|bench|quality]...
+# Logs and results go to $OUT (default ./gpu-out).
+# Usage: tests/gpu.sh [build|test|fixtures|bench|quality|train|data|mpi|scaling]...
+# (mpi and scaling need a machine with several GPUs and run after build and data.)
 # (quality, not in the default list, trains on .carry/kjv.txt: a copy of the King James Bible text.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +73,43 @@ run_step() {
         cat "$tmp/ours.json" >> "$OUT/bench.log"
         python3 bench/record.py "$tmp/ours.json" "$tmp/peer.json" "$OUT/qwen3.jsonl" --commit "$COMMIT" --per-token
       done
+      ;;
+    data)
+      # Byte shards of the bundled corpus for the trainer runs (as launch/quickstart.sh makes them).
+      mkdir -p runs/data && gunzip -c data/kjv.txt.gz > runs/data/kjv.txt &&
+        build/tools/make_shards runs/data/kjv.txt --tokenizer byte --val-fraction 0.05 \
+          --train-out runs/data/kjv_train.bin --val-out runs/data/kjv_val.bin > /dev/null
+      ;;
+    mpi)
+      # Several GPUs of this host: NCCL collectives and the watchdog, then the trainer's multi-rank
+      # parity, resharding and fault tests on cuda (the quickstart model, 12 sequences per step).
+      local gpus rc=0
+      gpus=$(nvidia-smi -L | wc -l)
+      [ "$gpus" -ge 2 ] || { echo "mpi: needs 2 or more GPUs, found $gpus"; return 1; }
+      export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+      : > "$OUT/mpi.log"
+      for np in 2 "$gpus"; do
+        mpirun --oversubscribe -np "$np" build/tests/test_comm_mpi --device cuda >> "$OUT/mpi.log" 2>&1 || rc=1
+      done
+      (cd build && ctest -L gpu-mpi --output-on-failure) >> "$OUT/mpi.log" 2>&1 || rc=1
+      local gpu_args=(MPI_CONFIG="$PWD/configs/quickstart.yaml" MPI_REL_TOL="${GPU_MPI_TOL:-1e-5}"
+                      MPI_EXTRA_ARGS="device=cuda training.global_batch_size=12")
+      env "${gpu_args[@]}" MPI_PARITY_WORLDS="2 $gpus" bash tests/trainer/run_mpi_parity.sh build . \
+        >> "$OUT/mpi.log" 2>&1 || rc=1
+      env "${gpu_args[@]}" bash tests/trainer/run_mpi_reshard.sh build . >> "$OUT/mpi.log" 2>&1 || rc=1
+      env "${gpu_args[@]}" bash tests/trainer/run_mpi_faults.sh build . >> "$OUT/mpi.log" 2>&1 || rc=1
+      grep -E "FAIL|passed|max relative|np |did not finish|exit" "$OUT/mpi.log" | tail -60
+      return $rc
+      ;;
+    scaling)
+      # Data-parallel scaling on 1, 2 and all GPUs of this host (bench/scaling.sh), recorded.
+      local gpus
+      gpus=$(nvidia-smi -L | wc -l)
+      rm -f "$OUT/scaling_raw.jsonl"
+      bash bench/scaling.sh ${SCALING_CASES:-qwen3-0.6b:1:1 qwen3-0.6b:2:1 qwen3-0.6b:$gpus:0 qwen3-0.6b:$gpus:1 qwen3-0.6b:$gpus:2} ||
+        return 1
+      python3 bench/record_scaling.py "$OUT/scaling_raw.jsonl" "$OUT/scaling.jsonl" \
+        --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$gpus" --commit "$COMMIT"
       ;;
     *) echo "unknown step $1"; return 2 ;;
   esac

@@ -16,8 +16,11 @@
 #   mpi_kill_leftovers      kills, by pid, the processes whose command line names $work
 # Only bash, coreutils, grep, sed and awk: CI has no Python packages.
 
+# Environment: MPI_CONFIG (default configs/ci-tiny.yaml), MPI_EXTRA_ARGS (overrides applied after
+# the common ones, e.g. "device=cuda training.global_batch_size=12" for the GPU machine),
+# MPI_REL_TOL (default 1e-5), MPI_RUN_TIMEOUT (default 300).
 MPI_RUN_TIMEOUT=${MPI_RUN_TIMEOUT:-300}
-MPI_REL_TOL=1e-5
+MPI_REL_TOL=${MPI_REL_TOL:-1e-5}
 
 mpi_kill_leftovers() {
   local pids pid
@@ -55,7 +58,7 @@ mpi_setup() {
   [ -x "$trainer_bin" ] || { echo "FAIL: $trainer_bin is missing (build first)"; exit 1; }
   [ -x "$build/tools/make_shards" ] || { echo "FAIL: $build/tools/make_shards is missing"; exit 1; }
   [ -x "$build/tools/export_hf" ] || { echo "FAIL: $build/tools/export_hf is missing"; exit 1; }
-  config="$source/configs/ci-tiny.yaml"
+  config="${MPI_CONFIG:-$source/configs/ci-tiny.yaml}"
   # A 400 kB slice of the corpus: about 5,900 windows of 64 tokens, plenty for these short runs.
   gunzip -c "$source/data/kjv.txt.gz" > "$work/full.txt"
   head -c 400000 "$work/full.txt" > "$work/kjv.txt"
@@ -68,6 +71,9 @@ mpi_setup() {
   mpi_common=(data.train="$work/train.bin" data.val="$work/val.bin" training.micro_batch_size=1
               training.global_batch_size=6 schedule.warmup_steps=2 logging.every=1 eval.every=0 sample.every=0
               sample.tokens=1)
+  local extra
+  read -r -a extra <<< "${MPI_EXTRA_ARGS:-}"
+  mpi_common+=("${extra[@]}")
 }
 
 mpi_train() {

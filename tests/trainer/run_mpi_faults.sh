@@ -8,6 +8,7 @@
 #  (b) kill -9 of rank 1 once a complete checkpoint exists: mpirun must exit non-zero within
 #      parallel.timeout_s + 30 s, leaving no process of the job behind; the newest complete
 #      checkpoint must export and resume on two ranks.
+#  (c) SIGUSR1 to rank 1 alone: both ranks stop after the same step, save it together, exit 0.
 # usage: run_mpi_faults.sh BUILD_DIR SOURCE_DIR
 # Environment: MPI_RUN_TIMEOUT (seconds per ordinary run, default 300), MPI_KEEP_WORK (keep the
 # temporary directory).
@@ -160,4 +161,32 @@ newest=$(mpi_newest_checkpoint "$kill9")
 [ -n "$newest" ] || { echo "FAIL: (b) no complete checkpoint left after the kill"; exit 1; }
 echo "   newest complete checkpoint $(basename "$newest")$(compgen -G "$kill9/checkpoints/*.tmp" > /dev/null && echo ' (an incomplete one was left beside it)')"
 check_checkpoint "$newest" 2 kill9
+
+# (c) SIGUSR1 to one rank only: every rank stops after the same step, the job saves a complete
+# checkpoint of that step together and exits 0.
+echo "== (c) SIGUSR1 to rank 1 only"
+usr1="$work/usr1"
+start=$(now)
+timeout -k 10 600 "$mpirun" --allow-run-as-root --oversubscribe -np 2 \
+  "$trainer_bin" "$config" "${mpi_common[@]}" run.output_dir="$usr1" training.max_steps=100000 checkpoint.every=0 \
+  checkpoint.resume=never > "$work/usr1.log" 2>&1 &
+job=$!
+for _ in $(seq 1800); do
+  [ -f "$usr1/metrics.jsonl" ] && [ "$(mpi_losses "$usr1/metrics.jsonl" | wc -l)" -ge 3 ] && break
+  kill -0 "$job" 2> /dev/null || break
+  sleep 0.1
+done
+victim=$(rank_pid "$usr1" 1)
+[ -n "$victim" ] || { tail -n 40 "$work/usr1.log"; echo "FAIL: (c) no trainer process of rank 1"; exit 1; }
+kill -USR1 "$victim"
+code=0
+wait "$job" || code=$?
+[ "$code" -eq 0 ] || { tail -n 40 "$work/usr1.log"; echo "FAIL: (c) the job exited with code $code after SIGUSR1, expected 0"; exit 1; }
+last=$(mpi_losses "$usr1/metrics.jsonl" | tail -1 | cut -d' ' -f1)
+newest=$(mpi_newest_checkpoint "$usr1")
+[ "$newest" = "$(printf '%s/checkpoints/step_%08d' "$usr1" "$last")" ] ||
+  { tail -n 40 "$work/usr1.log"; echo "FAIL: (c) newest checkpoint '${newest:-none}', expected the last logged step $last"; exit 1; }
+grep -q "stopped after step $last with a checkpoint (another rank was signalled)" "$work/usr1.log" ||
+  { tail -n 40 "$work/usr1.log"; echo "FAIL: (c) rank 0 does not say it stopped after step $last for another rank's signal"; exit 1; }
+echo "   both ranks stopped after step $last and saved it ($(since "$start") s)"
 echo "mpi faults passed"
