@@ -110,4 +110,23 @@ void launch_adamw8bit_update(const AdamW8bitBuffers& buffers, const AdamW8bitChu
                              const Segment* segments, const Segment* quantised_segments, StepScalars* scalars,
                              const AdamWStepParams& params, Quantization quantization, cudaStream_t stream);
 
+// Checks of the update kernel's shortcuts against the reference arithmetic, for the GPU tests
+// (they run on the current CUDA device and synchronise).
+namespace self_check {
+
+// How many floats x in [2^-101, FLT_MAX] (every one) get a square root from the kernel's fast
+// path (sqrt_rn_in_range) that differs from fp::sqrt's; 0 is expected.
+std::uint64_t adamw8bit_sqrt_mismatches();
+
+// The companded codes that the kernel's encoder (its fast path and the fallback it takes when
+// that may be off) gives m[i] and v[i], in groups of 4 elements with one scale_m / scale_v (block
+// maximum) per group and the 32-bit draw word of each element (m: low 16 bits, v: high 16 bits,
+// as rounding_draws_from). m.size() is a multiple of 4.
+void adamw8bit_companded_codes(const std::vector<float>& m, const std::vector<float>& v,
+                               const std::vector<float>& scale_m, const std::vector<float>& scale_v,
+                               const std::vector<std::uint32_t>& draws, std::vector<std::uint8_t>& code_m,
+                               std::vector<std::uint8_t>& code_v);
+
+}  // namespace self_check
+
 }  // namespace optim

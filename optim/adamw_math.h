@@ -69,14 +69,25 @@ OPTIM_HD void adamw_element(float& w, float& m, float& v, float grad, const Adam
 
 // The same update with v's bias correction applied as a multiplication (one correctly rounded
 // division per element instead of two): 8-bit AdamW's quantised moments use it, whose values are
-// approximations already; its fp32 state keeps adamw_element.
-OPTIM_HD void adamw_element_quantised(float& w, float& m, float& v, float grad, const AdamWElementParams& e) {
+// approximations already; its fp32 state keeps adamw_element. It is written as its two halves,
+// the moments and the weight step from the updated m and sqrt(v), so that the CUDA kernel can
+// take the square roots of a lane's elements together (adamw8bit.cu); the operations and their
+// order are the same either way.
+OPTIM_HD void adamw_moments(float& m, float& v, float grad, const AdamWElementParams& e) {
   const float g = fp::mul(fp::finite(grad) ? grad : 0.0f, e.clip);
   m = fp::fma(e.beta1, m, fp::mul(e.one_minus_beta1, g));
   v = fp::fma(e.beta2, v, fp::mul(fp::mul(e.one_minus_beta2, g), g));
-  const float denom = fp::fma(fp::sqrt(v), e.inv_bc2_sqrt, e.eps);
-  w = fp::mul(w, e.decay_factor);
-  w = fp::fma(-e.step_size, fp::div(m, denom), w);
+}
+
+// `sqrt_v` is the correctly rounded square root of the updated v.
+OPTIM_HD float adamw_weight_quantised(float w, float m, float sqrt_v, const AdamWElementParams& e) {
+  const float denom = fp::fma(sqrt_v, e.inv_bc2_sqrt, e.eps);
+  return fp::fma(-e.step_size, fp::div(m, denom), fp::mul(w, e.decay_factor));
+}
+
+OPTIM_HD void adamw_element_quantised(float& w, float& m, float& v, float grad, const AdamWElementParams& e) {
+  adamw_moments(m, v, grad, e);
+  w = adamw_weight_quantised(w, m, fp::sqrt(v), e);
 }
 
 }  // namespace optim

@@ -87,18 +87,27 @@ OPTIM_HD float v_code_position(float c) {
 }
 
 #if defined(__CUDA_ARCH__)
-// One hardware approximation (MUFU), denormals flushed: good enough for a first guess.
+// One hardware approximation (MUFU) each, denormals flushed: good enough for a first guess.
 __device__ __forceinline__ float rsqrt_approx(float x) {
   float y;
   asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+
+__device__ __forceinline__ float sqrt_approx(float x) {
+  float y;
+  asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 #endif
 
-// First guesses of sqrt(t) and t^(1/4); only used to start the search for a code.
+// First guesses of sqrt(t) and t^(1/4); only used to start the search for a code. On the GPU a
+// denormal t reads as 0, a guess of 0, which is right for any t below the first code. (The
+// square root used to be t * rsqrt(t), which is +inf for a denormal t: such a t -- |m| below
+// ~2^-140 of its block maximum -- got code 125 on the GPU against 0 or 1 on the CPU.)
 OPTIM_HD float sqrt_guess(float t) {
 #if defined(__CUDA_ARCH__)
-  return t * rsqrt_approx(t);  // NaN at t = 0: stochastic_code reads it as 0
+  return sqrt_approx(t);
 #else
   return std::sqrt(t);
 #endif

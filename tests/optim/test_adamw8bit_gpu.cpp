@@ -2,13 +2,19 @@
 // odd sizes, both codes, both mirror types, both non-finite policies, several min_8bit_size and
 // chunk sizes, sharded ranges. Codes and scales must be identical, master within 1e-6 relative,
 // mirror the rounded master, grads zeroed; a captured step is two kernels and replays equal eager.
+// The kernel's two shortcuts are checked on their own: its square root against fp::sqrt over every
+// float of its range, its companded encoder (fast path and fallback) against the CPU encoder on
+// values at, next to and between the code positions.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include <gtest/gtest.h>
 
 #include "core/error.h"
 #include "core/half.h"
 #include "optim/adamw8bit.h"
+#include "optim/quantization.h"
 #include "support/test_support.h"
 
 namespace {
@@ -196,6 +202,89 @@ TEST(AdamW8bitGpu, MatchesReferenceOverRandomTensorLists) {
       if (HasFailure()) return;
     }
   }
+}
+
+TEST(AdamW8bitGpu, SquareRootFastPathIsCorrectlyRoundedOverItsRange) {
+  REQUIRE_GPU();
+  EXPECT_EQ(optim::self_check::adamw8bit_sqrt_mismatches(), 0u);
+}
+
+TEST(AdamW8bitGpu, CompandedEncoderMatchesReferenceAtAndAroundCodes) {
+  REQUIRE_GPU();
+  using Codec = optim::MomentCodec<Quantization::companded>;
+  std::mt19937_64 rng(test::fresh_seed());
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  const std::size_t groups = 1 << 20;
+  std::vector<float> m(4 * groups), v(4 * groups), scale_m(groups), scale_v(groups);
+  std::vector<std::uint32_t> draws(4 * groups);
+  auto next_float = [](float x, int ulps) {
+    std::uint32_t b;
+    std::memcpy(&b, &x, 4);
+    b = static_cast<std::uint32_t>(static_cast<std::int64_t>(b) + ulps);
+    std::memcpy(&x, &b, 4);
+    return x;
+  };
+  for (std::size_t g = 0; g < groups; ++g) {
+    // Block maxima from the smallest kept (2^-90) to large, and 0 (all codes 0).
+    const int kind = static_cast<int>(g % 8);
+    float sm = std::ldexp(0.5f + unit(rng), static_cast<int>(rng() % 100) - 90);
+    float sv = std::ldexp(0.5f + unit(rng), static_cast<int>(rng() % 120) - 90);
+    if (kind == 0) sm = sv = optim::kMinScale;
+    if (kind == 1) sm = 0.0f;
+    if (kind == 2) sv = 0.0f;
+    scale_m[g] = sm;
+    scale_v[g] = sv;
+    for (int k = 0; k < 4; ++k) {
+      const std::size_t i = 4 * g + static_cast<std::size_t>(k);
+      const int cm = static_cast<int>(rng() % 128), cv = static_cast<int>(rng() % 256);
+      float xm = Codec::decode_m(static_cast<std::uint8_t>(cm), sm);
+      float xv = Codec::decode_v(static_cast<std::uint8_t>(cv), sv);
+      switch (rng() % 6) {
+        case 0: break;  // on a code
+        case 1:         // a few ulps off a code, not above the block maximum
+          xm = std::min(next_float(xm, static_cast<int>(rng() % 7) - 3), sm);
+          xv = std::min(next_float(xv, static_cast<int>(rng() % 7) - 3), sv);
+          break;
+        case 2:  // the block maximum itself
+          xm = sm;
+          xv = sv;
+          break;
+        case 3:  // zeros and denormals
+          xm = (rng() % 2) ? 0.0f : 1e-40f;
+          xv = (rng() % 2) ? 0.0f : 1e-41f;
+          break;
+        default:  // anywhere below the maximum
+          xm = sm * unit(rng);
+          xv = sv * unit(rng) * unit(rng) * unit(rng);
+      }
+      if (!(xm >= 0.0f) || xm != xm) xm = 0.0f;
+      if (!(xv >= 0.0f) || xv != xv) xv = 0.0f;
+      m[i] = (rng() % 2) ? -xm : xm;
+      v[i] = xv;
+      std::uint32_t um = static_cast<std::uint32_t>(rng() % 65536), uv = static_cast<std::uint32_t>(rng() % 65536);
+      if (rng() % 8 == 0) um = (rng() % 2) ? 0u : 65535u;
+      if (rng() % 8 == 0) uv = (rng() % 2) ? 0u : 65535u;
+      draws[i] = um | (uv << 16);
+    }
+  }
+  std::vector<std::uint8_t> code_m, code_v;
+  optim::self_check::adamw8bit_companded_codes(m, v, scale_m, scale_v, draws, code_m, code_v);
+  std::size_t bad_m = 0, bad_v = 0;
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const optim::RoundingDraws u = optim::rounding_draws_from(draws[i]);
+    const std::uint8_t want_m = Codec::encode_m(m[i], Codec::code_scale_m(scale_m[i / 4]), u.m);
+    const std::uint8_t want_v = Codec::encode_v(v[i], Codec::code_scale_v(scale_v[i / 4]), u.v);
+    if (code_m[i] != want_m && bad_m++ < 5) {
+      ADD_FAILURE() << "m " << m[i] << " (scale " << scale_m[i / 4] << ", u " << u.m << "): " << +code_m[i]
+                    << " vs reference " << +want_m;
+    }
+    if (code_v[i] != want_v && bad_v++ < 5) {
+      ADD_FAILURE() << "v " << v[i] << " (scale " << scale_v[i / 4] << ", u " << u.v << "): " << +code_v[i]
+                    << " vs reference " << +want_v;
+    }
+  }
+  EXPECT_EQ(bad_m, 0u);
+  EXPECT_EQ(bad_v, 0u);
 }
 
 TEST(AdamW8bitGpu, GraphReplayEqualsEagerAndUsesTwoKernels) {

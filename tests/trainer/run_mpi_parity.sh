@@ -4,7 +4,9 @@
 # (6 sequences of 64 tokens) is the same at every world size, so every step's loss (the mean over
 # all ranks, from rank 0's metrics.jsonl) must match the reference within 1e-5 relative.
 # usage: run_mpi_parity.sh BUILD_DIR SOURCE_DIR [OPTIMIZERS...]   (default: adamw adamw8bit adafactor)
-# Environment: MPI_PARITY_WORLDS (default "2 3"), MPI_RUN_TIMEOUT (seconds per run, default 300),
+# Environment: MPI_PARITY_WORLDS (default "2 3"), MPI_PARITY_FLOOR (a micro-batch size: also run
+# the reference with it and report the difference, the reduction-order noise of the device),
+# MPI_RUN_TIMEOUT (seconds per run, default 300),
 # MPI_KEEP_WORK (keep the temporary directory).
 set -euo pipefail
 build=$1
@@ -42,6 +44,16 @@ for opt in "${optimizers[@]}"; do
   [ "$(wc -l < "$ref.losses")" -eq "$steps" ] ||
     { cat "$ref/metrics.jsonl"; echo "FAIL: $opt reference run logged $(wc -l < "$ref.losses") losses, expected $steps"; exit 1; }
   printf '%-10s %3s %5s  %s\n' "$opt" 1 - "reference: losses $(awk '{ printf "%s%.4f", (NR > 1 ? " " : ""), $2 }' "$ref.losses")"
+  if [ -n "${MPI_PARITY_FLOOR:-}" ]; then
+    # The same single-rank run with another micro-batch size ($MPI_PARITY_FLOOR): the same
+    # sequences, only the order of the gradient additions differs. Its distance from the
+    # reference is the noise floor of reduction order on this device (reported, not checked).
+    floor="$work/$opt.floor"
+    mpi_train 1 "$floor.log" run.output_dir="$floor" "${args[@]}" training.micro_batch_size="$MPI_PARITY_FLOOR" ||
+      { tail -n 20 "$floor.log"; echo "FAIL: $opt floor run"; exit 1; }
+    mpi_losses "$floor/metrics.jsonl" > "$floor.losses"
+    printf '%-10s %3s %5s  %s\n' "$opt" 1 - "micro-batch $MPI_PARITY_FLOOR instead (reduction order only): $(MPI_REL_TOL=1 mpi_compare "$ref.losses" "$floor.losses" 1 $steps)"
+  fi
   for np in "${worlds[@]}"; do
     for stage in 0 1 2; do
       name="$opt np $np stage $stage"
