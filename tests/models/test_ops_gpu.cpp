@@ -67,9 +67,12 @@ core::Buffer to_device(const std::vector<T>& values) {
 }
 
 // A device buffer of `bytes` filled with 0xFF bytes (NaN as bf16 and as fp32).
+// The fill runs on the legacy default stream, which the library's non-blocking streams do not
+// wait for: finish it before any kernel may write the buffer.
 core::Buffer poisoned(std::size_t bytes) {
   core::Buffer buffer(core::Device::cuda(), bytes);
   buffer.fill_bytes(0xFF);
+  CUDA_CHECK(cudaDeviceSynchronize());
   return buffer;
 }
 
