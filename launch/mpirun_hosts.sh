@@ -50,12 +50,7 @@ args+=("${bind[@]}" -x PATH)
 for name in LD_LIBRARY_PATH OMP_NUM_THREADS; do
   if [ -n "${!name:-}" ]; then args+=(-x "$name"); fi
 done
-for name in $(compgen -e); do
-  case $name in NCCL_* | LLMTRAIN_* | CUDA_*) args+=(-x "$name") ;; esac
-done
-if [ -n "${MPIRUN_ARGS:-}" ]; then
-  read -r -a extra <<< "$MPIRUN_ARGS"
-  args+=("${extra[@]}")
-fi
+# shellcheck source=launch/mpi_args.sh
+. "$(dirname "$0")/mpi_args.sh"
 echo "launching $NP rank(s) on $nodes node(s) ($GPUS_PER_NODE per node); run.output_dir must be on a shared filesystem" >&2
 exec mpirun "${args[@]}" "$trainer" "$@"

@@ -45,12 +45,7 @@ else
   [ "$NP" -le "$cores" ] || bind=(--map-by "ppr:$per_numa:numa:OVERSUBSCRIBE" --bind-to none)
 fi
 args+=("${bind[@]}" -x OMP_NUM_THREADS)
-for name in $(compgen -e); do
-  case $name in NCCL_* | LLMTRAIN_* | CUDA_*) args+=(-x "$name") ;; esac
-done
-if [ -n "${MPIRUN_ARGS:-}" ]; then
-  read -r -a extra <<< "$MPIRUN_ARGS"
-  args+=("${extra[@]}")
-fi
+# shellcheck source=launch/mpi_args.sh
+. "$(dirname "$0")/mpi_args.sh"
 echo "launching $NP rank(s) on $(hostname) ($numa NUMA domain(s), $OMP_NUM_THREADS threads per rank)" >&2
 exec mpirun "${args[@]}" "$trainer" "$@"
