@@ -91,7 +91,7 @@ run_step() {
       for np in 2 "$gpus"; do
         mpirun --oversubscribe -np "$np" build/tests/test_comm_mpi --device cuda >> "$OUT/mpi.log" 2>&1 || rc=1
       done
-      (cd build && ctest -L gpu-mpi --output-on-failure) >> "$OUT/mpi.log" 2>&1 || rc=1
+      (cd build && ctest -L nccl --output-on-failure) >> "$OUT/mpi.log" 2>&1 || rc=1
       # bf16 on cuda: the losses of N ranks differ from one rank's by the order of the gradient
       # additions only, which the parity script measures on one rank too (MPI_PARITY_FLOOR).
       local gpu_args=(MPI_CONFIG="$PWD/tests/trainer/gpu_parity.yaml" MPI_REL_TOL="${GPU_MPI_TOL:-1e-4}"
