@@ -27,11 +27,7 @@ void check_op(core::DType dtype, ReduceOp op, const char* operation, const char*
   }
 }
 
-namespace {
-
-MPI_Op host_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
-
-}  // namespace
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
 
 HostCommunicator::HostCommunicator(Placement placement, CommOptions options, int cuda_device,
                                    std::size_t max_chunk_bytes)
@@ -56,7 +52,7 @@ double HostCommunicator::all_reduce_host(double value, ReduceOp op, const char* 
 std::vector<double> HostCommunicator::all_reduce_host(std::vector<double> values, ReduceOp op, const char* what) {
   {
     auto watch = watchdog_.watch_host("all_reduce_host", what);
-    mpi_.all_reduce(values.data(), core::DType::f64, values.size(), host_op(op));
+    mpi_.all_reduce(values.data(), core::DType::f64, values.size(), mpi_op(op));
   }
   if (op == ReduceOp::avg) {
     for (double& v : values) v /= static_cast<double>(world());

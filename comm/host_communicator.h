@@ -19,6 +19,8 @@ std::string describe(const char* operation, const char* what);
 void check_root(int root, int world, const char* operation, const char* what);
 // Throws core::Error for an average of a non-floating-point type.
 void check_op(core::DType dtype, ReduceOp op, const char* operation, const char* what);
+// The MPI reduction of `op` (avg: MPI_SUM, divided by the world afterwards).
+MPI_Op mpi_op(ReduceOp op);
 
 class HostCommunicator : public Communicator {
  public:

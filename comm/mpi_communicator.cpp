@@ -17,8 +17,6 @@ MPI_Datatype checked_type(core::DType dtype, ReduceOp op, const char* operation,
   return type;
 }
 
-MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
-
 template <typename T>
 void divide(T* data, std::size_t count, int world) {
   const auto divisor = static_cast<T>(world);
@@ -41,7 +39,7 @@ void MpiCommunicator::all_reduce(void* data, core::DType dtype, std::size_t coun
   if (world() == 1 || count == 0) return;
   {
     auto watch = watchdog_.watch_host("all_reduce", what);
-    mpi_.all_reduce(data, dtype, count, mpi_op(op));
+    mpi_.all_reduce(data, dtype, count, detail::mpi_op(op));
   }
   if (op == ReduceOp::avg) finish_average(data, dtype, count, world());
 }
@@ -52,7 +50,7 @@ void MpiCommunicator::reduce_scatter(void* data, core::DType dtype, std::size_t 
   if (world() == 1 || count_per_rank == 0) return;
   {
     auto watch = watchdog_.watch_host("reduce_scatter", what);
-    mpi_.reduce_scatter(data, dtype, count_per_rank, mpi_op(op));
+    mpi_.reduce_scatter(data, dtype, count_per_rank, detail::mpi_op(op));
   }
   if (op == ReduceOp::avg) {
     auto* mine = static_cast<std::byte*>(data) + static_cast<std::size_t>(rank()) * count_per_rank * core::dtype_size(dtype);
@@ -73,7 +71,7 @@ void MpiCommunicator::reduce(void* data, core::DType dtype, std::size_t count, R
   if (world() == 1 || count == 0) return;
   {
     auto watch = watchdog_.watch_host("reduce", what);
-    mpi_.reduce(data, dtype, count, mpi_op(op), root);
+    mpi_.reduce(data, dtype, count, detail::mpi_op(op), root);
   }
   if (op == ReduceOp::avg && rank() == root) finish_average(data, dtype, count, world());
 }

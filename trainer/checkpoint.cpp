@@ -381,8 +381,9 @@ void check_layout(const fs::path& manifest_path, const json& saved, const optim:
   }
 }
 
-// Checks one buffer file against its manifest entry: present, size, header, CRC32C.
-void verify_buffer_file(const fs::path& directory, const json& entry) {
+// Checks one buffer file against its manifest entry: present, size, and with `contents` its
+// header and CRC32C.
+void verify_buffer_file(const fs::path& directory, const json& entry, bool contents) {
   const fs::path path = directory / entry.at("path").get<std::string>();
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) throw core::InputError(path.string() + ": missing (listed in manifest.json)");
@@ -392,6 +393,7 @@ void verify_buffer_file(const fs::path& directory, const json& entry) {
     throw core::InputError(path.string() + ": " + (size < expected_bytes ? "truncated" : "too long") + ": " +
                            std::to_string(size) + " bytes, manifest.json says " + std::to_string(expected_bytes));
   }
+  if (!contents) return;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw core::InputError(path.string() + ": cannot open (" + errno_text() + ")");
   std::vector<char> buf(std::size_t{8} << 20);
@@ -669,7 +671,7 @@ void prune_checkpoints(const fs::path& root, std::int64_t keep_last) {
 }
 
 VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::SlabLayout& layout,
-                                     const std::string& optimizer_type) {
+                                     const std::string& optimizer_type, bool file_contents) {
   const fs::path manifest_path = directory / kManifestName;
   std::error_code ec;
   if (!fs::is_directory(directory, ec)) throw core::InputError(directory.string() + ": not a checkpoint directory");
@@ -699,7 +701,7 @@ VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::Sla
       throw core::InputError(manifest_path.string() + ": the checkpoint holds " + saved_type +
                              " optimizer state but the run uses optimizer.type " + optimizer_type);
     }
-    for (const json& entry : m.at("files")) verify_buffer_file(directory, entry);
+    for (const json& entry : m.at("files")) verify_buffer_file(directory, entry, file_contents);
     out.progress.step = m.at("step").get<std::int64_t>();
     out.progress.tokens_seen = m.at("tokens_seen").get<std::int64_t>();
     out.progress.sampler_seed = m.at("rng").at("sampler_seed").get<std::uint64_t>();
@@ -710,7 +712,9 @@ VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::Sla
   return out;
 }
 
-std::optional<VerifiedCheckpoint> select_checkpoint(const RunConfig& config, const optim::SlabLayout& layout) {
+namespace {
+
+std::optional<VerifiedCheckpoint> select_verified(const RunConfig& config, const optim::SlabLayout& layout) {
   const std::string& resume = config.checkpoint.resume;
   if (resume == "never") return std::nullopt;
   if (resume != "auto") return verify_checkpoint(resume, layout, config.optimizer.type);
@@ -731,6 +735,29 @@ std::optional<VerifiedCheckpoint> select_checkpoint(const RunConfig& config, con
                            "); name one with checkpoint.resume=PATH or start afresh in another run.output_dir");
   }
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<VerifiedCheckpoint> select_checkpoint(const RunConfig& config, const optim::SlabLayout& layout,
+                                                    comm::Communicator* communicator) {
+  if (communicator == nullptr || communicator->world() == 1) return select_verified(config, layout);
+  // Rank 0 reads every file once; the others take its choice ("=" directory, "-" none, "!" error)
+  // and check only the manifest, the layout and the file sizes.
+  std::string choice;
+  std::optional<VerifiedCheckpoint> selected;
+  if (communicator->rank() == 0) {
+    try {
+      selected = select_verified(config, layout);
+      choice = selected ? "=" + selected->directory.string() : "-";
+    } catch (const core::InputError& e) {
+      choice = std::string("!") + e.what();
+    }
+  }
+  choice = communicator->broadcast_string(choice, 0, "checkpoint selection");
+  if (choice[0] == '!') throw core::InputError(choice.substr(1));
+  if (communicator->rank() == 0 || choice == "-") return selected;
+  return verify_checkpoint(choice.substr(1), layout, config.optimizer.type, /*file_contents=*/false);
 }
 
 TrainingProgress load_checkpoint(const VerifiedCheckpoint& checkpoint, optim::Optimizer& optimizer,

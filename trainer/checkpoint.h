@@ -63,17 +63,21 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& root, const R
 void prune_checkpoints(const std::filesystem::path& root, std::int64_t keep_last);
 
 // Checks `directory`: DONE present, the manifest's checksum (recorded in DONE), the slab layout
-// against `layout` (names, shapes, offsets), the optimizer type, and every listed file's header,
-// size and CRC32C. Throws core::InputError naming the offending file and what is wrong.
+// against `layout` (names, shapes, offsets), the optimizer type, and every listed file's size and,
+// with `file_contents`, header and CRC32C. Throws core::InputError naming the offending file and
+// what is wrong.
 VerifiedCheckpoint verify_checkpoint(const std::filesystem::path& directory, const optim::SlabLayout& layout,
-                                     const std::string& optimizer_type);
+                                     const std::string& optimizer_type, bool file_contents = true);
 
 // The checkpoint a run resumes from under config.checkpoint.resume:
 //   never: none; PATH: that checkpoint, verified (core::InputError when it does not verify);
 //   auto:  the newest verified one under checkpoints_root(config), falling back to older ones with
 //          a warning for each that does not verify; none when there are none; core::InputError
 //          when checkpoints exist but none verifies.
-std::optional<VerifiedCheckpoint> select_checkpoint(const RunConfig& config, const optim::SlabLayout& layout);
+// With a communicator of several ranks every rank calls it; rank 0 alone reads the files through
+// and the others take its choice (and its error, if any).
+std::optional<VerifiedCheckpoint> select_checkpoint(const RunConfig& config, const optim::SlabLayout& layout,
+                                                    comm::Communicator* communicator = nullptr);
 
 // Restores a verified checkpoint into `optimizer` and its slab: master weights (the global range
 // the slab owns, gathered from the files that cover it), every optimizer state buffer, the step

@@ -17,6 +17,11 @@ GradientSync::GradientSync(comm::Communicator& comm, optim::Slab& slab, const co
 }
 
 void GradientSync::reduce_range(optim::Range range) {
+  reduce_onto_owners(range);
+  reduced_.push_back(range);
+}
+
+void GradientSync::reduce_onto_owners(optim::Range range) {
   if (range.empty()) return;
   float* grad = slab_.grad().as<float>();
   comm_.group_start();
@@ -27,7 +32,6 @@ void GradientSync::reduce_range(optim::Range range) {
                  rank, "gradient reduce (ZeRO-2)");
   }
   comm_.group_end();
-  reduced_.push_back(range);
 }
 
 void GradientSync::finish() {
@@ -43,18 +47,13 @@ void GradientSync::finish() {
     comm_.reduce_scatter(grad, core::DType::f32, static_cast<std::size_t>(layout.shard_elements()),
                          comm::ReduceOp::avg, "gradient reduce-scatter");
   } else {
-    // The complement of the reported ranges (they never overlap: each tensor is final once).
-    std::sort(reduced_.begin(), reduced_.end(), [](const optim::Range& a, const optim::Range& b) { return a.begin < b.begin; });
-    std::vector<optim::Range> rest;
-    std::int64_t at = 0;
-    for (const optim::Range& r : reduced_) {
-      if (r.begin < at) throw core::Error("gradient sync: overlapping gradient ranges reported");
-      if (r.begin > at) rest.push_back({at, r.begin});
-      at = r.end;
+    // The tensors no reported range covered (none when the model reports every layer); alignment
+    // gaps and tail padding hold no gradient the optimizer reads, so they are not reduced.
+    for (const optim::SlabTensor& t : layout.tensors()) {
+      const bool reported = std::any_of(reduced_.begin(), reduced_.end(),
+                                        [&](const optim::Range& r) { return r.contains(t.range()); });
+      if (!reported) reduce_onto_owners(t.range());
     }
-    if (at < layout.total_elements()) rest.push_back({at, layout.total_elements()});
-    reduced_.clear();
-    for (const optim::Range& r : rest) reduce_range(r);
     reduced_.clear();
   }
   zero_outside_owned();

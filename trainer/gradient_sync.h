@@ -4,7 +4,8 @@
 //   ZeRO-1: reduce-scatter (average) into each rank's owned shard, in place.
 //   ZeRO-2: the same result, reduced range by range while the backward still runs: the model
 //           reports each layer's range as soon as its gradients are final (reduce_range), and
-//           finish() reduces whatever was not reported (padding, a backend without the hook).
+//           finish() reduces the tensors that were not reported (all of them with a backend
+//           without the hook).
 // With ZeRO >= 1 the gradients outside the owned shard are zeroed afterwards, so the next step
 // accumulates from zero everywhere (the optimizer zeroes the owned shard itself).
 #pragma once
@@ -29,6 +30,8 @@ class GradientSync {
   bool wants_ranges() const { return stage_ == 2 && comm_.world() > 1; }
 
  private:
+  // Averages `range` of the gradients onto the ranks whose shards hold its parts (one NCCL group).
+  void reduce_onto_owners(optim::Range range);
   void zero_outside_owned();
 
   comm::Communicator& comm_;

@@ -127,14 +127,16 @@ std::string sample_text(ModelRunner& runner, const std::string& prompt, std::int
 
 // Test hook for the collective timeout: LLMTRAIN_TEST_HANG=R:S makes rank R stop forever at step
 // S before the gradient synchronisation, as a wedged process would; the watchdog of the other
-// ranks must then end the job.
-void hang_if_asked(int rank, std::int64_t step) {
+// ranks must then end the job. The step at which this rank hangs, or -1.
+std::int64_t test_hang_step(int rank) {
   const char* spec = std::getenv("LLMTRAIN_TEST_HANG");
-  if (spec == nullptr) return;
   int hang_rank = -1;
   long long hang_step = -1;
-  if (std::sscanf(spec, "%d:%lld", &hang_rank, &hang_step) != 2) return;
-  if (hang_rank != rank || hang_step != step) return;
+  if (spec == nullptr || std::sscanf(spec, "%d:%lld", &hang_rank, &hang_step) != 2 || hang_rank != rank) return -1;
+  return hang_step;
+}
+
+[[noreturn]] void hang(int rank, std::int64_t step) {
   spdlog::warn("LLMTRAIN_TEST_HANG: rank {} stops at step {}", rank, step);
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
@@ -147,16 +149,6 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const bool lead = rank == 0;  // writes logs, metrics and the resolved config
   validate_for_world(config, world);
   const q3::Qwen3Config& shape = config.model.shape;
-  // The checkpoint to resume from is verified before anything is written.
-  optim::SlabLayout layout(q3::parameter_specs(shape), world);
-  const std::optional<VerifiedCheckpoint> resume_from = select_checkpoint(config, layout);
-  const StopSignals stop_signals;
-  fs::create_directories(config.run.output_dir);
-  if (lead) {
-    std::ofstream resolved(fs::path(config.run.output_dir) / "config.yaml");
-    resolved << resolved_yaml(config);
-    if (!resolved) throw core::Error("cannot write " + (fs::path(config.run.output_dir) / "config.yaml").string());
-  }
   const bool cuda = config.device == Device::cuda;
   const int gpus = cuda ? core::cuda_device_count() : 0;
   if (cuda && gpus == 0) {
@@ -172,6 +164,16 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     communicator = std::make_unique<comm::SingleRankCommunicator>();
   }
   comm::Communicator& comm = *communicator;
+  // The checkpoint to resume from is verified before anything is written.
+  optim::SlabLayout layout(q3::parameter_specs(shape), world);
+  const std::optional<VerifiedCheckpoint> resume_from = select_checkpoint(config, layout, &comm);
+  const StopSignals stop_signals;
+  fs::create_directories(config.run.output_dir);
+  if (lead) {
+    std::ofstream resolved(fs::path(config.run.output_dir) / "config.yaml");
+    resolved << resolved_yaml(config);
+    if (!resolved) throw core::Error("cannot write " + (fs::path(config.run.output_dir) / "config.yaml").string());
+  }
   const std::int64_t seq = config.data.seq_len, micro = config.training.micro_batch_size;
   const std::int64_t accumulation = accumulation_steps(config, world);
 
@@ -261,6 +263,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     record({{"step", step}, {"val_loss", val}});
   };
 
+  const std::int64_t hang_step = test_hang_step(rank);
+  const bool overlap_sync = gradient_sync.wants_ranges();
   for (std::int64_t step = first_step; step <= config.training.max_steps; ++step) {
     const double lr = lr_at(config.schedule, config.optimizer.lr, step - 1, config.training.max_steps);
     for (std::int64_t a = 0; a < accumulation; ++a) {
@@ -270,11 +274,11 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       }
       // Only the last micro-batch's backward communicates (ZeRO-2 overlaps it layer by layer).
       const bool last = a + 1 == accumulation;
-      if (last && gradient_sync.wants_ranges()) runner->overlap_gradient_sync(&gradient_sync);
+      if (last && overlap_sync) runner->overlap_gradient_sync(&gradient_sync);
       runner->micro_step(batch.ids.data(), batch.targets.data(), micro, seq, 1.0f / static_cast<float>(accumulation));
-      if (last && gradient_sync.wants_ranges()) runner->overlap_gradient_sync(nullptr);
+      if (last && overlap_sync) runner->overlap_gradient_sync(nullptr);
     }
-    hang_if_asked(rank, step);
+    if (step == hang_step) hang(rank, step);
     gradient_sync.finish();
     optimizer->step(lr);
     runner->gather_weights(comm);
