@@ -154,6 +154,11 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   if (cuda && gpus == 0) {
     throw core::InputError("device: cuda was requested but no CUDA device is available (use device=cpu)");
   }
+  if (cuda && placement.local_world > gpus) {
+    throw core::InputError("device: cuda: " + std::to_string(placement.local_world) + " ranks on this node but " +
+                           std::to_string(gpus) + " visible GPUs; NCCL needs a GPU of its own for every rank, so "
+                           "start at most " + std::to_string(gpus) + " ranks per node");
+  }
   const core::DeviceContext context(cuda ? core::Device::cuda(comm::device_for(placement, gpus)) : core::Device::cpu());
   std::unique_ptr<comm::Communicator> communicator;
   if (options.environment) {
