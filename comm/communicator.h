@@ -73,10 +73,30 @@ class Communicator {
                               const char* what) = 0;
   // In place: this rank's part at data + rank * count_per_rank goes to every rank.
   virtual void all_gather(void* data, core::DType dtype, std::size_t count_per_rank, const char* what) = 0;
+  // Out of place: the reduction of every rank's `send` lands in `recv` on `root`; elsewhere `recv`
+  // is not touched and may be null. `send` may equal `recv` (in place; other ranks' data is then
+  // undefined afterwards).
+  virtual void reduce_into(const void* send, void* recv, core::DType dtype, std::size_t count, ReduceOp op, int root,
+                           const char* what) = 0;
   // In place: the reduction of `data` over all ranks lands on `root` (others' data undefined).
-  virtual void reduce(void* data, core::DType dtype, std::size_t count, ReduceOp op, int root, const char* what) = 0;
+  void reduce(void* data, core::DType dtype, std::size_t count, ReduceOp op, int root, const char* what) {
+    reduce_into(data, data, dtype, count, op, root, what);
+  }
   virtual void group_start() {}
   virtual void group_end() {}
+
+  // Ordering with later compute (cuda; on cpu every collective has finished on return, so these
+  // do nothing). By default the compute stream waits for each device collective before running
+  // anything queued after it. Collectives issued while detached leave it free to run on (ZeRO-2
+  // reduces gradients while the backward continues); the caller orders the work that must wait
+  // with wait_for(marker()).
+  virtual void set_detached(bool detached) { (void)detached; }
+  // A marker after every device collective issued so far (0 on cpu).
+  virtual std::uint64_t marker() { return 0; }
+  // The compute stream waits, on the device, until the collectives before `marker` have finished.
+  // Only the most recent kMarkers markers can be waited for (core::Error otherwise).
+  virtual void wait_for(std::uint64_t marker) { (void)marker; }
+  static constexpr std::uint64_t kMarkers = 16;
 
   // Host collectives (MPI, blocking).
   virtual void barrier(const char* what) = 0;

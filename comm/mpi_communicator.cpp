@@ -1,6 +1,8 @@
 // The cpu backend's device collectives: MPI on host buffers, averages as a sum divided by the world.
 #include "comm/mpi_communicator.h"
 
+#include <cstring>
+
 #include "core/error.h"
 
 namespace comm {
@@ -64,16 +66,27 @@ void MpiCommunicator::all_gather(void* data, core::DType dtype, std::size_t coun
   mpi_.all_gather(data, count_per_rank * core::dtype_size(dtype));
 }
 
-void MpiCommunicator::reduce(void* data, core::DType dtype, std::size_t count, ReduceOp op, int root,
-                             const char* what) {
+void MpiCommunicator::reduce_into(const void* send, void* recv, core::DType dtype, std::size_t count, ReduceOp op,
+                                  int root, const char* what) {
   (void)checked_type(dtype, op, "reduce", what);
   detail::check_root(root, world(), "reduce", what);
-  if (world() == 1 || count == 0) return;
+  const bool lands_here = rank() == root;
+  if (count == 0) return;
+  if (lands_here && recv == nullptr) throw core::Error("comm: " + detail::describe("reduce", what) + ": recv is null on the root");
+  const std::size_t bytes = count * core::dtype_size(dtype);
+  // The root reduces in place in `recv`, so its own contribution goes there first.
+  if (lands_here && send != recv) std::memmove(recv, send, bytes);
+  if (world() == 1) return;
   {
     auto watch = watchdog_.watch_host("reduce", what);
-    mpi_.reduce(data, dtype, count, detail::mpi_op(op), root);
+    if (lands_here) {
+      mpi_.reduce(recv, dtype, count, detail::mpi_op(op), root);
+    } else {
+      // MpiComm::reduce sends from its buffer on non-roots and does not write it.
+      mpi_.reduce(const_cast<void*>(send), dtype, count, detail::mpi_op(op), root);
+    }
   }
-  if (op == ReduceOp::avg && rank() == root) finish_average(data, dtype, count, world());
+  if (op == ReduceOp::avg && lands_here) finish_average(recv, dtype, count, world());
 }
 
 }  // namespace comm

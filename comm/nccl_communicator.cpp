@@ -139,6 +139,9 @@ void NcclCommunicator::release() noexcept {
     (void)cudaStreamDestroy(std::exchange(stream_, nullptr));
   }
   if (compute_ready_) (void)cudaEventDestroy(std::exchange(compute_ready_, nullptr));
+  for (cudaEvent_t& event : markers_) {
+    if (event) (void)cudaEventDestroy(std::exchange(event, nullptr));
+  }
 }
 
 void NcclCommunicator::check_nccl(ncclResult_t result, const char* call, const char* file, int line) {
@@ -171,7 +174,7 @@ void NcclCommunicator::finish(const std::string& operation, const std::string& w
   cudaEvent_t done = watchdog_.acquire_event();
   try {
     CUDA_CHECK(cudaEventRecord(done, stream_));
-    CUDA_CHECK(cudaStreamWaitEvent(compute_, done, 0));
+    if (!detached_) CUDA_CHECK(cudaStreamWaitEvent(compute_, done, 0));
   } catch (...) {
     watchdog_.release_event(done);
     throw;
@@ -218,18 +221,43 @@ void NcclCommunicator::all_gather(void* data, core::DType dtype, std::size_t cou
   collective_enqueued("all_gather", what);
 }
 
-void NcclCommunicator::reduce(void* data, core::DType dtype, std::size_t count, ReduceOp op, int root,
-                              const char* what) {
+void NcclCommunicator::reduce_into(const void* send, void* recv, core::DType dtype, std::size_t count, ReduceOp op,
+                                   int root, const char* what) {
   const ncclDataType_t type = checked_type(dtype, op, "reduce", what);
   detail::check_root(root, world(), "reduce", what);
-  if (world() == 1 || count == 0) return;
+  const bool lands_here = rank() == root;
+  if (count == 0) return;
+  if (lands_here && recv == nullptr) throw core::Error("comm: " + detail::describe("reduce", what) + ": recv is null on the root");
+  if (world() == 1) {
+    if (send != recv) {
+      CUDA_CHECK(cudaMemcpyAsync(recv, send, count * core::dtype_size(dtype), cudaMemcpyDeviceToDevice, compute_));
+    }
+    return;
+  }
   wait_for_compute();
   {
     auto watch = watchdog_.watch_host("reduce", what);
     NcclSection section(*this);
-    NCCL_CHECK(ncclReduce(data, data, count, type, nccl_op(op), root, comm_, stream_));
+    NCCL_CHECK(ncclReduce(send, lands_here ? recv : nullptr, count, type, nccl_op(op), root, comm_, stream_));
   }
   collective_enqueued("reduce", what);
+}
+
+std::uint64_t NcclCommunicator::marker() {
+  if (world() == 1) return 0;
+  cudaEvent_t& event = markers_[markers_issued_ % kMarkers];
+  if (event == nullptr) CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(event, stream_));
+  return ++markers_issued_;
+}
+
+void NcclCommunicator::wait_for(std::uint64_t marker) {
+  if (marker == 0) return;
+  if (marker > markers_issued_ || markers_issued_ - marker >= kMarkers) {
+    throw core::Error("comm: marker " + std::to_string(marker) + " is not one of the last " + std::to_string(kMarkers) +
+                      " issued (" + std::to_string(markers_issued_) + " so far)");
+  }
+  CUDA_CHECK(cudaStreamWaitEvent(compute_, markers_[(marker - 1) % kMarkers], 0));
 }
 
 void NcclCommunicator::group_start() {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <cstddef>
 #include <mutex>
 #include <string>
@@ -27,7 +28,11 @@ class NcclCommunicator final : public detail::HostCommunicator {
   void reduce_scatter(void* data, core::DType dtype, std::size_t count_per_rank, ReduceOp op,
                       const char* what) override;
   void all_gather(void* data, core::DType dtype, std::size_t count_per_rank, const char* what) override;
-  void reduce(void* data, core::DType dtype, std::size_t count, ReduceOp op, int root, const char* what) override;
+  void reduce_into(const void* send, void* recv, core::DType dtype, std::size_t count, ReduceOp op, int root,
+                   const char* what) override;
+  void set_detached(bool detached) override { detached_ = detached; }
+  std::uint64_t marker() override;
+  void wait_for(std::uint64_t marker) override;
   void group_start() override;
   void group_end() override;
   void synchronize() override;
@@ -48,8 +53,8 @@ class NcclCommunicator final : public detail::HostCommunicator {
   void check_nccl(ncclResult_t result, const char* call, const char* file, int line);
   // The communication stream waits for the work queued so far on the compute stream.
   void wait_for_compute();
-  // After an enqueued collective: the compute stream waits for it and the watchdog watches it
-  // (inside a group: once the group ends).
+  // After an enqueued collective: the compute stream waits for it (unless detached) and the
+  // watchdog watches it (inside a group: once the group ends).
   void collective_enqueued(const char* operation, const char* what);
   void finish(const std::string& operation, const std::string& what);
   void release() noexcept;
@@ -58,6 +63,9 @@ class NcclCommunicator final : public detail::HostCommunicator {
   cudaStream_t compute_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t compute_ready_ = nullptr;
+  cudaEvent_t markers_[kMarkers] = {};  // ring: marker m is event (m - 1) % kMarkers
+  std::uint64_t markers_issued_ = 0;
+  bool detached_ = false;
   ncclComm_t comm_ = nullptr;
   int group_depth_ = 0;
   std::string group_operations_;  // of the collectives in the open group

@@ -2,7 +2,10 @@
 // every collective is already complete in place, so each one is a no-op.
 #pragma once
 
+#include <string>
+
 #include "comm/communicator.h"
+#include "core/error.h"
 
 namespace comm {
 
@@ -13,7 +16,14 @@ class SingleRankCommunicator final : public Communicator {
   void all_reduce(void*, core::DType, std::size_t, ReduceOp, const char*) override {}
   void reduce_scatter(void*, core::DType, std::size_t, ReduceOp, const char*) override {}
   void all_gather(void*, core::DType, std::size_t, const char*) override {}
-  void reduce(void*, core::DType, std::size_t, ReduceOp, int, const char*) override {}
+  // With one rank the reduction is a copy, which this communicator cannot make: it does not know
+  // whether the buffers are host or device memory. Only the in-place form is a no-op.
+  void reduce_into(const void* send, void* recv, core::DType, std::size_t count, ReduceOp, int, const char* what) override {
+    if (send != recv && count > 0) {
+      throw core::Error(std::string("comm: out-of-place reduce '") + (what ? what : "") +
+                        "' needs a communicator of the job's device (single-rank communicator)");
+    }
+  }
   void barrier(const char*) override {}
   double all_reduce_host(double value, ReduceOp, const char*) override { return value; }
   std::vector<double> all_reduce_host(std::vector<double> values, ReduceOp, const char*) override { return values; }

@@ -106,7 +106,7 @@ AdafactorStepParams Adafactor::step_params(double lr) const {
 
 AdafactorDeviceView Adafactor::device_view() {
   return AdafactorDeviceView{slab_.master().as<float>(),
-                        slab_.grad().as<float>(),
+                        slab_.grad_origin(),
                         slab_.mirror().data(),
                         slab_.mirror_dtype(),
                         slab_.owned().begin,
@@ -168,7 +168,7 @@ void Adafactor::update(double lr) {
 
 void Adafactor::statistics_cpu(const AdafactorStepParams& p) {
   StepScalars& s = *scalars();
-  const float* grad = slab_.grad().as<float>();
+  const float* grad = slab_.grad_origin();
   const float* master = slab_.master().as<float>();
   const std::int64_t owned_begin = slab_.owned().begin;
   double* stats = stats_.as<double>();
@@ -298,7 +298,7 @@ void Adafactor::second_moments_cpu(const AdafactorStepParams& p, double lr) {
   }
 
   // D: per-item sums of U*U (and the full-v EMA).
-  const float* grad = slab_.grad().as<float>();
+  const float* grad = slab_.grad_origin();
   float* v_state = v_state_.as<float>();
   double* partials = item_partials_.as<double>();
   const auto item_count = static_cast<std::int64_t>(plan_.items.size());
@@ -343,7 +343,7 @@ void Adafactor::second_moments_cpu(const AdafactorStepParams& p, double lr) {
 
 void Adafactor::update_cpu(const AdafactorStepParams& p, double lr) {
   StepScalars& s = *scalars();
-  float* grad = slab_.grad().as<float>();
+  float* grad = slab_.grad_origin();
   const bool skip = skips_step(p.policy, s.nonfinite);
   const auto& segments = slab_.segments();
   if (skip) {

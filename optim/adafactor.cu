@@ -1,6 +1,10 @@
 // CUDA kernels of the fused Adafactor step (adafactor.h lists the passes). One block per work
 // item; tiles of factored tensors loop columns across threads and rows inside a thread, so
 // every warp access is coalesced and each element's row and column are known.
+// Gradients are indexed by global element (Slab::grad_origin()). A tile's first row may start
+// before the owned range (a segment cut mid-row), so its base pointers can lie outside the
+// buffers; only elements inside the segment are ever read or written (in_segment), which lets
+// the gradient buffer cover the owned shard only.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -20,7 +20,7 @@ namespace optim {
 // Everything the kernels read, by pointer (device memory).
 struct AdafactorDeviceView {
   float* master;
-  float* grad;
+  float* grad;  // Slab::grad_origin(): indexed by global element
   void* mirror;
   core::DType mirror_dtype;
   std::int64_t owned_begin;

@@ -1,5 +1,7 @@
 // CUDA kernel of the fused AdamW update: one block per work chunk, 16-byte accesses, every
-// stream touched once (read-once loads and stores marked evict-first).
+// stream touched once (read-once loads and stores marked evict-first). `grad` is indexed by
+// global element (Slab::grad_origin()) and only chunk elements are touched, so the gradient
+// buffer may cover the whole slab or only the owned shard.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

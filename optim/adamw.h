@@ -29,7 +29,8 @@ class AdamW final : public Optimizer {
 AdamWStepParams adamw_step_params(const OptimizerConfig& config, double lr);
 
 // Arguments of the update launch: buffers by their base pointers; master and state cover the
-// owned range starting at global index `owned_begin`, grad and mirror the whole slab.
+// owned range starting at global index `owned_begin`, the mirror the whole slab; grad is
+// Slab::grad_origin() (indexed by global element, covering Slab::grad_covers()).
 struct AdamWBuffers {
   float* master;
   float* exp_avg;

@@ -226,9 +226,9 @@ void AdamW8bit::update(double lr) {
     update_cpu(params);
     return;
   }
-  const AdamW8bitBuffers buffers{slab_.master().as<float>(), slab_.grad().as<float>(), slab_.mirror().data(),
-                                 slab_.mirror_dtype(),       slab_.owned().begin,     q_m_.as<std::uint8_t>(),
-                                 q_v_.as<std::uint8_t>(),    scale_m_.as<float>(),    scale_v_.as<float>(),
+  const AdamW8bitBuffers buffers{slab_.master().as<float>(), slab_.grad_origin(),  slab_.mirror().data(),
+                                 slab_.mirror_dtype(),       slab_.owned().begin,  q_m_.as<std::uint8_t>(),
+                                 q_v_.as<std::uint8_t>(),    scale_m_.as<float>(), scale_v_.as<float>(),
                                  small_m_.as<float>(),       small_v_.as<float>()};
   launch_adamw8bit_update(buffers, chunk_table_.as<AdamW8bitChunk>(), static_cast<std::int64_t>(plan_.chunks.size()),
                           slab_.segment_table(), quantised_segment_table_.as<Segment>(), scalars(), params,
@@ -242,7 +242,7 @@ void AdamW8bit::update_cpu(const AdamWStepParams& params) {
   const long long t = s.step + 1;
   const std::uint64_t seed = rounding_seed(t);
   float* master = slab_.master().as<float>();
-  float* grad = slab_.grad().as<float>();
+  float* grad = slab_.grad_origin();
   auto* mirror = slab_.mirror().as<std::uint16_t>();
   const bool bf16 = slab_.mirror_dtype() == core::DType::bf16;
   const std::int64_t owned_begin = slab_.owned().begin;

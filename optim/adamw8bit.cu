@@ -115,7 +115,8 @@ __device__ __forceinline__ AdamWElementParams element_params(const AdamWElementP
 }
 
 // The buffers as the quantised path addresses them: every array by the index relative to the
-// owned range (grad and mirror shifted by owned_begin on the host), the scales by block.
+// owned range (grad and mirror shifted by owned_begin on the host; grad comes in as
+// Slab::grad_origin(), indexed by global element), the scales by block.
 template <typename Half>
 struct LocalBuffers {
   float* master;
@@ -160,8 +161,9 @@ struct alignas(16) BlockStage {
 };
 
 // Starts the copies of the block at `p` into `stage` (one commit group). Whole 16-byte groups are
-// copied even where only some elements are quantised: the block lies inside the owned range, and
-// the other elements are read but never used.
+// copied even where only some elements are quantised: the block lies inside the owned range (so
+// inside a gradient buffer that covers the shard only), and the other elements are read but never
+// used.
 template <typename Half>
 __device__ __forceinline__ void stage_block(BlockStage& stage, const LanePointers<Half>& p) {
   const int lane = threadIdx.x & 31;

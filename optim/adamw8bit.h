@@ -91,7 +91,8 @@ class AdamW8bit final : public Optimizer {
 };
 
 // Arguments of the update launch. master and the state cover the owned range starting at
-// global index owned_begin; grad and mirror the whole slab.
+// global index owned_begin; the mirror the whole slab; grad is Slab::grad_origin() (indexed by
+// global element, covering Slab::grad_covers()).
 struct AdamW8bitBuffers {
   float* master;
   float* grad;

@@ -16,8 +16,9 @@ namespace optim {
 // Number of blocks (and partials) the GPU reduction uses for `num_chunks` chunks.
 int grad_stats_blocks(std::int64_t num_chunks);
 
-// CPU reference: writes grad_sq_sum and nonfinite of `scalars`. `grad` is the buffer whose
-// element 0 is global index 0.
+// CPU reference: writes grad_sq_sum and nonfinite of `scalars`. `grad` is indexed by global
+// element (Slab::grad_origin()); only the chunks' elements are read, so it may cover the owned
+// range only.
 void grad_stats_cpu(const float* grad, const WorkChunk* chunks, std::int64_t num_chunks, StepScalars& scalars);
 
 // GPU: same result into `scalars` (device memory). `partial_sums` / `partial_counts` hold

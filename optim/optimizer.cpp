@@ -86,7 +86,7 @@ void Optimizer::run_phase(int phase, double lr) {
 }
 
 void Optimizer::gradient_statistics() {
-  const float* grad = slab_.grad().as<float>();
+  const float* grad = slab_.grad_origin();
   if (on_cuda()) {
     launch_grad_stats(grad, chunk_table(), num_chunks(), partial_sums_.as<double>(),
                       partial_counts_.as<unsigned long long>(), scalars(), context_.stream());

@@ -1,5 +1,7 @@
 #include "optim/slab.h"
 
+#include <cstdint>
+
 #include "core/error.h"
 #include "core/half.h"
 
@@ -13,12 +15,17 @@ Slab::Slab(SlabLayout layout, const core::DeviceContext& context, SlabOptions op
   if (options_.mirror_dtype != core::DType::bf16 && options_.mirror_dtype != core::DType::f16) {
     throw core::Error("slab: mirror dtype must be bf16 or f16, got " + std::string(core::dtype_name(options_.mirror_dtype)));
   }
+  if (options_.shard_gradients && options_.zero_stage != 2) {
+    throw core::Error("slab: shard_gradients needs zero_stage 2, got zero_stage " +
+                      std::to_string(options_.zero_stage));
+  }
   owned_ = options_.zero_stage >= 1 ? layout_.shard(options_.rank) : full();
   if (options_.zero_stage == 0) (void)layout_.shard(options_.rank);  // validates the rank
+  grad_covers_ = options_.shard_gradients ? owned_ : full();
 
   const auto total = static_cast<std::size_t>(layout_.total_elements());
   master_ = core::Buffer(device_, static_cast<std::size_t>(owned_.size()) * sizeof(float));
-  grad_ = core::Buffer(device_, total * sizeof(float));
+  grad_ = core::Buffer(device_, static_cast<std::size_t>(grad_covers_.size()) * sizeof(float));
   mirror_ = core::Buffer(device_, total * core::dtype_size(options_.mirror_dtype));
   for (core::Buffer* b : {&master_, &grad_, &mirror_}) b->fill_bytes(0, context.stream());
 
@@ -28,6 +35,25 @@ Slab::Slab(SlabLayout layout, const core::DeviceContext& context, SlabOptions op
     core::copy_bytes(segment_table_.data(), segments_.data(), segment_table_.bytes(), context.stream());
     context.synchronize();  // the host vector may be reallocated later; finish the copy now
   }
+}
+
+namespace {
+
+// Indexing gradients by global element keeps one kernel (and one CPU loop) for both layouts.
+// The origin of a sharded buffer lies before its allocation, where pointer arithmetic on the
+// buffer's pointer would be undefined; the shift is done on the address as an integer instead,
+// and callers only dereference origin[i] for i in grad_covers(), which is inside the buffer.
+std::uintptr_t grad_origin_address(const core::Buffer& grad, Range covers) {
+  const auto base = reinterpret_cast<std::uintptr_t>(grad.data());
+  return base - static_cast<std::uintptr_t>(covers.begin) * sizeof(float);
+}
+
+}  // namespace
+
+float* Slab::grad_origin() { return reinterpret_cast<float*>(grad_origin_address(grad_, grad_covers_)); }
+
+const float* Slab::grad_origin() const {
+  return reinterpret_cast<const float*>(grad_origin_address(grad_, grad_covers_));
 }
 
 const Segment* Slab::segment_table() const {

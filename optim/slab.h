@@ -2,8 +2,10 @@
 // forward copy (the mirror) in one contiguous buffer each, laid out by SlabLayout.
 //
 // With ZeRO stage >= 1 this rank keeps master weights (and the optimizer its state) only for
-// its own shard; gradient and mirror buffers span the whole slab. Every buffer is described by
-// the global range it covers, so a view of tensor i is the same arithmetic in all of them.
+// its own shard; the mirror spans the whole slab, and so does the gradient buffer unless
+// SlabOptions::shard_gradients (ZeRO-2) cuts it to the shard too. Every buffer is described by
+// the global range it covers, so a view of tensor i is the same arithmetic in all of them, and
+// the optimizers address gradients by global element through grad_origin() whichever the layout.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,9 @@ struct SlabOptions {
   int rank = 0;
   int zero_stage = 0;                           // 0, 1 or 2
   core::DType mirror_dtype = core::DType::bf16;  // bf16 or f16
+  // ZeRO-2 only (the constructor throws otherwise): the gradient buffer covers owned() instead
+  // of full(), for a trainer that reduces each gradient straight onto the rank that owns it.
+  bool shard_gradients = false;
 };
 
 class Slab {
@@ -32,18 +37,28 @@ class Slab {
   const core::Device& device() const { return device_; }
   int rank() const { return options_.rank; }
   int zero_stage() const { return options_.zero_stage; }
+  bool shard_gradients() const { return options_.shard_gradients; }
   core::DType mirror_dtype() const { return options_.mirror_dtype; }
 
   Range full() const { return {0, layout_.total_elements()}; }
   // Elements whose master weights and optimizer state this rank keeps and updates.
   Range owned() const { return owned_; }
+  // Elements the gradient buffer holds: owned() with shard_gradients, full() otherwise.
+  Range grad_covers() const { return grad_covers_; }
 
   core::Buffer& master() { return master_; }  // fp32, covers owned()
-  core::Buffer& grad() { return grad_; }      // fp32, covers full()
+  core::Buffer& grad() { return grad_; }      // fp32, covers grad_covers()
   core::Buffer& mirror() { return mirror_; }  // mirror_dtype, covers full()
   const core::Buffer& master() const { return master_; }
   const core::Buffer& grad() const { return grad_; }
   const core::Buffer& mirror() const { return mirror_; }
+
+  // A pointer p with p[i] the gradient of global element i for every i in grad_covers() (the
+  // buffer's start when it covers full(); owned().begin elements before it when sharded, an
+  // address outside the buffer that is only ever indexed back into it). The optimizers read and
+  // zero gradients through it, so one kernel serves both layouts.
+  float* grad_origin();
+  const float* grad_origin() const;
 
   // Segments of the owned range (host copy, and the same table in device memory on cuda;
   // a host pointer on cpu). The table may be empty.
@@ -51,10 +66,11 @@ class Slab {
   const Segment* segment_table() const;
 
   // View of tensor `index` inside `buffer`, whose first element is global index `covers.begin`.
-  // Throws when the tensor is not wholly inside `covers` (e.g. a sharded master under ZeRO).
+  // Throws when the tensor is not wholly inside `covers` (e.g. a sharded master or sharded
+  // gradients under ZeRO).
   core::TensorView view(core::Buffer& buffer, core::DType dtype, Range covers, int index) const;
   core::TensorView master_view(int index) { return view(master_, core::DType::f32, owned_, index); }
-  core::TensorView grad_view(int index) { return view(grad_, core::DType::f32, full(), index); }
+  core::TensorView grad_view(int index) { return view(grad_, core::DType::f32, grad_covers_, index); }
   core::TensorView mirror_view(int index) { return view(mirror_, options_.mirror_dtype, full(), index); }
 
   // Rewrites the owned part of the mirror from the master weights (after initialisation or a
@@ -66,6 +82,7 @@ class Slab {
   core::Device device_;
   SlabOptions options_;
   Range owned_;
+  Range grad_covers_;
   core::Buffer master_;
   core::Buffer grad_;
   core::Buffer mirror_;

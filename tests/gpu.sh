@@ -98,6 +98,9 @@ run_step() {
                       MPI_EXTRA_ARGS="device=cuda training.global_batch_size=12")
       env "${gpu_args[@]}" MPI_PARITY_WORLDS="2 $gpus" MPI_PARITY_FLOOR=2 bash tests/trainer/run_mpi_parity.sh build . \
         >> "$OUT/mpi.log" 2>&1 || rc=1
+      # One micro-batch per step: ZeRO-2 shards the gradients (staging, reductions onto owners).
+      env "${gpu_args[@]}" MPI_PARITY_WORLDS="2 $gpus" MPI_PARITY_STAGES=2 MPI_PARITY_ONE_MICRO=12 \
+        bash tests/trainer/run_mpi_parity.sh build . >> "$OUT/mpi.log" 2>&1 || rc=1
       # Resharding runs 3 ranks: it needs 3 or more GPUs. 8-bit state on 3 ranks drifts from one rank by up to 2.2e-4 (stochastic rounding meets the
       # bf16 reduction-order noise); the resumed run must still follow its own N-rank run at 1e-4.
       env "${gpu_args[@]}" MPI_RESHARD_ONE_RANK_TOL=5e-4 bash tests/trainer/run_mpi_reshard.sh build . \

@@ -1,43 +1,104 @@
-// GradientSync: which collective each ZeRO stage issues over the gradient slab (gradient_sync.h).
+// GradientSync: which collective each ZeRO stage issues over the gradient slab, and the staging
+// of ZeRO-2 with sharded gradients (gradient_sync.h).
 #include "trainer/gradient_sync.h"
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
 
 namespace trainer {
 
-GradientSync::GradientSync(comm::Communicator& comm, optim::Slab& slab, const core::DeviceContext& context)
+GradientSync::GradientSync(comm::Communicator& comm, optim::Slab& slab, const core::DeviceContext& context,
+                           std::int64_t staging_elements)
     : comm_(comm), slab_(slab), context_(context), stage_(slab.zero_stage()) {
   if (slab.layout().world_size() != comm.world()) {
     throw core::Error("gradient sync: the slab is laid out for " + std::to_string(slab.layout().world_size()) +
                       " ranks but the job has " + std::to_string(comm.world()));
   }
+  if (!(slab.grad_covers() == slab.full())) {
+    if (!context.is_cuda()) throw core::Error("gradient sync: sharded gradients need the cuda backend");
+    if (staging_elements <= 0) throw core::Error("gradient sync: sharded gradients need staging (staging_elements > 0)");
+    slot_elements_ = staging_elements;
+    staging_ = core::Buffer(context.device(), static_cast<std::size_t>(kSlots * slot_elements_) * sizeof(float));
+  }
 }
 
-void GradientSync::reduce_range(optim::Range range) {
-  reduce_onto_owners(range);
+float* GradientSync::acquire(optim::Range range) {
+  if (!staged()) return slab_.grad_origin() + range.begin;
+  if (open_slot_ >= 0) throw core::Error("gradient sync: a staged range is still open");
+  if (range.size() > slot_elements_ || range.empty()) {
+    throw core::Error("gradient sync: range of " + std::to_string(range.size()) + " elements does not fit the staging of " +
+                      std::to_string(slot_elements_));
+  }
+  const int slot = next_slot_;
+  next_slot_ = (next_slot_ + 1) % kSlots;
+  comm_.wait_for(slot_free_[slot]);  // its previous reduction has read it
+  float* data = staging_.as<float>() + static_cast<std::int64_t>(slot) * slot_elements_;
+  CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<std::size_t>(range.size()) * sizeof(float), context_.stream()));
+  open_slot_ = slot;
+  open_range_ = range;
+  return data;
+}
+
+void GradientSync::release(optim::Range range) {
+  if (!staged()) {
+    if (last_micro_batch_ && stage_ == 2 && comm_.world() > 1) {
+      reduce_onto_owners(range, slab_.grad_origin() + range.begin);
+      reduced_.push_back(range);
+    }
+    return;
+  }
+  if (open_slot_ < 0 || !(range == open_range_)) throw core::Error("gradient sync: release of a range that is not open");
+  const float* data = staging_.as<float>() + static_cast<std::int64_t>(open_slot_) * slot_elements_;
+  comm_.set_detached(true);
+  try {
+    reduce_onto_owners(range, data);
+  } catch (...) {
+    comm_.set_detached(false);
+    throw;
+  }
+  last_marker_ = slot_free_[open_slot_] = comm_.marker();
+  comm_.set_detached(false);
   reduced_.push_back(range);
+  open_slot_ = -1;
 }
 
-void GradientSync::reduce_onto_owners(optim::Range range) {
+void GradientSync::reduce_onto_owners(optim::Range range, const float* data) {
   if (range.empty()) return;
-  float* grad = slab_.grad().as<float>();
+  float* grad = slab_.grad_origin();
   comm_.group_start();
   for (int rank = 0; rank < comm_.world(); ++rank) {
     const optim::Range piece = range.intersect(slab_.layout().shard(rank));
     if (piece.empty()) continue;
-    comm_.reduce(grad + piece.begin, core::DType::f32, static_cast<std::size_t>(piece.size()), comm::ReduceOp::avg,
-                 rank, "gradient reduce (ZeRO-2)");
+    float* recv = rank == comm_.rank() ? grad + piece.begin : nullptr;
+    comm_.reduce_into(data + (piece.begin - range.begin), recv, core::DType::f32, static_cast<std::size_t>(piece.size()),
+                      comm::ReduceOp::avg, rank, "gradient reduce (ZeRO-2)");
   }
   comm_.group_end();
 }
 
 void GradientSync::finish() {
   if (comm_.world() == 1) return;
-  float* grad = slab_.grad().as<float>();
   const optim::SlabLayout& layout = slab_.layout();
+  if (staged()) {
+    // Every tensor's gradient existed only in staging: a tensor the backward never released has
+    // no gradient anywhere, which is a bug, not something to repair here.
+    for (const optim::SlabTensor& t : layout.tensors()) {
+      const optim::Range r = t.range();
+      std::int64_t covered = 0;
+      for (const optim::Range& done : reduced_) covered += done.intersect(r).size();
+      if (covered != r.size()) {
+        throw core::Error("gradient sync: the backward released " + std::to_string(covered) + " of the " +
+                          std::to_string(r.size()) + " gradient elements of '" + t.spec.name + "'");
+      }
+    }
+    reduced_.clear();
+    comm_.wait_for(last_marker_);  // the optimizer reads the reduced shard
+    return;
+  }
+  float* grad = slab_.grad_origin();
   if (stage_ == 0) {
     comm_.all_reduce(grad, core::DType::f32, static_cast<std::size_t>(layout.total_elements()), comm::ReduceOp::avg,
                      "gradient all-reduce (ZeRO-0)");
@@ -52,7 +113,7 @@ void GradientSync::finish() {
     for (const optim::SlabTensor& t : layout.tensors()) {
       const bool reported = std::any_of(reduced_.begin(), reduced_.end(),
                                         [&](const optim::Range& r) { return r.contains(t.range()); });
-      if (!reported) reduce_onto_owners(t.range());
+      if (!reported) reduce_onto_owners(t.range(), grad + t.range().begin);
     }
     reduced_.clear();
   }
@@ -60,7 +121,7 @@ void GradientSync::finish() {
 }
 
 void GradientSync::zero_outside_owned() {
-  float* grad = slab_.grad().as<float>();
+  float* grad = slab_.grad_origin();
   const optim::Range owned = slab_.owned();
   const std::int64_t total = slab_.layout().total_elements();
   const auto bytes = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); };

@@ -2,43 +2,71 @@
 // micro-batch's backward (accumulation never communicates before it):
 //   ZeRO-0: all-reduce (average) of the whole gradient slab; every rank then updates everything.
 //   ZeRO-1: reduce-scatter (average) into each rank's owned shard, in place.
-//   ZeRO-2: the same result, reduced range by range while the backward still runs: the model
-//           reports each layer's range as soon as its gradients are final (reduce_range), and
-//           finish() reduces the tensors that were not reported (all of them with a backend
-//           without the hook).
-// With ZeRO >= 1 the gradients outside the owned shard are zeroed afterwards, so the next step
-// accumulates from zero everywhere (the optimizer zeroes the owned shard itself).
+//   ZeRO-2: the same result, reduced range by range while the backward still runs. It is the
+//           model's gradient sink (optim/gradient_sink.h):
+//           - sharded gradients (the slab's gradient buffer is the owned shard; one micro-batch
+//             per step): the backward gets each range in one of two staging buffers, and on
+//             release the range's pieces are reduced from there onto their owners' shards, on
+//             the communication stream while the backward goes on (the compute stream waits only
+//             before reusing a staging buffer, and in finish());
+//           - whole gradient buffer (gradient accumulation, or a backend without the sink): the
+//             ranges are reduced in place during the last micro-batch, and finish() reduces the
+//             tensors that were not reported.
+// With ZeRO >= 1 and a whole buffer the gradients outside the owned shard are zeroed afterwards,
+// so the next step accumulates from zero everywhere (the optimizer zeroes the owned shard itself).
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/buffer.h"
 #include "core/device.h"
+#include "optim/gradient_sink.h"
 #include "optim/slab.h"
 
 namespace trainer {
 
-class GradientSync {
+class GradientSync final : public optim::GradientSink {
  public:
-  GradientSync(comm::Communicator& comm, optim::Slab& slab, const core::DeviceContext& context);
+  // `staging_elements`: the largest range the model acquires (needed with sharded gradients).
+  GradientSync(comm::Communicator& comm, optim::Slab& slab, const core::DeviceContext& context,
+               std::int64_t staging_elements = 0);
 
-  // ZeRO-2 only: averages global range `range` of the gradients onto the ranks owning its parts.
-  void reduce_range(optim::Range range);
+  // Before each micro-batch: whether it is the step's last (only then are ranges reduced).
+  void begin_micro_batch(bool last) { last_micro_batch_ = last; }
   // Completes the synchronisation of this step (enqueued on cuda; done on return on cpu).
   void finish();
-  // Whether the model should report ranges (ZeRO-2 with several ranks).
-  bool wants_ranges() const { return stage_ == 2 && comm_.world() > 1; }
+  // Device bytes of the staging buffers (part of the gradient memory).
+  std::size_t staging_bytes() const { return staging_.bytes(); }
+
+  // optim::GradientSink.
+  std::int64_t max_range_elements() const override { return staged() ? slot_elements_ : 0; }
+  float* acquire(optim::Range range) override;
+  void release(optim::Range range) override;
 
  private:
-  // Averages `range` of the gradients onto the ranks whose shards hold its parts (one NCCL group).
-  void reduce_onto_owners(optim::Range range);
+  static constexpr int kSlots = 2;
+  bool staged() const { return slot_elements_ > 0; }
+  // Averages the pieces of `range` (gradients at `data`, element range.begin first) onto the
+  // ranks whose shards hold them, each into its shard of the slab's gradients (one NCCL group).
+  void reduce_onto_owners(optim::Range range, const float* data);
   void zero_outside_owned();
 
   comm::Communicator& comm_;
   optim::Slab& slab_;
   const core::DeviceContext& context_;
   int stage_;
+  bool last_micro_batch_ = true;
   std::vector<optim::Range> reduced_;  // ranges reduced so far this step (ZeRO-2)
+  // Staging (sharded gradients only).
+  std::int64_t slot_elements_ = 0;
+  core::Buffer staging_;
+  int next_slot_ = 0;
+  int open_slot_ = -1;
+  optim::Range open_range_{};
+  std::uint64_t slot_free_[kSlots] = {};  // communicator markers after each slot's last reduction
+  std::uint64_t last_marker_ = 0;
 };
 
 }  // namespace trainer

@@ -102,13 +102,8 @@ class CudaRunner final : public ModelRunner {
     comm.all_gather(slab_.mirror().data(), slab_.mirror_dtype(), static_cast<std::size_t>(owned.size()),
                     "mirror all-gather");
   }
-  void overlap_gradient_sync(GradientSync* sync) override {
-    if (sync == nullptr) {
-      model_.set_gradients_ready({});
-    } else {
-      model_.set_gradients_ready([sync](optim::Range range) { sync->reduce_range(range); });
-    }
-  }
+  void set_gradient_sink(optim::GradientSink* sink) override { model_.set_gradient_sink(sink); }
+  std::int64_t largest_gradient_range() const override { return model_.largest_gradient_range(); }
   bool saw_invalid_ids() override {
     std::int32_t flag = 0;
     CUDA_CHECK(cudaMemcpyAsync(&flag, model_.invalid_id_flag(), 4, cudaMemcpyDeviceToHost, context_.stream()));

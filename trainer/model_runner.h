@@ -13,7 +13,7 @@
 #include "models/qwen3/config.h"
 #include "models/qwen3/model_cuda.h"
 #include "optim/slab.h"
-#include "trainer/gradient_sync.h"
+#include "optim/gradient_sink.h"
 
 namespace trainer {
 
@@ -36,9 +36,11 @@ class ModelRunner {
   // >= 1 and several ranks each rank has updated only its shard (cuda: the mirror shards are
   // all-gathered in place; cpu: the fp32 master shards into the model's whole-model copy).
   virtual void gather_weights(comm::Communicator& comm) = 0;
-  // Reports each layer's gradient range to `sync` during the next micro_step, as soon as the
-  // range is final (ZeRO-2 overlap); nullptr stops it. Backends without the hook ignore it.
-  virtual void overlap_gradient_sync(GradientSync* sync) {}
+  // Where the next micro-batches put their gradients (optim/gradient_sink.h; nullptr: the slab).
+  // The cpu model always adds into the slab's whole gradient buffer and ignores it.
+  virtual void set_gradient_sink(optim::GradientSink* sink) { (void)sink; }
+  // The staging a limited sink needs for this model (0: the backend takes no sink).
+  virtual std::int64_t largest_gradient_range() const { return 0; }
 };
 
 // The runner for the slab's device: the fp32 cpu model or the bf16 cuda model.

@@ -192,7 +192,14 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
 
   const int stage = config.parallel.zero_stage;
   const bool sharded = stage >= 1 && world > 1;
-  optim::Slab slab(std::move(layout), context, {.rank = rank, .zero_stage = stage});
+  // ZeRO-2 keeps only the owned shard of the gradients when nothing accumulates across
+  // micro-batches (accumulation must not communicate before the last one, so it needs them all).
+  const bool shard_gradients = cuda && stage == 2 && world > 1 && accumulation == 1;
+  if (cuda && stage == 2 && world > 1 && !shard_gradients) {
+    spdlog::info("ZeRO-2 with {} micro-batches per step keeps the whole gradient buffer: accumulation communicates "
+                 "only after the last micro-batch", accumulation);
+  }
+  optim::Slab slab(std::move(layout), context, {.rank = rank, .zero_stage = stage, .shard_gradients = shard_gradients});
   if (!resume_from) initialize_weights(config, slab, context);
   auto runner = make_model_runner(shape, slab, context, micro * seq, seq, config.model.recompute, sharded);
   auto optimizer = optim::make_optimizer(config.optimizer, slab, context);
@@ -203,7 +210,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       comm.group_end();
     });
   }
-  GradientSync gradient_sync(comm, slab, context);
+  GradientSync gradient_sync(comm, slab, context, shard_gradients ? runner->largest_gradient_range() : 0);
+  runner->set_gradient_sink(&gradient_sync);
   TrainingProgress progress;
   progress.sampler_seed = config.run.seed;
   if (resume_from) progress = load_checkpoint(*resume_from, *optimizer, context);
@@ -232,9 +240,10 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   for (const optim::StateBuffer& b : optimizer->state_buffers()) state_bytes += b.buffer->bytes();
   const double gib = 1024.0 * 1024.0 * 1024.0;
   const nlohmann::json memory = {{"weights_gib", static_cast<double>(slab.mirror().bytes() + slab.master().bytes()) / gib},
-                                 {"grads_gib", static_cast<double>(slab.grad().bytes()) / gib},
+                                 {"grads_gib", static_cast<double>(slab.grad().bytes() + gradient_sync.staging_bytes()) / gib},
                                  {"state_gib", static_cast<double>(state_bytes) / gib}};
-  spdlog::info("memory per rank: weights {:.3f} GiB (mirror + master), gradients {:.3f} GiB, optimizer state {:.3f} GiB",
+  spdlog::info("memory per rank: weights {:.3f} GiB (mirror + master), gradients {:.3f} GiB (with staging), "
+               "optimizer state {:.3f} GiB",
                memory["weights_gib"].get<double>(), memory["grads_gib"].get<double>(), memory["state_gib"].get<double>());
 
   std::ofstream metrics;
@@ -269,7 +278,6 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   };
 
   const std::int64_t hang_step = test_hang_step(rank);
-  const bool overlap_sync = gradient_sync.wants_ranges();
   for (std::int64_t step = first_step; step <= config.training.max_steps; ++step) {
     const double lr = lr_at(config.schedule, config.optimizer.lr, step - 1, config.training.max_steps);
     for (std::int64_t a = 0; a < accumulation; ++a) {
@@ -278,10 +286,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
                                 {batch.targets.data() + s * seq, static_cast<std::size_t>(seq)});
       }
       // Only the last micro-batch's backward communicates (ZeRO-2 overlaps it layer by layer).
-      const bool last = a + 1 == accumulation;
-      if (last && overlap_sync) runner->overlap_gradient_sync(&gradient_sync);
+      gradient_sync.begin_micro_batch(a + 1 == accumulation);
       runner->micro_step(batch.ids.data(), batch.targets.data(), micro, seq, 1.0f / static_cast<float>(accumulation));
-      if (last && overlap_sync) runner->overlap_gradient_sync(nullptr);
     }
     if (step == hang_step) hang(rank, step);
     gradient_sync.finish();

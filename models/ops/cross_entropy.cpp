@@ -1,6 +1,7 @@
 // CPU reference of the fused, chunked lm_head + cross-entropy. Per chunk of tokens: logits by
 // one product, a parallel pass over rows for logsumexp and the loss (and, in the backward,
-// dlogits written over the logits), then dhidden and dweight by two more products.
+// dlogits written over the logits), then dhidden and dweight (or a window of its rows) by two
+// more products.
 #include "models/ops/cross_entropy.h"
 
 #include <algorithm>
@@ -39,21 +40,36 @@ std::int64_t check_arguments(std::string_view op, std::span<const Scalar> hidden
   return count;
 }
 
-// Shared body: the loss, and the gradients when `dhidden` is not null.
+// The gradient outputs of run(): dhidden [tokens, dim] (written; null: not computed) and the
+// rows [row_begin, row_end) of dweight, accumulated into dweight_rows [(row_end - row_begin), dim].
+template <typename Scalar>
+struct Gradients {
+  Scalar* dhidden = nullptr;
+  Scalar* dweight_rows = nullptr;
+  std::int64_t row_begin = 0, row_end = 0;
+  double grad_scale = 1.0;
+};
+
+// Shared body: the loss, and the gradients when `gradients` is not null.
 template <typename Scalar>
 CrossEntropyResult run(std::span<const Scalar> hidden, std::span<const Scalar> weight,
                        std::span<const std::int32_t> targets, std::int64_t dim, std::int64_t vocab,
-                       std::int64_t count, std::int64_t chunk_tokens, Scalar* dhidden, Scalar* dweight,
-                       double grad_scale) {
+                       std::int64_t count, std::int64_t chunk_tokens, const Gradients<Scalar>* gradients) {
   const auto tokens = static_cast<std::int64_t>(targets.size());
+  const bool backward = gradients != nullptr;
+  Scalar* dhidden = backward ? gradients->dhidden : nullptr;
   if (count == 0) {
     if (dhidden != nullptr) std::fill(dhidden, dhidden + tokens * dim, Scalar{0});
     return {};
   }
   const std::int64_t chunk = std::min(tokens, cross_entropy_chunk_tokens(vocab, chunk_tokens));
-  const double coefficient = grad_scale / static_cast<double>(count);
+  const double coefficient = backward ? gradients->grad_scale / static_cast<double>(count) : 0.0;
   std::vector<Scalar> logits(static_cast<std::size_t>(chunk * vocab));
   std::vector<double> row_loss(static_cast<std::size_t>(tokens), 0.0);
+  // A window narrower than the vocabulary takes its dlogits columns from a contiguous copy.
+  const std::int64_t window_begin = backward ? gradients->row_begin : 0;
+  const std::int64_t window_rows = backward ? gradients->row_end - gradients->row_begin : 0;
+  std::vector<Scalar> window(backward && window_rows < vocab ? static_cast<std::size_t>(chunk * window_rows) : 0);
 
   for (std::int64_t first = 0; first < tokens; first += chunk) {
     const std::int64_t rows = std::min(chunk, tokens - first);
@@ -65,7 +81,7 @@ CrossEntropyResult run(std::span<const Scalar> hidden, std::span<const Scalar> w
       Scalar* row = logits.data() + r * vocab;
       const std::int32_t target = targets[static_cast<std::size_t>(first + r)];
       if (target == kIgnoreIndex) {
-        if (dhidden != nullptr) std::fill(row, row + vocab, Scalar{0});
+        if (backward) std::fill(row, row + vocab, Scalar{0});
         continue;
       }
       any_counted = true;
@@ -75,21 +91,30 @@ CrossEntropyResult run(std::span<const Scalar> hidden, std::span<const Scalar> w
       for (std::int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j]) - max_logit);
       const double lse = max_logit + std::log(sum);
       row_loss[static_cast<std::size_t>(first + r)] = lse - static_cast<double>(row[target]);
-      if (dhidden != nullptr) {
+      if (backward) {
         for (std::int64_t j = 0; j < vocab; ++j) {
           const double p = std::exp(static_cast<double>(row[j]) - lse);
           row[j] = static_cast<Scalar>(coefficient * (j == target ? p - 1.0 : p));
         }
       }
     }
-    if (dhidden == nullptr) continue;
-    Scalar* dhidden_chunk = dhidden + first * dim;
+    if (!backward) continue;
+    Scalar* dhidden_chunk = dhidden != nullptr ? dhidden + first * dim : nullptr;
     if (!any_counted) {
-      std::fill(dhidden_chunk, dhidden_chunk + rows * dim, Scalar{0});
+      if (dhidden_chunk != nullptr) std::fill(dhidden_chunk, dhidden_chunk + rows * dim, Scalar{0});
       continue;
     }
-    matmul_nn_cpu(logits.data(), weight.data(), rows, dim, vocab, dhidden_chunk, Accumulate::overwrite);
-    matmul_tn_cpu(logits.data(), hidden_chunk, vocab, dim, rows, dweight, Accumulate::add);
+    if (dhidden_chunk != nullptr) {
+      matmul_nn_cpu(logits.data(), weight.data(), rows, dim, vocab, dhidden_chunk, Accumulate::overwrite);
+    }
+    const Scalar* dlogits = logits.data();
+    if (!window.empty()) {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        std::copy_n(logits.data() + r * vocab + window_begin, window_rows, window.data() + r * window_rows);
+      }
+      dlogits = window.data();
+    }
+    matmul_tn_cpu(dlogits, hidden_chunk, window_rows, dim, rows, gradients->dweight_rows, Accumulate::add);
   }
 
   double total = 0.0;
@@ -112,7 +137,7 @@ CrossEntropyResult cross_entropy_forward_cpu(std::span<const Scalar> hidden, std
                                              std::int64_t vocab, std::int64_t chunk_tokens) {
   const std::int64_t count =
       check_arguments("cross_entropy_forward", hidden, weight, targets, dim, vocab, chunk_tokens);
-  return run<Scalar>(hidden, weight, targets, dim, vocab, count, chunk_tokens, nullptr, nullptr, 0.0);
+  return run<Scalar>(hidden, weight, targets, dim, vocab, count, chunk_tokens, nullptr);
 }
 
 template <typename Scalar>
@@ -129,8 +154,29 @@ CrossEntropyResult cross_entropy_backward_cpu(std::span<const Scalar> hidden, st
                            {checks::region("hidden", hidden), checks::region("weight", weight),
                             checks::region("targets", targets)});
   if (!std::isfinite(grad_scale)) checks::fail(op, "grad_scale must be finite, got " + std::to_string(grad_scale));
-  return run<Scalar>(hidden, weight, targets, dim, vocab, count, chunk_tokens, dhidden.data(), dweight.data(),
-                     grad_scale);
+  const Gradients<Scalar> gradients{dhidden.data(), dweight.data(), 0, vocab, grad_scale};
+  return run<Scalar>(hidden, weight, targets, dim, vocab, count, chunk_tokens, &gradients);
+}
+
+template <typename Scalar>
+void cross_entropy_backward_weight_rows_cpu(std::span<const Scalar> hidden, std::span<const Scalar> weight,
+                                            std::span<const std::int32_t> targets, std::int64_t dim,
+                                            std::int64_t vocab, std::int64_t row_begin, std::int64_t row_end,
+                                            std::span<Scalar> dweight_rows, double grad_scale,
+                                            std::int64_t chunk_tokens) {
+  constexpr std::string_view op = "cross_entropy_backward_weight_rows";
+  const std::int64_t count = check_arguments(op, hidden, weight, targets, dim, vocab, chunk_tokens);
+  if (row_begin < 0 || row_begin >= row_end || row_end > vocab) {
+    checks::fail(op, "rows [" + std::to_string(row_begin) + ", " + std::to_string(row_end) +
+                         ") must be a non-empty range within the vocabulary [0, " + std::to_string(vocab) + ")");
+  }
+  checks::require_size(op, "dweight_rows", dweight_rows, (row_end - row_begin) * dim, "(row_end - row_begin) * dim");
+  checks::require_disjoint(op, {checks::region("dweight_rows", dweight_rows)},
+                           {checks::region("hidden", hidden), checks::region("weight", weight),
+                            checks::region("targets", targets)});
+  if (!std::isfinite(grad_scale)) checks::fail(op, "grad_scale must be finite, got " + std::to_string(grad_scale));
+  const Gradients<Scalar> gradients{nullptr, dweight_rows.data(), row_begin, row_end, grad_scale};
+  run<Scalar>(hidden, weight, targets, dim, vocab, count, chunk_tokens, &gradients);
 }
 
 template CrossEntropyResult cross_entropy_forward_cpu<float>(std::span<const float>, std::span<const float>,
@@ -147,5 +193,13 @@ template CrossEntropyResult cross_entropy_backward_cpu<double>(std::span<const d
                                                                std::span<const std::int32_t>, std::int64_t,
                                                                std::int64_t, std::span<double>, std::span<double>,
                                                                double, std::int64_t);
+template void cross_entropy_backward_weight_rows_cpu<float>(std::span<const float>, std::span<const float>,
+                                                           std::span<const std::int32_t>, std::int64_t, std::int64_t,
+                                                           std::int64_t, std::int64_t, std::span<float>, double,
+                                                           std::int64_t);
+template void cross_entropy_backward_weight_rows_cpu<double>(std::span<const double>, std::span<const double>,
+                                                            std::span<const std::int32_t>, std::int64_t, std::int64_t,
+                                                            std::int64_t, std::int64_t, std::span<double>, double,
+                                                            std::int64_t);
 
 }  // namespace models::ops

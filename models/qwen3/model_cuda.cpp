@@ -1,7 +1,6 @@
 #include "models/qwen3/model_cuda.h"
 
 #include <algorithm>
-#include <functional>
 #include <limits>
 #include <vector>
 
@@ -54,9 +53,23 @@ struct Qwen3Cuda::Impl {
     int input_norm, qkv, q_norm, k_norm, o_proj, post_norm, gate_up, down;
   };
 
+  // The default sink: gradients accumulate in the slab's own gradient buffer.
+  struct SlabSink final : optim::GradientSink {
+    explicit SlabSink(optim::Slab& s) : slab(s) {}
+    std::int64_t max_range_elements() const override { return 0; }
+    float* acquire(optim::Range range) override { return slab.grad_origin() + range.begin; }
+    void release(optim::Range) override {}
+    optim::Slab& slab;
+  };
+  // The gradient ranges of one layer's backward, in the order it finishes them.
+  struct LayerGroups {
+    optim::Range mlp, attention;
+  };
+
   Qwen3Config c;
   optim::Slab& slab;
-  std::function<void(optim::Range)> on_gradients_ready;
+  SlabSink slab_sink{slab};
+  optim::GradientSink* sink = &slab_sink;
   const core::DeviceContext& ctx;
   cudaStream_t stream;
   std::int64_t max_tokens;
@@ -65,14 +78,16 @@ struct Qwen3Cuda::Impl {
   ops::CrossEntropyPlan cross_entropy;
   int embed = 0, final_norm = 0, head = 0;
   std::vector<LayerWeights> layers;
+  std::vector<LayerGroups> groups;  // per layer
 
   core::Buffer memory;
   std::vector<LayerSlots> saved;  // per layer
   LayerSlots scratch{};           // recompute target
   std::size_t x_final = 0, x_norm = 0, rstd_final = 0, positions = 0;
   std::size_t dx = 0, dtmp = 0, datt = 0, dqk = 0, dqkv = 0, dgate_up = 0, dact = 0, dh = 0;
-  std::size_t token_losses = 0, mean_loss = 0, count = 0, invalid = 0, workspace = 0;
-  std::size_t workspace_bytes = 0;
+  std::size_t token_losses = 0, token_lse = 0, mean_loss = 0, count = 0, invalid = 0, workspace = 0;
+  std::size_t embed_workspace = 0;  // the embedding backward's sorted ids, kept across its row windows
+  std::size_t workspace_bytes = 0, embed_workspace_bytes = 0;
 
   Impl(const Qwen3Config& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens, Recompute r)
       : c(config), slab(s), ctx(context), stream(context.stream()), max_tokens(tokens), recompute(r), linear(context),
@@ -81,7 +96,20 @@ struct Qwen3Cuda::Impl {
   template <typename T>
   T* at(std::size_t offset) { return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset); }
   const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
-  float* g(int tensor) { return slab.grad_view(tensor).as<float>(); }
+  optim::Range range_of(int tensor) const { return slab.layout().tensors()[static_cast<std::size_t>(tensor)].range(); }
+  // The slab range spanned by `tensors` (contiguous in the layout).
+  optim::Range span(std::initializer_list<int> tensors) const {
+    optim::Range r{std::numeric_limits<std::int64_t>::max(), 0};
+    for (int t : tensors) {
+      r.begin = std::min(r.begin, range_of(t).begin);
+      r.end = std::max(r.end, range_of(t).end);
+    }
+    return r;
+  }
+  // Gradient memory of `tensor` inside the acquired `group` whose memory starts at `base`.
+  float* grad_in(float* base, const optim::Range& group, int tensor) const {
+    return base + (range_of(tensor).begin - group.begin);
+  }
   ops::DeviceWorkspace ws() { return {at<char>(workspace), workspace_bytes}; }
 
   LayerSlots reserve_layer(Arena& a, bool keep_all, bool keep_mlp) {
@@ -200,29 +228,58 @@ struct Qwen3Cuda::Impl {
     return {at<float>(token_losses), at<float>(mean_loss), at<std::int32_t>(count)};
   }
 
+  // Gradients go to `sink` range by range: the final norm, then per layer its MLP and its
+  // attention, then the vocabulary-sized tensors. With a sink of unlimited ranges (the slab) the
+  // lm_head's gradient comes from the fused cross-entropy backward (token chunks, dW accumulated
+  // over them). With a limited sink (staging for ZeRO-2 with sharded gradients) no whole [vocab,
+  // dim] gradient may exist: the cross-entropy backward first gives the hidden gradient and each
+  // token's logsumexp, and after the layers the lm_head (and embedding) gradient is produced in
+  // row windows, each one final before the next (the logits are computed a second time for that).
   void backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
                 float grad_scale) {
     const std::int64_t n = batch * seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), qkv = c.qkv_size();
-    const std::int64_t qk = qs + kvs, f = c.intermediate_size;
-    cross_entropy.backward(at<bf16>(x_norm), w(head), targets, n, d, c.vocab_size, at<bf16>(dtmp), g(head), grad_scale,
-                           loss_outputs(), ws());
+    const std::int64_t qk = qs + kvs, f = c.intermediate_size, vocab = c.vocab_size;
+    optim::GradientSink& out = *sink;
+    const bool row_windows = out.max_range_elements() > 0;
+    const optim::Range head_range = range_of(head), embed_range = range_of(embed);
+    float* head_grad = nullptr;
+    if (row_windows) {
+      cross_entropy.backward_hidden(at<bf16>(x_norm), w(head), targets, n, d, vocab, at<bf16>(dtmp), grad_scale,
+                                    loss_outputs(), at<float>(token_lse), ws());
+    } else {
+      head_grad = out.acquire(head_range);
+      cross_entropy.backward(at<bf16>(x_norm), w(head), targets, n, d, vocab, at<bf16>(dtmp), head_grad, grad_scale,
+                             loss_outputs(), ws());
+      if (head != embed) out.release(head_range);
+    }
+    const optim::Range norm_range = range_of(final_norm);
+    float* norm_grad = out.acquire(norm_range);
     ops::rmsnorm_backward_cuda(at<bf16>(dtmp), at<bf16>(x_final), w(final_norm), at<float>(rstd_final), n, d,
-                               at<bf16>(dx), g(final_norm), at<char>(workspace), workspace_bytes, stream);
-    gradients_ready({final_norm, head == embed ? final_norm : head});
+                               at<bf16>(dx), norm_grad, at<char>(workspace), workspace_bytes, stream);
+    out.release(norm_range);
     const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
     const std::int32_t* pos = at<std::int32_t>(positions);
     for (std::size_t l = layers.size(); l-- > 0;) {
       const LayerWeights& lw = layers[l];
       const LayerSlots s = slots_for_backward(l, batch, seq);
       // MLP: out = x_mid + down(swiglu(gate_up(norm(x_mid)))).
-      linear.backward(at<bf16>(dx), at<bf16>(s.act), w(lw.down), n, f, d, at<bf16>(dact), g(lw.down), ws());
+      const optim::Range mlp = groups[l].mlp;
+      float* mlp_grad = out.acquire(mlp);
+      linear.backward(at<bf16>(dx), at<bf16>(s.act), w(lw.down), n, f, d, at<bf16>(dact), grad_in(mlp_grad, mlp, lw.down),
+                      ws());
       ops::swiglu_backward_cuda(at<bf16>(dact), at<bf16>(s.gate_up), n, f, at<bf16>(dgate_up), stream);
-      linear.backward(at<bf16>(dgate_up), at<bf16>(s.h2), w(lw.gate_up), n, d, 2 * f, at<bf16>(dh), g(lw.gate_up), ws());
+      linear.backward(at<bf16>(dgate_up), at<bf16>(s.h2), w(lw.gate_up), n, d, 2 * f, at<bf16>(dh),
+                      grad_in(mlp_grad, mlp, lw.gate_up), ws());
       ops::rmsnorm_backward_cuda(at<bf16>(dh), at<bf16>(s.x_mid), w(lw.post_norm), at<float>(s.rstd_post), n, d,
-                                 at<bf16>(dtmp), g(lw.post_norm), at<char>(workspace), workspace_bytes, stream);
+                                 at<bf16>(dtmp), grad_in(mlp_grad, mlp, lw.post_norm), at<char>(workspace),
+                                 workspace_bytes, stream);
+      out.release(mlp);
       add_bf16(at<bf16>(dx), at<bf16>(dtmp), at<bf16>(dx), n * d, stream);
       // Attention: x_mid = x_in + o_proj(attention(rope(norm(q)), rope(norm(k)), v)).
-      linear.backward(at<bf16>(dx), at<bf16>(s.att), w(lw.o_proj), n, qs, d, at<bf16>(datt), g(lw.o_proj), ws());
+      const optim::Range attention = groups[l].attention;
+      float* att_grad = out.acquire(attention);
+      linear.backward(at<bf16>(dx), at<bf16>(s.att), w(lw.o_proj), n, qs, d, at<bf16>(datt),
+                      grad_in(att_grad, attention, lw.o_proj), ws());
       ops::attention_backward_cuda(shape, {at<std::uint16_t>(s.qk), qk}, {at<std::uint16_t>(s.qk) + qs, qk},
                                    {at<std::uint16_t>(s.qkv) + qs + kvs, qkv}, at<std::uint16_t>(s.att),
                                    at<float>(s.lse), at<std::uint16_t>(datt), {at<std::uint16_t>(dqk), qk},
@@ -233,32 +290,59 @@ struct Qwen3Cuda::Impl {
       ops::rope_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(dqk) + qs, qk, pos, n, c.num_kv_heads, c.head_dim,
                               c.rope_theta, stream);
       ops::head_rmsnorm_backward_cuda(at<bf16>(dqk), qk, at<bf16>(s.qkv), qkv, w(lw.q_norm), at<float>(s.rstd_q), n,
-                                      c.num_heads, c.head_dim, at<bf16>(dqkv), qkv, g(lw.q_norm), at<char>(workspace),
-                                      workspace_bytes, stream);
+                                      c.num_heads, c.head_dim, at<bf16>(dqkv), qkv, grad_in(att_grad, attention, lw.q_norm),
+                                      at<char>(workspace), workspace_bytes, stream);
       ops::head_rmsnorm_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(s.qkv) + qs, qkv, w(lw.k_norm),
                                       at<float>(s.rstd_k), n, c.num_kv_heads, c.head_dim, at<bf16>(dqkv) + qs, qkv,
-                                      g(lw.k_norm), at<char>(workspace), workspace_bytes, stream);
-      linear.backward(at<bf16>(dqkv), at<bf16>(s.h), w(lw.qkv), n, d, qkv, at<bf16>(dh), g(lw.qkv), ws());
+                                      grad_in(att_grad, attention, lw.k_norm), at<char>(workspace), workspace_bytes,
+                                      stream);
+      linear.backward(at<bf16>(dqkv), at<bf16>(s.h), w(lw.qkv), n, d, qkv, at<bf16>(dh),
+                      grad_in(att_grad, attention, lw.qkv), ws());
       ops::rmsnorm_backward_cuda(at<bf16>(dh), at<bf16>(s.x_in), w(lw.input_norm), at<float>(s.rstd_in), n, d,
-                                 at<bf16>(dtmp), g(lw.input_norm), at<char>(workspace), workspace_bytes, stream);
+                                 at<bf16>(dtmp), grad_in(att_grad, attention, lw.input_norm), at<char>(workspace),
+                                 workspace_bytes, stream);
+      out.release(attention);
       add_bf16(at<bf16>(dx), at<bf16>(dtmp), at<bf16>(dx), n * d, stream);
-      gradients_ready({lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, lw.o_proj, lw.post_norm, lw.gate_up, lw.down});
     }
-    ops::embedding_backward_cuda(ids, n, at<bf16>(dx), c.vocab_size, d, g(embed), at<std::int32_t>(invalid),
-                                 at<char>(workspace), workspace_bytes, stream);
-    gradients_ready({embed});
+    if (!row_windows) {
+      float* embed_grad = head == embed ? head_grad : out.acquire(embed_range);
+      ops::embedding_backward_cuda(ids, n, at<bf16>(dx), vocab, d, embed_grad, at<std::int32_t>(invalid),
+                                   at<char>(embed_workspace), embed_workspace_bytes, stream);
+      out.release(embed_range);
+      return;
+    }
+    ops::embedding_backward_sort_cuda(ids, n, vocab, at<std::int32_t>(invalid), at<char>(embed_workspace),
+                                      embed_workspace_bytes, stream);
+    const std::int64_t rows = out.max_range_elements() / d;
+    for (std::int64_t r0 = 0; r0 < vocab; r0 += rows) {
+      const std::int64_t r1 = std::min(vocab, r0 + rows);
+      const optim::Range window{head_range.begin + r0 * d, head_range.begin + r1 * d};
+      float* grad = out.acquire(window);
+      cross_entropy.backward_weight_rows(at<bf16>(x_norm), w(head), targets, at<float>(token_lse),
+                                         at<std::int32_t>(count), n, d, vocab, r0, r1, grad, grad_scale, ws());
+      if (head == embed) {
+        ops::embedding_backward_scatter_cuda(n, at<bf16>(dx), vocab, d, r0, r1, grad, at<char>(embed_workspace),
+                                             embed_workspace_bytes, stream);
+      }
+      out.release(window);
+    }
+    if (head == embed) return;
+    for (std::int64_t r0 = 0; r0 < vocab; r0 += rows) {
+      const std::int64_t r1 = std::min(vocab, r0 + rows);
+      const optim::Range window{embed_range.begin + r0 * d, embed_range.begin + r1 * d};
+      float* grad = out.acquire(window);
+      ops::embedding_backward_scatter_cuda(n, at<bf16>(dx), vocab, d, r0, r1, grad, at<char>(embed_workspace),
+                                           embed_workspace_bytes, stream);
+      out.release(window);
+    }
   }
 
-  // Reports the slab range spanned by `tensors` to the gradients-ready callback, if any.
-  void gradients_ready(std::initializer_list<int> tensors) {
-    if (!on_gradients_ready) return;
-    optim::Range span{std::numeric_limits<std::int64_t>::max(), 0};
-    for (int t : tensors) {
-      const optim::Range r = slab.layout().tensors()[static_cast<std::size_t>(t)].range();
-      span.begin = std::min(span.begin, r.begin);
-      span.end = std::max(span.end, r.end);
-    }
-    on_gradients_ready(span);
+  // The largest range the backward acquires from a limited sink: a layer's MLP or attention
+  // span, the final norm, or one row of a vocabulary-sized tensor.
+  std::int64_t largest_group() const {
+    std::int64_t largest = std::max(range_of(final_norm).size(), c.hidden_size);
+    for (const LayerGroups& g : groups) largest = std::max({largest, g.mlp.size(), g.attention.size()});
+    return largest;
   }
 };
 
@@ -286,6 +370,9 @@ Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::D
     const std::string p = "layers." + std::to_string(l) + ".";
     m.layers.push_back({find(p + "input_norm"), find(p + "qkv"), find(p + "q_norm"), find(p + "k_norm"),
                         find(p + "o_proj"), find(p + "post_norm"), find(p + "gate_up"), find(p + "down")});
+    const Impl::LayerWeights& lw = m.layers.back();
+    m.groups.push_back({m.span({lw.post_norm, lw.gate_up, lw.down}),
+                        m.span({lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, lw.o_proj})});
   }
 
   Arena a;
@@ -310,6 +397,7 @@ Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::D
   m.dact = a.reserve(n * f * 2);
   m.dh = a.reserve(n * d * 2);
   m.token_losses = a.reserve(n * 4);
+  m.token_lse = a.reserve(n * 4);
   m.mean_loss = a.reserve(4);
   m.count = a.reserve(4);
   m.invalid = a.reserve(4);
@@ -319,9 +407,10 @@ Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::D
                                 ops::cross_entropy_workspace_bytes(tokens, config.vocab_size),
                                 ops::rmsnorm_backward_workspace_bytes(tokens, config.hidden_size),
                                 ops::head_rmsnorm_backward_workspace_bytes(tokens, config.num_heads, config.head_dim),
-                                ops::attention_backward_workspace_bytes(widest),
-                                ops::embedding_backward_workspace_bytes(tokens, config.vocab_size, config.hidden_size)});
+                                ops::attention_backward_workspace_bytes(widest)});
   m.workspace = a.reserve(m.workspace_bytes);
+  m.embed_workspace_bytes = ops::embedding_backward_workspace_bytes(tokens, config.vocab_size, config.hidden_size);
+  m.embed_workspace = a.reserve(m.embed_workspace_bytes);
   m.memory = core::Buffer(context.device(), a.size());
   m.memory.fill_bytes(0, context.stream());
   activation_bytes_ = a.size();
@@ -349,9 +438,21 @@ void Qwen3Cuda::logits(const std::int32_t* ids, std::int64_t batch, std::int64_t
                    reinterpret_cast<bf16*>(logits), m.ws());
 }
 
-void Qwen3Cuda::set_gradients_ready(std::function<void(optim::Range)> callback) {
-  impl_->on_gradients_ready = std::move(callback);
+void Qwen3Cuda::set_gradient_sink(optim::GradientSink* sink) {
+  Impl& m = *impl_;
+  if (sink == nullptr) {
+    m.sink = &m.slab_sink;
+    return;
+  }
+  const std::int64_t limit = sink->max_range_elements();
+  if (limit > 0 && limit < m.largest_group()) {
+    throw core::Error("Qwen3Cuda: the gradient sink takes ranges of at most " + std::to_string(limit) +
+                      " elements; the backward needs " + std::to_string(m.largest_group()));
+  }
+  m.sink = sink;
 }
+
+std::int64_t Qwen3Cuda::largest_gradient_range() const { return impl_->largest_group(); }
 
 const float* Qwen3Cuda::loss() const { return impl_->at<float>(impl_->mean_loss); }
 const std::int32_t* Qwen3Cuda::counted() const { return impl_->at<std::int32_t>(impl_->count); }

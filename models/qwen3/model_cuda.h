@@ -1,13 +1,12 @@
 // The Qwen3 decoder on one GPU: bf16 activations and matrix operands read from the slab's bf16
 // mirror, fp32 statistics and accumulation, weight gradients accumulated in fp32 into the slab
-// (one layer's gradients are one contiguous slab range). Activation memory is allocated once for
+// or handed range by range to a gradient sink (one layer's gradients are one contiguous range). Activation memory is allocated once for
 // `max_tokens`; a training micro-batch allocates nothing and never waits for the host (the loss
 // stays on the device). Activation recompute: none (keep everything for the backward), mlp
 // (recompute the MLP's gate/up and SwiGLU outputs), full (keep only each layer's input).
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 
@@ -16,6 +15,7 @@
 #include "models/ops/cross_entropy.h"
 #include "models/ops/linear.h"
 #include "models/qwen3/config.h"
+#include "optim/gradient_sink.h"
 #include "optim/slab.h"
 
 namespace models::qwen3 {
@@ -25,8 +25,8 @@ Recompute recompute_from_string(const std::string& name);  // throws core::Input
 
 class Qwen3Cuda {
  public:
-  // `slab`: laid out from parameter_specs(config), on the context's cuda device, bf16 mirror,
-  // whole model (gradients and mirror span the whole slab in every ZeRO stage).
+  // `slab`: laid out from parameter_specs(config), on the context's cuda device, bf16 mirror
+  // spanning the whole model; gradients go to the slab unless a gradient sink is set.
   Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context, std::int64_t max_tokens,
             Recompute recompute);
   ~Qwen3Cuda();
@@ -40,11 +40,14 @@ class Qwen3Cuda {
   // bf16 logits [batch * seq, vocab] into `logits` (device).
   void logits(const std::int32_t* ids, std::int64_t batch, std::int64_t seq, std::uint16_t* logits);
 
-  // Called during forward_backward, in stream order, with every global slab range whose gradients
-  // are final for the call: the head (final norm, untied lm_head) after the loss, each layer
-  // after its backward, the embedding last. ZeRO-2 reduces them while the backward goes on.
-  // An empty function stops the calls.
-  void set_gradients_ready(std::function<void(optim::Range)> callback);
+  // Where forward_backward puts the weight gradients (optim/gradient_sink.h); nullptr: the slab's
+  // gradient buffer, added to (the default). A sink with a range limit gets every range in turn
+  // (the final norm, each layer's MLP and attention, the vocabulary-sized tensors in row windows)
+  // as soon as its gradients are final; ZeRO-2 reduces them while the backward goes on. The limit
+  // must be at least largest_gradient_range() (core::Error). The sink must outlive its use.
+  void set_gradient_sink(optim::GradientSink* sink);
+  // The most elements one range given to a limited sink spans (the size of its staging).
+  std::int64_t largest_gradient_range() const;
 
   const float* loss() const;          // device fp32: mean loss of the last call
   const std::int32_t* counted() const;  // device int32: tokens counted by the last call

@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <mpi.h>
@@ -336,6 +337,48 @@ class Suite {
     check_reduction(name("grouped all_reduce b"), db.download<double>(), 0, b, 0, count + 3, ReduceOp::max);
   }
 
+  // The ZeRO-2 pattern: pieces of one send buffer reduced out of place onto different roots in one
+  // detached group, compute waiting only at the marker, after which the send buffer is
+  // overwritten (the reductions must have read it by then). recv holds a sentinel everywhere
+  // except the piece this rank is root of; send is never written by the collective.
+  void detached_pieces(std::size_t count) {
+    const auto case_id = next_case();
+    const int world = comm_.world();
+    const auto inputs = all_inputs<float>(case_id, count);
+    DeviceData send(context_, count * sizeof(float));
+    DeviceData recv(context_, count * sizeof(float));
+    send.upload(inputs[comm_.rank()]);
+    const std::vector<float> sentinel(count, -7.25f);
+    recv.upload(sentinel);
+    auto piece = [&](int r) {
+      return std::pair<std::size_t, std::size_t>{count * static_cast<std::size_t>(r) / static_cast<std::size_t>(world),
+                                                 count * static_cast<std::size_t>(r + 1) / static_cast<std::size_t>(world)};
+    };
+    auto* send_f = static_cast<float*>(send.data());
+    auto* recv_f = static_cast<float*>(recv.data());
+    comm_.set_detached(true);
+    comm_.group_start();
+    for (int r = world - 1; r >= 0; --r) {  // roots in reverse order: any order must work
+      const auto [begin, end] = piece(r);
+      comm_.reduce_into(send_f + begin, comm_.rank() == r ? recv_f + begin : nullptr, core::DType::f32, end - begin,
+                        ReduceOp::avg, r, "test detached piece");
+    }
+    comm_.group_end();
+    const std::uint64_t marker = comm_.marker();
+    comm_.set_detached(false);
+    comm_.wait_for(marker);
+    send.upload(std::vector<float>(count, 1e30f));  // after the wait: must not change any result
+    const auto got = recv.download<float>();
+    const auto [mine_begin, mine_end] = piece(comm_.rank());
+    check_reduction(name("detached out-of-place reduce, count " + std::to_string(count)), got, mine_begin, inputs,
+                    mine_begin, mine_end - mine_begin, ReduceOp::avg);
+    bool untouched = true;
+    for (std::size_t i = 0; i < count; ++i) {
+      if ((i < mine_begin || i >= mine_end) && got[i] != -7.25f) untouched = false;
+    }
+    check(untouched, name("detached out-of-place reduce leaves recv outside the own piece untouched"));
+  }
+
   void device_collectives(const std::vector<std::size_t>& counts) {
     const int world = comm_.world();
     const int last = world - 1;
@@ -366,6 +409,7 @@ class Suite {
         all_gather<F16>(count);
       }
       grouped(count);
+      detached_pieces(count);
     }
   }
 

@@ -1,6 +1,7 @@
 // Fused lm_head + cross-entropy: loss against an unchunked fp64 reference with ignored
 // targets, independence from the chunk size (token count and vocab not multiples of it),
-// gradients against fp64 finite differences, the all-ignored case, grad_scale, bad targets.
+// gradients against fp64 finite differences, the all-ignored case, grad_scale, bad targets; the
+// vocabulary-row windows of dweight (ZeRO-2's split backward) against the whole dweight.
 #include <limits>
 
 #include "models/ops/cross_entropy.h"
@@ -164,6 +165,85 @@ TEST(CrossEntropy, RejectsBadTargetsAndSizes) {
   EXPECT_EQ(ops::cross_entropy_chunk_tokens(151936, 0), 27);
   EXPECT_EQ(ops::cross_entropy_chunk_tokens(1000, 0), 4194);
   EXPECT_EQ(ops::cross_entropy_chunk_tokens(1000, 3), 3);
+}
+
+TEST(CrossEntropy, WeightRowWindowsSumToWholeWeightGradient) {
+  std::mt19937_64 rng(test::fresh_seed());
+  struct Case {
+    std::int64_t tokens, dim, vocab, chunk;
+    std::vector<std::int64_t> bounds;  // windows [bounds[i], bounds[i + 1])
+  };
+  const Case cases[] = {
+      {23, 16, 37, 0, {0, 5, 22, 37}},      // uneven windows, one chunk
+      {23, 16, 37, 4, {0, 1, 2, 19, 37}},   // windows of one row, 6 chunks (the last of 3)
+      {1, 9, 37, 0, {0, 36, 37}},           // one token
+      {17, 8, 50, 5, {0, 50}},              // one window: the whole vocabulary
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("tokens " + std::to_string(c.tokens) + " dim " + std::to_string(c.dim) + " vocab " +
+                 std::to_string(c.vocab) + " chunk " + std::to_string(c.chunk));
+    const auto hidden = optest::random_doubles(rng, c.tokens * c.dim);
+    const auto weight = optest::random_doubles(rng, c.vocab * c.dim, 0.5f);
+    auto targets = random_targets(rng, c.tokens, c.vocab, 0.3);
+    targets[0] = static_cast<std::int32_t>(c.vocab - 1);  // a target in the last window
+    if (c.tokens > 2) targets[2] = ops::kIgnoreIndex;
+    const double grad_scale = 0.625;
+    const auto dweight_initial = optest::random_doubles(rng, c.vocab * c.dim, 0.1f);
+    std::vector<double> dhidden(hidden.size()), dweight = dweight_initial;
+    ops::cross_entropy_backward_cpu<double>(hidden, weight, targets, c.dim, c.vocab, dhidden, dweight, grad_scale,
+                                            c.chunk);
+    // Each window accumulated onto its rows of the same initial value, then concatenated.
+    std::vector<double> windows;
+    for (std::size_t w = 0; w + 1 < c.bounds.size(); ++w) {
+      const std::int64_t begin = c.bounds[w], end = c.bounds[w + 1];
+      std::vector<double> rows(dweight_initial.begin() + begin * c.dim, dweight_initial.begin() + end * c.dim);
+      ops::cross_entropy_backward_weight_rows_cpu<double>(hidden, weight, targets, c.dim, c.vocab, begin, end, rows,
+                                                          grad_scale, c.chunk);
+      windows.insert(windows.end(), rows.begin(), rows.end());
+    }
+    ASSERT_EQ(windows.size(), dweight.size());
+    double max_increment = 0.0;
+    for (std::size_t i = 0; i < dweight.size(); ++i) {
+      max_increment = std::max(max_increment, std::fabs(dweight[i] - dweight_initial[i]));
+    }
+    ASSERT_GT(max_increment, 0.0);
+    for (std::size_t i = 0; i < dweight.size(); ++i) {
+      // Same dlogits, same products in double: equal up to the last bits.
+      ASSERT_NEAR(windows[i], dweight[i], 1e-12 * (std::fabs(dweight[i]) + max_increment))
+          << "row " << i / c.dim << " column " << i % c.dim;
+    }
+  }
+}
+
+TEST(CrossEntropy, WeightRowsFloatMatchesDoubleAndRejectsBadWindows) {
+  std::mt19937_64 rng(test::fresh_seed());
+  const std::int64_t tokens = 31, dim = 24, vocab = 101, begin = 33, end = 70;
+  const auto hidden = test::random_normal(rng, tokens * dim), weight = test::random_normal(rng, vocab * dim, 0.3f);
+  const auto targets = random_targets(rng, tokens, vocab, 0.2);
+  const auto initial = test::random_normal(rng, (end - begin) * dim, 1e-2f);
+  auto rows = initial;
+  ops::cross_entropy_backward_weight_rows_cpu<float>(hidden, weight, targets, dim, vocab, begin, end, rows, 2.0, 8);
+  auto rowsd = optest::widen(initial);
+  ops::cross_entropy_backward_weight_rows_cpu<double>(optest::widen(hidden), optest::widen(weight), targets, dim, vocab,
+                                                      begin, end, rowsd, 2.0, 8);
+  EXPECT_TRUE(test::all_close(rows, optest::narrow(rowsd), 1e-5, 1e-7));
+  EXPECT_FALSE(test::all_close(rows, initial, 1e-5, 1e-7)) << "the rows were not accumulated into";
+
+  std::vector<float> out((end - begin) * dim);
+  EXPECT_OP_ERROR(ops::cross_entropy_backward_weight_rows_cpu<float>(hidden, weight, targets, dim, vocab, 5, 5, out),
+                  "non-empty range");
+  EXPECT_OP_ERROR(ops::cross_entropy_backward_weight_rows_cpu<float>(hidden, weight, targets, dim, vocab, -1, 36, out),
+                  "non-empty range");
+  EXPECT_OP_ERROR(ops::cross_entropy_backward_weight_rows_cpu<float>(hidden, weight, targets, dim, vocab, 65,
+                                                                     vocab + 1, out),
+                  "non-empty range");
+  EXPECT_OP_ERROR(ops::cross_entropy_backward_weight_rows_cpu<float>(hidden, weight, targets, dim, vocab, begin,
+                                                                     end + 1, out),
+                  "dweight_rows has");
+  const std::vector<std::int32_t> bad = {1, 101};
+  EXPECT_OP_ERROR(ops::cross_entropy_backward_weight_rows_cpu<float>(std::span<const float>(hidden.data(), 2 * dim),
+                                                                     weight, bad, dim, vocab, begin, end, out),
+                  "target 101 at position 1");
 }
 
 }  // namespace

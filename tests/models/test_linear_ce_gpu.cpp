@@ -16,6 +16,15 @@
 //   cross-entropy: the logits are rounded to bf16 (cross_entropy.h), so a token's loss may move by
 //     2 * 2^-8 * max_j |logit_j|; checked per token against that bound (x1.5) + 1e-4. Gradients
 //     (through the bf16 softmax, bf16 dlogits and bf16 dhidden): normwise <= 2e-2.
+//   vocabulary-split backward (backward_hidden + backward_weight_rows):
+//     pass 1's loss outputs and dhidden: bit-identical to backward()'s with the same chunk_tokens.
+//     token_lse: the bf16 rounding of the logits (at most 2^-8 |logit|) moves a logsumexp by at
+//       most sum_j softmax_j 2^-8 |logit_j| to first order; checked against that bound (x1.5)
+//       + 1e-5 + 1e-6 |lse| (fp32 sums and __expf/logf) against fp64 logits.
+//     dW increment against backward()'s: normwise <= kSplitWeightTolerance (below: the recomputed
+//       logits may round to the neighbouring bf16, and the sum over tokens has another order);
+//       against the CPU reference: normwise <= 2e-2, as backward()'s.
+//     Accumulation (a second call adds the same gradient again): the fp32 tolerance of dW above.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -24,6 +33,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -701,6 +711,301 @@ TEST(CrossEntropyGpu, ChunkDefaultAndRejectsBadArguments) {
                              8, 16, 64, inputs.hidden_d.as<bf16>(), inputs.dweight_d.as<float>(), 1.0f, outputs,
                              workspace.get()),
                core::Error);  // dhidden overlaps hidden
+}
+
+// ---- vocabulary-split backward (backward_hidden, backward_weight_rows) ----
+
+// The concatenated windows' dW increment may differ from backward()'s by recomputed logits that
+// round to the other bf16 neighbour and by the order of the fp32 sum over tokens.
+constexpr double kSplitWeightTolerance = 1e-3;
+
+struct SplitCase {
+  CeCase shape;
+  std::int64_t chunk;                // pass 1's chunk_tokens
+  std::int64_t tile;                 // pass 2's tile_tokens (0 = automatic)
+  std::vector<std::int64_t> bounds;  // windows [bounds[i], bounds[i + 1])
+};
+
+// Pass 1 on poisoned outputs: the loss outputs and dhidden as CeRun, and token_lse.
+CeRun run_backward_hidden(CeInputs& inputs, ops::CrossEntropyPlan& plan, const core::DeviceContext& context,
+                          core::Buffer& lse_d, std::int64_t chunk, std::vector<float>& lse) {
+  const auto& s = inputs.shape;
+  Workspace workspace(ops::cross_entropy_workspace_bytes(s.tokens, s.vocab, chunk));
+  for (core::Buffer* b : {&inputs.losses_d, &inputs.mean_d, &inputs.count_d, &inputs.dhidden_d, &lse_d}) {
+    poison(*b, context);
+  }
+  const ops::CrossEntropyDeviceOutputs outputs{inputs.losses_d.as<float>(), inputs.mean_d.as<float>(),
+                                               inputs.count_d.as<std::int32_t>()};
+  plan.backward_hidden(inputs.hidden_d.as<bf16>(), inputs.weight_d.as<bf16>(), inputs.targets_d.as<std::int32_t>(),
+                       s.tokens, s.dim, s.vocab, inputs.dhidden_d.as<bf16>(), s.grad_scale, outputs,
+                       lse_d.as<float>(), workspace.get(), chunk);
+  CeRun out;
+  out.token_losses = test::to_host<float>(inputs.losses_d);
+  out.mean_loss = test::to_host<float>(inputs.mean_d)[0];
+  out.count = test::to_host<std::int32_t>(inputs.count_d)[0];
+  out.dhidden = test::to_host<std::uint16_t>(inputs.dhidden_d);
+  lse = test::to_host<float>(lse_d);
+  return out;
+}
+
+// Pass 2 for rows [begin, end), accumulated onto `initial` ([end - begin, dim]); after pass 1.
+std::vector<float> run_weight_rows(CeInputs& inputs, ops::CrossEntropyPlan& plan, Workspace& workspace,
+                                   const core::Buffer& lse_d, std::int64_t begin, std::int64_t end, std::int64_t tile,
+                                   const std::vector<float>& initial) {
+  const auto& s = inputs.shape;
+  core::Buffer rows_d = device_buffer(initial.size() * sizeof(float));
+  test::from_host(rows_d, initial);
+  plan.backward_weight_rows(inputs.hidden_d.as<bf16>(), inputs.weight_d.as<bf16>(),
+                            inputs.targets_d.as<std::int32_t>(), lse_d.as<float>(), inputs.count_d.as<std::int32_t>(),
+                            s.tokens, s.dim, s.vocab, begin, end, rows_d.as<float>(), s.grad_scale, workspace.get(),
+                            tile);
+  return test::to_host<float>(rows_d);
+}
+
+std::vector<float> initial_rows(const CeInputs& inputs, std::int64_t begin, std::int64_t end) {
+  const std::int64_t dim = inputs.shape.dim;
+  return {inputs.dweight_initial.begin() + begin * dim, inputs.dweight_initial.begin() + end * dim};
+}
+
+TEST(CrossEntropyGpu, VocabularySplitBackwardMatchesFusedBackward) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  core::DeviceContext context(core::Device::cuda(0));
+  ops::CrossEntropyPlan plan(context);
+  const SplitCase cases[] = {
+      // Automatic tile (all tokens); windows of 1 row, 6, 1 at an odd row, 504 (16-byte path), 489.
+      {{333, 64, 1001, 0.2, 1.0f}, 0, 0, {0, 1, 7, 8, 512, 1001}},
+      // Pass 1 in chunks of 7; pass 2 in tiles of 128 (128, 128, 77); windows of 136 rows, 1 row,
+      // 503 rows from the odd row 137, 384 rows.
+      {{333, 200, 1024, 0.25, 0.5f}, 7, 128, {0, 136, 137, 640, 1024}},
+      // One token.
+      {{1, 64, 1001, 0.0, 2.0f}, 0, 0, {0, 501, 1001}},
+      // Tiles of 50 (the last of 33), a window of the last row alone.
+      {{333, 200, 1001, 0.1, 1.0f}, 100, 50, {0, 3, 1000, 1001}},
+      // Several column slices per token in the dlogits kernel, both paths.
+      {{130, 64, 8192, 0.1, 1.0f}, 0, 0, {0, 4096, 8190, 8192}},
+  };
+  for (const SplitCase& c : cases) {
+    const auto& s = c.shape;
+    CeInputs inputs(rng, s);
+    inputs.targets[0] = static_cast<std::int32_t>(s.vocab - 1);  // a target in the last window
+    if (s.tokens > 1) inputs.targets[1] = ops::kIgnoreIndex;
+    inputs.upload_targets();
+    SCOPED_TRACE(inputs.name() + ", chunk " + std::to_string(c.chunk) + ", tile " + std::to_string(c.tile));
+    const CeRun fused = inputs.run(plan, context, c.chunk, true);
+
+    // (a) Pass 1 equals backward() bit for bit.
+    core::Buffer lse_d = device_buffer(s.tokens * sizeof(float));
+    std::vector<float> lse;
+    const CeRun pass1 = run_backward_hidden(inputs, plan, context, lse_d, c.chunk, lse);
+    EXPECT_TRUE(same_bits(pass1.token_losses, fused.token_losses));
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(pass1.mean_loss), std::bit_cast<std::uint32_t>(fused.mean_loss));
+    EXPECT_EQ(pass1.count, fused.count);
+    EXPECT_TRUE(same_bits(pass1.dhidden, fused.dhidden));
+    inputs.expect_matches_reference(pass1, false);
+
+    // (b) token_lse against an fp64 logsumexp of fp64 logits.
+    std::vector<double> logits(s.tokens * s.vocab);
+    ops::matmul_nt_cpu(inputs.hidden.values.data(), inputs.weight.values.data(), s.tokens, s.vocab, s.dim,
+                       logits.data(), ops::Accumulate::overwrite);
+    for (std::int64_t n = 0; n < s.tokens; ++n) {
+      if (inputs.targets[n] == ops::kIgnoreIndex) {
+        EXPECT_EQ(lse[n], 0.0f) << "ignored token " << n;
+        continue;
+      }
+      const double* row = logits.data() + n * s.vocab;
+      const double max_logit = *std::max_element(row, row + s.vocab);
+      double sum = 0.0, weighted = 0.0;
+      for (std::int64_t v = 0; v < s.vocab; ++v) sum += std::exp(row[v] - max_logit);
+      const double expected = max_logit + std::log(sum);
+      for (std::int64_t v = 0; v < s.vocab; ++v) weighted += std::exp(row[v] - expected) * std::fabs(row[v]);
+      const double bound = 1.5 * std::ldexp(weighted, -8) + 1e-5 + 1e-6 * std::fabs(expected);
+      ASSERT_LE(std::fabs(lse[n] - expected), bound) << "token " << n << " lse " << lse[n] << ", expected " << expected;
+    }
+
+    // (c) The windows, each accumulated onto its rows of dweight_initial, concatenated.
+    const std::size_t automatic_bytes = ops::cross_entropy_workspace_bytes(s.tokens, s.vocab, 0);
+    std::vector<double> split_increment, reference_increment;
+    for (std::size_t w = 0; w + 1 < c.bounds.size(); ++w) {
+      const std::int64_t begin = c.bounds[w], end = c.bounds[w + 1];
+      SCOPED_TRACE("rows [" + std::to_string(begin) + ", " + std::to_string(end) + ")");
+      const std::int64_t tile = ops::cross_entropy_weight_rows_tile_tokens(s.tokens, s.vocab, end - begin, c.tile);
+      if (c.tile > 0) {
+        EXPECT_LT(tile, s.tokens) << "the case must tile";
+      } else {
+        EXPECT_EQ(tile, s.tokens) << "these tokens all fit in one tile";
+      }
+      // The automatic tile runs in the fused path's workspace.
+      Workspace workspace(c.tile > 0 ? ops::cross_entropy_weight_rows_workspace_bytes(s.tokens, s.vocab, end - begin,
+                                                                                      c.tile)
+                                     : automatic_bytes);
+      const std::vector<float> initial = initial_rows(inputs, begin, end);
+      const std::vector<float> got = run_weight_rows(inputs, plan, workspace, lse_d, begin, end, c.tile, initial);
+      std::vector<double> reference = widen(initial);
+      ops::cross_entropy_backward_weight_rows_cpu<double>(inputs.hidden.values, inputs.weight.values, inputs.targets,
+                                                          s.dim, s.vocab, begin, end, reference, s.grad_scale);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        split_increment.push_back(static_cast<double>(got[i]) - initial[i]);
+        reference_increment.push_back(reference[i] - initial[i]);
+      }
+    }
+    std::vector<double> fused_increment(fused.dweight.size());
+    for (std::size_t i = 0; i < fused_increment.size(); ++i) {
+      fused_increment[i] = static_cast<double>(fused.dweight[i]) - inputs.dweight_initial[i];
+    }
+    ASSERT_EQ(split_increment.size(), fused_increment.size());
+    EXPECT_TRUE(normwise_close("split dweight increment vs backward()", split_increment, fused_increment,
+                               kSplitWeightTolerance));
+    EXPECT_TRUE(normwise_close("split dweight increment vs CPU", split_increment, reference_increment, 2e-2));
+    EXPECT_TRUE(normwise_close("fused dweight increment vs CPU", fused_increment, reference_increment, 2e-2));
+
+    // (d) beta = 1: a second call adds the same gradient again (the middle window, from zero).
+    const std::size_t middle = (c.bounds.size() - 1) / 2;
+    const std::int64_t begin = c.bounds[middle], end = c.bounds[middle + 1];
+    Workspace workspace(ops::cross_entropy_weight_rows_workspace_bytes(s.tokens, s.vocab, end - begin, c.tile));
+    const std::vector<float> zero((end - begin) * s.dim, 0.0f);
+    const std::vector<float> once = run_weight_rows(inputs, plan, workspace, lse_d, begin, end, c.tile, zero);
+    const std::vector<float> twice = run_weight_rows(inputs, plan, workspace, lse_d, begin, end, c.tile, once);
+    std::vector<double> doubled(once.size());
+    for (std::size_t i = 0; i < once.size(); ++i) doubled[i] = 2.0 * once[i];
+    EXPECT_GT(rms(doubled), 0.0);
+    EXPECT_TRUE(close("twice accumulated", widen(twice), doubled, kFp32Grad));
+  }
+}
+
+TEST(CrossEntropyGpu, VocabularySplitEdgeTargets) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  core::DeviceContext context(core::Device::cuda(0));
+  ops::CrossEntropyPlan plan(context);
+  // Every target ignored: count 0, lse 0, dhidden 0 and the weight rows unchanged.
+  {
+    CeInputs inputs(rng, {29, 32, 515, 1.0, 1.0f});
+    core::Buffer lse_d = device_buffer(29 * sizeof(float));
+    std::vector<float> lse;
+    const CeRun pass1 = run_backward_hidden(inputs, plan, context, lse_d, 4, lse);
+    EXPECT_EQ(pass1.count, 0);
+    EXPECT_EQ(pass1.mean_loss, 0.0f);
+    EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), [](float x) { return x == 0.0f; }));
+    inputs.expect_matches_reference(pass1, false);
+    Workspace workspace(ops::cross_entropy_workspace_bytes(29, 515, 0));
+    const std::vector<float> initial = initial_rows(inputs, 100, 301);
+    EXPECT_TRUE(same_bits(run_weight_rows(inputs, plan, workspace, lse_d, 100, 301, 0, initial), initial));
+  }
+  // A target outside the vocabulary: NaN in its loss and in every window's gradient.
+  {
+    CeInputs inputs(rng, {9, 32, 256, 0.0, 1.0f});
+    inputs.targets[4] = 256;
+    inputs.upload_targets();
+    core::Buffer lse_d = device_buffer(9 * sizeof(float));
+    std::vector<float> lse;
+    const CeRun pass1 = run_backward_hidden(inputs, plan, context, lse_d, 0, lse);
+    EXPECT_EQ(pass1.count, 9);
+    EXPECT_TRUE(std::isnan(pass1.token_losses[4]));
+    EXPECT_TRUE(std::isnan(pass1.mean_loss));
+    EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), [](float x) { return std::isfinite(x); }));
+    Workspace workspace(ops::cross_entropy_workspace_bytes(9, 256, 0));
+    for (const auto& [begin, end] : {std::pair<std::int64_t, std::int64_t>{0, 3}, {3, 256}}) {
+      const auto got = run_weight_rows(inputs, plan, workspace, lse_d, begin, end, 0, initial_rows(inputs, begin, end));
+      EXPECT_TRUE(std::any_of(got.begin(), got.end(), [](float g) { return std::isnan(g); }))
+          << "rows [" << begin << ", " << end << ")";
+    }
+  }
+  // No tokens: nothing written, nothing added.
+  {
+    CeInputs inputs(rng, {0, 32, 515, 0.0, 1.0f});
+    Workspace workspace(ops::cross_entropy_workspace_bytes(0, 515, 0));
+    core::Buffer lse_d = device_buffer(4);
+    const auto initial = initial_rows(inputs, 0, 515);
+    EXPECT_TRUE(same_bits(run_weight_rows(inputs, plan, workspace, lse_d, 0, 515, 0, initial), initial));
+  }
+}
+
+// Host-side sizes only: runs without a GPU.
+TEST(CrossEntropyGpu, WeightRowsTileAndWorkspaceSizes) {
+  // Qwen3's vocabulary, 16384 tokens: the fused path's workspace holds 3456 x 151936 logits.
+  EXPECT_EQ(ops::cross_entropy_weight_rows_tile_tokens(16384, 151936, 151936), 3456);
+  EXPECT_EQ(ops::cross_entropy_weight_rows_tile_tokens(16384, 151936, 151936 / 8), 16384);  // one tile
+  EXPECT_EQ(ops::cross_entropy_weight_rows_tile_tokens(16384, 151936, 50000), 10496);       // 10501 -> x128
+  EXPECT_EQ(ops::cross_entropy_weight_rows_tile_tokens(333, 1001, 1), 333);
+  EXPECT_EQ(ops::cross_entropy_weight_rows_tile_tokens(333, 1001, 1001, 128), 128);
+  EXPECT_EQ(ops::cross_entropy_weight_rows_tile_tokens(0, 1001, 5), 1);
+  // 100 x 999 bf16 logits = 199800 bytes, rounded up to 256: 199936.
+  EXPECT_EQ(ops::cross_entropy_weight_rows_workspace_bytes(100, 1000, 999),
+            std::size_t{199936} + ops::linear_workspace_bytes());
+  // 128 x 1001 x 2 = 256256 bytes, a multiple of 256.
+  EXPECT_EQ(ops::cross_entropy_weight_rows_workspace_bytes(333, 1001, 1001, 128),
+            std::size_t{256256} + ops::linear_workspace_bytes());
+  for (const std::int64_t tokens : {1, 333, 3456, 4000, 16384}) {
+    for (const std::int64_t vocab : {7, 1001, 151936}) {
+      for (const std::int64_t rows : {std::int64_t{1}, vocab / 3 + 1, vocab}) {
+        EXPECT_LE(ops::cross_entropy_weight_rows_workspace_bytes(tokens, vocab, rows),
+                  ops::cross_entropy_workspace_bytes(tokens, vocab, 0))
+            << tokens << " tokens, vocab " << vocab << ", rows " << rows;
+      }
+    }
+  }
+}
+
+TEST(CrossEntropyGpu, VocabularySplitRejectsBadArguments) {
+  REQUIRE_GPU();
+  core::DeviceContext context(core::Device::cuda(0));
+  ops::CrossEntropyPlan plan(context);
+  std::mt19937_64 rng(test::fresh_seed());
+  CeInputs inputs(rng, {8, 16, 64, 0.0, 1.0f});
+  const ops::CrossEntropyDeviceOutputs outputs{inputs.losses_d.as<float>(), inputs.mean_d.as<float>(),
+                                               inputs.count_d.as<std::int32_t>()};
+  core::Buffer lse_d = device_buffer(8 * sizeof(float));
+  core::Buffer rows_d = device_buffer(64 * 16 * sizeof(float));
+  Workspace workspace(ops::cross_entropy_workspace_bytes(8, 64));
+  const auto* h = inputs.hidden_d.as<bf16>();
+  const auto* w = inputs.weight_d.as<bf16>();
+  const auto* t = inputs.targets_d.as<std::int32_t>();
+  const auto* lse = lse_d.as<float>();
+  const auto* count = inputs.count_d.as<std::int32_t>();
+  auto* rows = rows_d.as<float>();
+  auto expect_error = [](auto&& call, const std::string& text) {
+    try {
+      call();
+      ADD_FAILURE() << "expected core::Error mentioning \"" << text << "\"";
+    } catch (const core::Error& error) {
+      EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();
+    }
+  };
+  expect_error([&] { plan.backward_hidden(h, w, t, 8, 16, 64, inputs.dhidden_d.as<bf16>(), 1.0f, outputs, nullptr,
+                                          workspace.get()); },
+               "token_lse is null");
+  expect_error([&] { plan.backward_hidden(h, w, t, 8, 16, 64, inputs.dhidden_d.as<bf16>(), 1.0f, outputs,
+                                          inputs.losses_d.as<float>(), workspace.get()); },
+               "overlaps");
+  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 5, 5, rows, 1.0f, workspace.get()); },
+               "non-empty range");
+  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, -1, 5, rows, 1.0f, workspace.get()); },
+               "non-empty range");
+  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 60, 65, rows, 1.0f, workspace.get()); },
+               "non-empty range");
+  expect_error([&] { plan.backward_weight_rows(h, w, t, nullptr, count, 8, 16, 64, 0, 64, rows, 1.0f,
+                                               workspace.get()); },
+               "token_lse is null");
+  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, nullptr, 8, 16, 64, 0, 64, rows, 1.0f,
+                                               workspace.get()); },
+               "count is null");
+  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 64, rows,
+                                               std::numeric_limits<float>::quiet_NaN(), workspace.get()); },
+               "grad_scale must be finite");
+  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 64, rows, 1.0f,
+                                               {workspace.buffer.data(), 4096}); },
+               "cross_entropy_weight_rows_workspace_bytes");
+  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 64, rows, 1.0f, workspace.get(),
+                                               -1); },
+               "tile_tokens must not be negative");
+  // dweight_rows over the hidden states, or over the workspace.
+  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 4, inputs.hidden_d.as<float>(), 1.0f,
+                                               workspace.get()); },
+               "dweight_rows overlaps the input hidden");
+  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 64, workspace.buffer.as<float>(),
+                                               1.0f, workspace.get()); },
+               "dweight_rows overlaps workspace");
 }
 
 }  // namespace

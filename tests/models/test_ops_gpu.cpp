@@ -7,9 +7,12 @@
 // forgets fails; every op is run twice and must be bit-identical; weight gradients accumulate
 // onto random values; rope runs in place and inside a packed qkv buffer.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <set>
 #include <sstream>
@@ -300,6 +303,185 @@ TEST(OpsGpu, EmbeddingClampsOutOfRangeIdsAndRaisesTheFlag) {
                                 stream);
     EXPECT_TRUE(bit_identical(bf16_from_device(out_d), out_ref));
   }
+}
+
+// The windowed backward: one sort, then scatters into row windows (each between two guard rows of
+// NaN, shuffled, an empty and a one-row window among them) that together cover [0, vocab). The
+// assembled rows must be bit-identical to embedding_backward_cuda's, the guards untouched, and
+// every window close to the CPU reference of its rows; out-of-range ids raise the flag and clamp.
+struct WindowedEmbeddingCase {
+  std::int64_t tokens, vocab, dim;
+  int distinct;  // ids drawn from this many values (0: the whole vocabulary): long runs when small
+  bool invalid;  // some ids out of range
+};
+
+TEST(OpsGpu, EmbeddingBackwardInRowWindowsMatchesTheFullBackward) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  core::DeviceContext context(core::Device::cuda());
+  const cudaStream_t stream = context.stream();
+  std::vector<WindowedEmbeddingCase> cases;
+  for (const std::int64_t tokens : {1, 63, 64, 65, 1000}) {
+    for (const std::int64_t dim : {1, 7, 8}) {
+      cases.push_back({tokens, 1, dim, 0, tokens == 65});
+      cases.push_back({tokens, 50257, dim, tokens == 1000 ? 5 : 0, tokens == 63 || tokens == 1000});
+      cases.push_back({tokens, 50257, dim, 3, false});
+    }
+  }
+  cases.push_back({65, 1, 1024, 0, false});
+  cases.push_back({1000, 50257, 1024, 9, true});
+  cases.push_back({1000, 3000, 1024, 0, false});
+  cases.push_back({1000, 3000, 1024, 40, false});
+  for (const WindowedEmbeddingCase& c : cases) {
+    SCOPED_TRACE("tokens " + std::to_string(c.tokens) + " vocab " + std::to_string(c.vocab) + " dim " +
+                 std::to_string(c.dim) + " distinct " + std::to_string(c.distinct) +
+                 (c.invalid ? " with invalid ids" : ""));
+    std::uniform_int_distribution<std::int32_t> any_id(0, static_cast<std::int32_t>(c.vocab - 1));
+    std::vector<std::int32_t> pool;
+    for (int i = 0; i < c.distinct; ++i) pool.push_back(any_id(rng));
+    std::uniform_int_distribution<std::size_t> pick(0, pool.empty() ? 0 : pool.size() - 1);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.tokens));
+    for (auto& id : ids) id = pool.empty() ? any_id(rng) : pool[pick(rng)];
+    std::vector<std::int32_t> clamped = ids;
+    if (c.invalid) {
+      const std::int32_t bad[] = {-1, static_cast<std::int32_t>(c.vocab), 2147483647, -2147483647 - 1};
+      std::uniform_int_distribution<std::size_t> where(0, ids.size() - 1);
+      for (int k = 0; k < 4; ++k) {
+        const std::size_t n = where(rng);
+        ids[n] = bad[k];
+        clamped[n] = bad[k] < 0 ? 0 : static_cast<std::int32_t>(c.vocab - 1);
+      }
+    }
+    const auto dout = random_bf16(rng, c.tokens * c.dim);
+    const auto dtable_init = test::random_normal(rng, c.vocab * c.dim);
+    std::vector<float> dtable_ref = dtable_init;
+    ops::embedding_backward_cpu<float>(clamped, dout.values, c.vocab, c.dim, dtable_ref);
+
+    // Window edges: 0, vocab, a used id and the row after it (a one-row window), an unused id and
+    // the row after it (a window without tokens), random cuts; then an empty window, all in
+    // shuffled order.
+    const std::set<std::int32_t> used_ids(clamped.begin(), clamped.end());
+    std::set<std::int64_t> edges = {0, c.vocab};
+    const std::int64_t used = clamped[std::uniform_int_distribution<std::size_t>(0, clamped.size() - 1)(rng)];
+    edges.insert(used);
+    edges.insert(used + 1);
+    const bool has_unused = static_cast<std::int64_t>(used_ids.size()) < c.vocab;
+    if (has_unused) {
+      std::int64_t unused = any_id(rng);
+      while (used_ids.count(static_cast<std::int32_t>(unused)) != 0) unused = (unused + 1) % c.vocab;
+      edges.insert(unused);
+      edges.insert(unused + 1);
+    }
+    std::uniform_int_distribution<std::int64_t> cut(0, c.vocab);
+    for (int k = 0; k < 3; ++k) edges.insert(cut(rng));
+    std::vector<std::pair<std::int64_t, std::int64_t>> windows;
+    for (auto it = edges.begin(); std::next(it) != edges.end(); ++it) windows.emplace_back(*it, *std::next(it));
+    const std::int64_t at = cut(rng);
+    windows.emplace_back(at, at);
+    std::shuffle(windows.begin(), windows.end(), rng);
+
+    auto ids_d = to_device(ids);
+    auto dout_d = to_device(dout.bits);
+    core::Buffer workspace(core::Device::cuda(), ops::embedding_backward_workspace_bytes(c.tokens, c.vocab, c.dim));
+    poison(workspace, stream);
+
+    // The full backward.
+    auto flag_d = to_device(std::vector<std::int32_t>{0});
+    auto dtable_d = to_device(dtable_init);
+    ops::embedding_backward_cuda(ids_d.as<std::int32_t>(), c.tokens, bf16(dout_d), c.vocab, c.dim,
+                                 dtable_d.as<float>(), flag_d.as<std::int32_t>(), workspace.data(), workspace.bytes(),
+                                 stream);
+    const auto full = test::to_host<float>(dtable_d);
+    EXPECT_EQ(test::to_host<std::int32_t>(flag_d)[0], c.invalid ? 1 : 0) << "full backward flag";
+    EXPECT_TRUE(normwise_close(full, dtable_ref, 1e-5));
+
+    // One sort, then the windows.
+    poison(workspace, stream);
+    flag_d = to_device(std::vector<std::int32_t>{0});
+    ops::embedding_backward_sort_cuda(ids_d.as<std::int32_t>(), c.tokens, c.vocab, flag_d.as<std::int32_t>(),
+                                      workspace.data(), workspace.bytes(), stream);
+    std::vector<float> assembled(full.size(), std::numeric_limits<float>::quiet_NaN());
+    int windows_without_tokens = 0;
+    for (const auto& [begin, end] : windows) {
+      SCOPED_TRACE("rows [" + std::to_string(begin) + ", " + std::to_string(end) + ")");
+      const std::int64_t rows = end - begin;
+      std::vector<float> guarded((rows + 2) * c.dim, std::bit_cast<float>(0xFFFFFFFFu));
+      std::copy(dtable_init.begin() + begin * c.dim, dtable_init.begin() + end * c.dim, guarded.begin() + c.dim);
+      auto rows_d = to_device(guarded);
+      ops::embedding_backward_scatter_cuda(c.tokens, bf16(dout_d), c.vocab, c.dim, begin, end,
+                                           rows_d.as<float>() + c.dim, workspace.data(), workspace.bytes(), stream);
+      const auto after = test::to_host<float>(rows_d);
+      const std::vector<float> guard_before(after.begin(), after.begin() + c.dim),
+          guard_after(after.end() - c.dim, after.end()), poison_row(c.dim, std::bit_cast<float>(0xFFFFFFFFu));
+      EXPECT_TRUE(bit_identical(guard_before, poison_row)) << "row before the window written";
+      EXPECT_TRUE(bit_identical(guard_after, poison_row)) << "row after the window written";
+      const std::vector<float> got(after.begin() + c.dim, after.end() - c.dim);
+      std::copy(got.begin(), got.end(), assembled.begin() + begin * c.dim);
+
+      std::vector<float> rows_ref(dtable_init.begin() + begin * c.dim, dtable_init.begin() + end * c.dim);
+      ops::embedding_backward_cpu<float>(clamped, dout.values, c.vocab, c.dim, begin, end, rows_ref);
+      EXPECT_TRUE(normwise_close(got, rows_ref, 1e-5));
+      EXPECT_TRUE(test::all_close(got, rows_ref, 1e-4, 1e-4 * rms(dtable_ref)));
+      bool any = false;
+      for (std::int64_t r = begin; r < end; ++r) {
+        if (used_ids.count(static_cast<std::int32_t>(r)) != 0) {
+          any = true;
+          continue;
+        }
+        for (std::int64_t d = 0; d < c.dim; ++d) {
+          ASSERT_EQ(got[(r - begin) * c.dim + d], dtable_init[r * c.dim + d]) << "unused row " << r;
+        }
+      }
+      windows_without_tokens += rows > 0 && !any;
+    }
+    EXPECT_TRUE(bit_identical(assembled, full)) << "windows differ from the full backward";
+    EXPECT_EQ(test::to_host<std::int32_t>(flag_d)[0], c.invalid ? 1 : 0) << "sort flag";
+    if (has_unused) {
+      EXPECT_GT(windows_without_tokens, 0) << "no window without tokens was tried";
+    }
+
+    // Without a flag the ids are still clamped: the same result again.
+    ops::embedding_backward_sort_cuda(ids_d.as<std::int32_t>(), c.tokens, c.vocab, nullptr, workspace.data(),
+                                      workspace.bytes(), stream);
+    auto again_d = to_device(dtable_init);
+    ops::embedding_backward_scatter_cuda(c.tokens, bf16(dout_d), c.vocab, c.dim, 0, c.vocab, again_d.as<float>(),
+                                         workspace.data(), workspace.bytes(), stream);
+    EXPECT_TRUE(bit_identical(test::to_host<float>(again_d), full)) << "full-range scatter without a flag";
+  }
+}
+
+TEST(OpsGpu, EmbeddingWindowedBackwardRejectsMisuse) {
+  REQUIRE_GPU();
+  core::DeviceContext context(core::Device::cuda());
+  const cudaStream_t stream = context.stream();
+  core::Buffer data(core::Device::cuda(), 1 << 16);
+  auto* p = bf16(data);
+  auto* f = data.as<float>();
+  auto* ids = data.as<std::int32_t>();
+  const std::size_t needed = ops::embedding_backward_workspace_bytes(64, 10, 8);
+  core::Buffer workspace(core::Device::cuda(), needed);
+  // Empty inputs and windows are no-ops, whatever the pointers.
+  ops::embedding_backward_sort_cuda(nullptr, 0, 10, nullptr, nullptr, 0, stream);
+  ops::embedding_backward_scatter_cuda(0, nullptr, 10, 8, 0, 10, nullptr, nullptr, 0, stream);
+  ops::embedding_backward_scatter_cuda(64, nullptr, 10, 8, 4, 4, nullptr, nullptr, 0, stream);
+  ops::embedding_backward_scatter_cuda(64, nullptr, 10, 8, 10, 10, nullptr, nullptr, 0, stream);
+  EXPECT_OP_ERROR(ops::embedding_backward_scatter_cuda(64, p, 10, 8, -1, 4, f, workspace.data(), needed, stream),
+                  "row window [-1, 4)");
+  EXPECT_OP_ERROR(ops::embedding_backward_scatter_cuda(64, p, 10, 8, 5, 11, f, workspace.data(), needed, stream),
+                  "row window [5, 11)");
+  EXPECT_OP_ERROR(ops::embedding_backward_scatter_cuda(64, p, 10, 8, 5, 4, f, workspace.data(), needed, stream),
+                  "row window [5, 4)");
+  EXPECT_OP_ERROR(ops::embedding_backward_scatter_cuda(64, p, 10, 8, 0, 4, f, workspace.data(), needed - 4, stream),
+                  "workspace");
+  EXPECT_OP_ERROR(ops::embedding_backward_sort_cuda(ids, 64, 10, nullptr, workspace.data(), 16, stream), "workspace");
+  EXPECT_OP_ERROR(ops::embedding_backward_sort_cuda(nullptr, 64, 10, nullptr, workspace.data(), needed, stream),
+                  "ids must not be null");
+  EXPECT_OP_ERROR(ops::embedding_backward_scatter_cuda(64, p, 10, 8, 0, 4, nullptr, workspace.data(), needed, stream),
+                  "dtable_rows must not be null");
+  EXPECT_OP_ERROR(ops::embedding_backward_scatter_cuda(64, nullptr, 10, 8, 0, 4, f, workspace.data(), needed, stream),
+                  "dout must not be null");
+  EXPECT_OP_ERROR(ops::embedding_backward_sort_cuda(ids, 64, 0, nullptr, workspace.data(), needed, stream), "vocab");
+  context.synchronize();
 }
 
 // ---------------------------------------------------------------------------------------------

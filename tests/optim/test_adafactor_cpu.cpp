@@ -1,6 +1,7 @@
 // Adafactor's CPU reference: torch.optim.Adafactor and Hugging Face Adafactor golden values
 // (tests/fixtures/adafactor_golden.json), simulated ZeRO shards whose combined partial
-// statistics reproduce the unsharded step, both non-finite policies, and odd shapes.
+// statistics reproduce the unsharded step, both non-finite policies, odd shapes, and ZeRO-2
+// gradients over the owned shard only stepping exactly like gradients over the whole slab.
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 
 #include "optim/adafactor.h"
 #include "optim/adafactor_support.h"
+#include "optim/sharded_grads_support.h"
 #include "support/test_support.h"
 
 namespace {
@@ -121,6 +123,14 @@ TEST(AdafactorCpu, OddShapes) {
   EXPECT_EQ(opt.report().step, 3);
   for (float x : test::to_host<float>(slab.master())) ASSERT_TRUE(std::isfinite(x));
   EXPECT_EQ(opt.plan().factored_tensors, 4);
+}
+
+TEST(AdafactorCpu, ShardedGradientsMatchFullGradients) {
+  for (bool beta1 : {true, false}) {
+    OptimizerConfig config = adafactor_config();  // clips at 1.0
+    if (!beta1) config.adafactor.beta1.reset();
+    for (int world : {3, 2}) test::check_sharded_gradients_match_full(core::Device::cpu(), config, world, 1);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The CUDA Adafactor step against the CPU reference on fresh random data: many tensor lists with
 // odd shapes (factored and not), sharded ranges, both policies, first moment on and off, graph
-// replay, and a launch count that does not depend on the number of tensors.
+// replay, a launch count that does not depend on the number of tensors, and ZeRO-2 gradients over
+// the owned shard only stepping exactly like gradients over the whole slab.
 // Tolerance: row sums are added in another order on the GPU (fp32 per-thread partials), which
 // moves R and C by a few ulps; weights are compared at 1e-6 relative
 // plus 1e-7 absolute (updates are ~1e-2, so 1e-5 of an update), the first moment at 1e-6
@@ -13,6 +14,7 @@
 #include "core/half.h"
 #include "optim/adafactor.h"
 #include "optim/adafactor_support.h"
+#include "optim/sharded_grads_support.h"
 #include "support/test_support.h"
 
 namespace {
@@ -165,6 +167,15 @@ TEST(AdafactorGpu, LaunchCountDoesNotGrowWithTensorsAndGraphReplayEqualsEager) {
   EXPECT_EQ(test::to_host<float>(eager.opt.exp_avg()), test::to_host<float>(graphed.opt.exp_avg()));
   CUDA_CHECK(cudaGraphExecDestroy(exec));
   CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
+TEST(AdafactorGpu, ShardedGradientsMatchFullGradients) {
+  REQUIRE_GPU();
+  for (bool beta1 : {true, false}) {
+    OptimizerConfig config = test::adafactor_config();  // clips at 1.0
+    if (!beta1) config.adafactor.beta1.reset();
+    for (int world : {3, 2}) test::check_sharded_gradients_match_full(core::Device::cuda(0), config, world, 1);
+  }
 }
 
 }  // namespace

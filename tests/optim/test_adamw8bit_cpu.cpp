@@ -1,7 +1,8 @@
 // adamw8bit on the cpu backend: the codes (round-trip error bounds, unbiased stochastic rounding,
 // no zero v), the work plan over odd layouts and shards, the state kind around min_8bit_size,
 // tracking of fp32 AdamW, both non-finite policies, empty and one-element tensors, elements the
-// update must not touch, world-size independence of the codes, and memory per parameter.
+// update must not touch, world-size independence of the codes, memory per parameter, and ZeRO-2
+// gradients over the owned shard only stepping exactly like gradients over the whole slab.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -14,6 +15,7 @@
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
 #include "optim/quantization.h"
+#include "optim/sharded_grads_support.h"
 #include "support/test_support.h"
 
 namespace {
@@ -704,6 +706,12 @@ TEST(AdamW8bitCpu, MakeOptimizerBuildsIt) {
   const auto opt = optim::make_optimizer(config(), slab, cpu);
   EXPECT_NE(dynamic_cast<AdamW8bit*>(opt.get()), nullptr);
   EXPECT_EQ(opt->state_buffers().size(), 6u);
+}
+
+TEST(AdamW8bitCpu, ShardedGradientsMatchFullGradients) {
+  for (Quantization q : {Quantization::companded, Quantization::linear}) {
+    for (int world : {3, 2}) test::check_sharded_gradients_match_full(core::Device::cpu(), config(q, 4096, 1.0), world, 1);
+  }
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The CUDA adamw8bit step against the CPU reference on fresh random data: many tensor lists with
 // odd sizes, both codes, both mirror types, both non-finite policies, several min_8bit_size and
 // chunk sizes, sharded ranges. Codes and scales must be identical, master within 1e-6 relative,
-// mirror the rounded master, grads zeroed; a captured step is two kernels and replays equal eager.
+// mirror the rounded master, grads zeroed; a captured step is two kernels and replays equal eager;
+// ZeRO-2 gradients over the owned shard only step exactly like gradients over the whole slab.
 // The kernel's two shortcuts are checked on their own: its square root against fp::sqrt over every
 // float of its range, its companded encoder (fast path and fallback) against the CPU encoder on
 // values at, next to and between the code positions.
@@ -15,6 +16,7 @@
 #include "core/half.h"
 #include "optim/adamw8bit.h"
 #include "optim/quantization.h"
+#include "optim/sharded_grads_support.h"
 #include "support/test_support.h"
 
 namespace {
@@ -327,6 +329,18 @@ TEST(AdamW8bitGpu, GraphReplayEqualsEagerAndUsesTwoKernels) {
     EXPECT_EQ(graphed.opt.report().step, 4);  // capturing runs nothing: 4 replays
     CUDA_CHECK(cudaGraphExecDestroy(exec));
     CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+}
+
+TEST(AdamW8bitGpu, ShardedGradientsMatchFullGradients) {
+  REQUIRE_GPU();
+  for (Quantization q : {Quantization::companded, Quantization::linear}) {
+    OptimizerConfig config;
+    config.type = "adamw8bit";
+    config.lr = 1e-2;
+    config.grad_clip = 1.0;
+    config.adamw8bit.quantization = q;
+    for (int world : {3, 2}) test::check_sharded_gradients_match_full(core::Device::cuda(0), config, world, 1);
   }
 }
 

@@ -1,12 +1,14 @@
 // AdamW on the cpu backend against formulas worked out independently in double precision:
 // bias correction at step 1, clipping, per-segment decay and lr scale, both non-finite
-// policies, empty and one-element tensors, grad zeroing and the mirror.
+// policies, empty and one-element tensors, grad zeroing and the mirror; ZeRO-2 gradients over
+// the owned shard only step exactly like gradients over the whole slab.
 #include <cmath>
 
 #include <gtest/gtest.h>
 
 #include "core/half.h"
 #include "optim/adamw.h"
+#include "optim/sharded_grads_support.h"
 #include "support/test_support.h"
 
 namespace {
@@ -239,6 +241,10 @@ TEST(AdamWCpu, MirrorIsRoundedMaster) {
       }
     }
   }
+}
+
+TEST(AdamWCpu, ShardedGradientsMatchFullGradients) {
+  for (int world : {3, 2}) test::check_sharded_gradients_match_full(core::Device::cpu(), config(0.1, 1.0), world, 1);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The CUDA AdamW step (statistics + update) against the CPU reference on fresh random data:
 // many tensor lists with odd sizes, both mirror types, both non-finite policies, sharded
-// ranges, CUDA-graph replay, launch count, determinism, and indices beyond 2^31.
+// ranges, CUDA-graph replay, launch count, determinism, indices beyond 2^31, and ZeRO-2 gradients
+// over the owned shard only stepping exactly like gradients over the whole slab.
 #include <cmath>
 #include <memory>
 
@@ -9,6 +10,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "optim/adamw.h"
+#include "optim/sharded_grads_support.h"
 #include "support/test_support.h"
 
 namespace {
@@ -284,6 +286,14 @@ TEST(AdamWGpu, IndicesBeyond2To31) {
   std::vector<float> grad_tail(small, 1.0f);
   CUDA_CHECK(cudaMemcpy(grad_tail.data(), gpu.slab.grad().as<float>() + offset, small * 4, cudaMemcpyDeviceToHost));
   for (float x : grad_tail) ASSERT_EQ(x, 0.0f);
+}
+
+TEST(AdamWGpu, ShardedGradientsMatchFullGradients) {
+  REQUIRE_GPU();
+  OptimizerConfig config;
+  config.lr = 1e-2;
+  config.grad_clip = 1.0;
+  for (int world : {3, 2}) test::check_sharded_gradients_match_full(core::Device::cuda(0), config, world, 1);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Slab layout invariants over many world sizes and odd tensor lists, segment and chunk tables,
-// and the slab's views on the cpu backend.
+// and the slab's views on the cpu backend (gradients sharded under ZeRO-2 included).
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 
 #include <gtest/gtest.h>
@@ -186,6 +187,46 @@ TEST(Slab, WriteMirrorRoundsMaster) {
       ASSERT_EQ(mirror[i], expected) << i;
     }
   }
+}
+
+TEST(Slab, ShardedGradientsCoverTheOwnedRange) {
+  core::DeviceContext cpu(core::Device::cpu());
+  const std::vector<ParamSpec> specs = {{.name = "w", .shape = {10, 30}}, {.name = "n", .shape = {7}, .decay = false},
+                                        {.name = "e", .shape = {300}}, {.name = "f", .shape = {200}}};
+  // Only ZeRO-2 may shard the gradients; the error names the option.
+  for (int stage : {0, 1}) {
+    try {
+      optim::Slab bad(SlabLayout(specs, 2), cpu, {.rank = 1, .zero_stage = stage, .shard_gradients = true});
+      ADD_FAILURE() << "shard_gradients accepted with zero_stage " << stage;
+    } catch (const core::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("shard_gradients"), std::string::npos) << e.what();
+    }
+  }
+
+  // ZeRO-2 on 2 ranks, rank 1 owns [512, 1024): "e" [384, 684) is cut, "f" [704, 904) is wholly its own.
+  optim::Slab sharded(SlabLayout(specs, 2), cpu, {.rank = 1, .zero_stage = 2, .shard_gradients = true});
+  EXPECT_TRUE(sharded.shard_gradients());
+  EXPECT_EQ(sharded.grad_covers(), sharded.owned());
+  EXPECT_EQ(sharded.grad_covers(), (Range{512, 1024}));
+  EXPECT_EQ(sharded.grad().bytes(), static_cast<std::size_t>(sharded.owned().size()) * sizeof(float));
+  EXPECT_EQ(sharded.mirror().bytes(), 1024 * sizeof(std::uint16_t));  // the mirror still spans the slab
+  EXPECT_EQ(sharded.grad_view(3).as<float>(), sharded.grad().as<float>() + (704 - 512));
+  EXPECT_THROW(sharded.grad_view(2), core::Error);  // cut by the shard boundary
+  EXPECT_THROW(sharded.grad_view(0), core::Error);  // rank 0's
+  // The origin is owned().begin elements before the buffer: origin[i] is global element i.
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(sharded.grad_origin()) + 512 * sizeof(float),
+            reinterpret_cast<std::uintptr_t>(sharded.grad().data()));
+  const optim::Slab& read_only = sharded;
+  EXPECT_EQ(read_only.grad_origin(), sharded.grad_origin());
+  for (float x : test::to_host<float>(sharded.grad())) EXPECT_EQ(x, 0.0f);
+
+  // ZeRO-2 without it: gradients over the whole slab, origin at the buffer's start.
+  optim::Slab full(SlabLayout(specs, 2), cpu, {.rank = 1, .zero_stage = 2});
+  EXPECT_FALSE(full.shard_gradients());
+  EXPECT_EQ(full.grad_covers(), full.full());
+  EXPECT_EQ(full.grad().bytes(), 1024 * sizeof(float));
+  EXPECT_EQ(full.grad_origin(), full.grad().as<float>());
+  EXPECT_EQ(full.grad_view(2).as<float>(), full.grad().as<float>() + 384);
 }
 
 }  // namespace

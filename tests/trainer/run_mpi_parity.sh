@@ -6,6 +6,8 @@
 # usage: run_mpi_parity.sh BUILD_DIR SOURCE_DIR [OPTIMIZERS...]   (default: adamw adamw8bit adafactor)
 # Environment: MPI_PARITY_WORLDS (default "2 3"), MPI_PARITY_FLOOR (a micro-batch size: also run
 # the reference with it and report the difference, the reduction-order noise of the device),
+# MPI_PARITY_STAGES (default "0 1 2"), MPI_PARITY_ONE_MICRO (a global batch G: the N-rank runs use
+# micro-batches of G / N sequences, one per step, which is when ZeRO-2 on cuda shards the gradients),
 # MPI_RUN_TIMEOUT (seconds per run, default 300),
 # MPI_KEEP_WORK (keep the temporary directory).
 set -euo pipefail
@@ -15,6 +17,7 @@ shift 2
 optimizers=("$@")
 [ ${#optimizers[@]} -gt 0 ] || optimizers=(adamw adamw8bit adafactor)
 read -r -a worlds <<< "${MPI_PARITY_WORLDS:-2 3}"
+read -r -a stages <<< "${MPI_PARITY_STAGES:-0 1 2}"
 steps=6
 work=$(mktemp -d)
 # shellcheck source=tests/trainer/mpi_common.sh
@@ -55,11 +58,16 @@ for opt in "${optimizers[@]}"; do
     printf '%-10s %3s %5s  %s\n' "$opt" 1 - "micro-batch $MPI_PARITY_FLOOR instead (reduction order only): $(MPI_REL_TOL=1 mpi_compare "$ref.losses" "$floor.losses" 1 $steps)"
   fi
   for np in "${worlds[@]}"; do
-    for stage in 0 1 2; do
+    micro=()
+    if [ -n "${MPI_PARITY_ONE_MICRO:-}" ]; then
+      [ $((MPI_PARITY_ONE_MICRO % np)) -eq 0 ] || { echo "FAIL: MPI_PARITY_ONE_MICRO=$MPI_PARITY_ONE_MICRO is not a multiple of $np"; exit 1; }
+      micro=(training.micro_batch_size=$((MPI_PARITY_ONE_MICRO / np)))
+    fi
+    for stage in "${stages[@]}"; do
       name="$opt np $np stage $stage"
       out="$work/$opt.np$np.zero$stage"
       code=0
-      mpi_train "$np" "$out.log" run.output_dir="$out" parallel.zero_stage=$stage "${args[@]}" || code=$?
+      mpi_train "$np" "$out.log" run.output_dir="$out" parallel.zero_stage=$stage "${args[@]}" "${micro[@]}" || code=$?
       if [ "$code" -ne 0 ]; then
         tail -n 40 "$out.log"
         printf '%-10s %3s %5s  %s\n' "$opt" "$np" "$stage" "FAIL (exit code $code$([ "$code" -eq 124 ] && echo ', timed out'))"
@@ -92,4 +100,4 @@ if [ ${#failures[@]} -gt 0 ]; then
   for f in "${failures[@]}"; do echo "FAIL: $f"; done
   exit 1
 fi
-echo "mpi parity passed (${optimizers[*]}; world sizes 1 ${worlds[*]}; ZeRO stages 0 1 2)"
+echo "mpi parity passed (${optimizers[*]}; world sizes 1 ${worlds[*]}; ZeRO stages ${stages[*]}${MPI_PARITY_ONE_MICRO:+; one micro-batch per step})"
