@@ -97,6 +97,8 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-cross-entropy", cross_entropy, "skip the cross-entropy benchmark");
   std::vector<std::int64_t> ce_chunks = {384, 1536, 3072, 6144};
   app.add_option("--ce-chunks", ce_chunks, "cross-entropy chunk sizes timed besides the default");
+  std::vector<std::int64_t> split_rows = {4480, 8192, 9216, 16384, 18992};
+  app.add_option("--split-rows", split_rows, "vocabulary rows per window of the vocabulary-split backward");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -214,6 +216,38 @@ int main(int argc, char** argv) {
                          {"chunk_breakdown_ms", breakdown}});
       std::fprintf(stderr, "%-32s %8.4f ms %7.1f TFLOP/s (chunk %lld)\n", "cross_entropy_fwd_bwd_qwen3", ms,
                    flop / (ms * 1e-3) / 1e12, static_cast<long long>(chunk));
+
+      // The vocabulary-split backward (ZeRO-2 with sharded gradients): pass 1, then pass 2 over
+      // windows of `rows` vocabulary rows, each window's two products timed alone too.
+      core::Buffer lse(context.device(), n(tokens) * sizeof(float));
+      const ops::DeviceWorkspace ce_ws{ce_workspace.data(), ce_workspace.bytes()};
+      const double pass1_ms = time_ms(context, [&] {
+        ce.backward_hidden(h.as<bf16>(), head.as<bf16>(), targets.as<std::int32_t>(), tokens, hidden, vocab,
+                           dh.as<bf16>(), 1.0f, outputs, lse.as<float>(), ce_ws);
+      }, 3, ce_samples, 1);
+      nlohmann::json split = nlohmann::json::array();
+      for (const std::int64_t rows : split_rows) {
+        const auto pass2 = [&] {
+          for (std::int64_t r0 = 0; r0 < vocab; r0 += rows) {
+            const std::int64_t r1 = std::min(vocab, r0 + rows);
+            ce.backward_weight_rows(h.as<bf16>(), head.as<bf16>(), targets.as<std::int32_t>(), lse.as<float>(),
+                                    count.as<std::int32_t>(), tokens, hidden, vocab, r0, r1,
+                                    dhead.as<float>() + r0 * hidden, 1.0f, ce_ws);
+          }
+        };
+        const double pass2_ms = time_ms(context, pass2, 2, ce_samples, 1);
+        const double window_logits_ms = time_ms(
+            context, [&] { ce_gemms.forward(h.as<bf16>(), head.as<bf16>(), tokens, hidden, rows, logits, gemm_ws); },
+            warmup, samples, 1);
+        const double window_dweight_ms = time_ms(
+            context, [&] { ce_gemms.backward_weight(logits, h.as<bf16>(), tokens, hidden, rows, dhead.as<float>(), gemm_ws); },
+            warmup, samples, 1);
+        split.push_back({{"window_rows", rows}, {"pass1_ms", pass1_ms}, {"pass2_ms", pass2_ms},
+                         {"window_logits_gemm_ms", window_logits_ms}, {"window_dweight_gemm_ms", window_dweight_ms}});
+        std::fprintf(stderr, "vocabulary split, %6lld rows: pass 1 %.3f ms, pass 2 %.3f ms (window: logits %.3f, dW %.3f)\n",
+                     static_cast<long long>(rows), pass1_ms, pass2_ms, window_logits_ms, window_dweight_ms);
+      }
+      results.back()["vocabulary_split"] = split;
     }
     const nlohmann::json out = {{"device", context.device_name()}, {"results", results}};
     std::printf("%s\n", out.dump(2).c_str());

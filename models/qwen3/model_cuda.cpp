@@ -313,7 +313,10 @@ struct Qwen3Cuda::Impl {
     }
     ops::embedding_backward_sort_cuda(ids, n, vocab, at<std::int32_t>(invalid), at<char>(embed_workspace),
                                       embed_workspace_bytes, stream);
-    const std::int64_t rows = out.max_range_elements() / d;
+    // Windows of a multiple of 128 rows when the limit allows: an odd width gives the window's
+    // logits rows that are not 16-byte aligned, and cuBLASLt then picks kernels ~20x slower.
+    std::int64_t rows = out.max_range_elements() / d;
+    if (rows >= 128) rows = rows / 128 * 128;
     for (std::int64_t r0 = 0; r0 < vocab; r0 += rows) {
       const std::int64_t r1 = std::min(vocab, r0 + rows);
       const optim::Range window{head_range.begin + r0 * d, head_range.begin + r1 * d};
