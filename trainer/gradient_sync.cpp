@@ -17,7 +17,7 @@ GradientSync::GradientSync(comm::Communicator& comm, optim::Slab& slab, const co
     throw core::Error("gradient sync: the slab is laid out for " + std::to_string(slab.layout().world_size()) +
                       " ranks but the job has " + std::to_string(comm.world()));
   }
-  if (!(slab.grad_covers() == slab.full())) {
+  if (slab.shard_gradients()) {
     if (!context.is_cuda()) throw core::Error("gradient sync: sharded gradients need the cuda backend");
     if (staging_elements <= 0) throw core::Error("gradient sync: sharded gradients need staging (staging_elements > 0)");
     slot_elements_ = staging_elements;
@@ -52,15 +52,16 @@ void GradientSync::release(optim::Range range) {
   }
   if (open_slot_ < 0 || !(range == open_range_)) throw core::Error("gradient sync: release of a range that is not open");
   const float* data = staging_.as<float>() + static_cast<std::int64_t>(open_slot_) * slot_elements_;
-  comm_.set_detached(true);
-  try {
+  {
+    // The backward goes on while the reductions run; the compute stream waits only at markers.
+    struct Detached {
+      comm::Communicator& comm;
+      explicit Detached(comm::Communicator& c) : comm(c) { comm.set_detached(true); }
+      ~Detached() { comm.set_detached(false); }
+    } detached(comm_);
     reduce_onto_owners(range, data);
-  } catch (...) {
-    comm_.set_detached(false);
-    throw;
+    last_marker_ = slot_free_[open_slot_] = comm_.marker();
   }
-  last_marker_ = slot_free_[open_slot_] = comm_.marker();
-  comm_.set_detached(false);
   reduced_.push_back(range);
   open_slot_ = -1;
 }

@@ -182,7 +182,10 @@ class CrossEntropyPlan {
   // dW product. token_lse and count are pass 1's outputs for the same inputs; grad_scale must be
   // pass 1's. tile_tokens: see cross_entropy_weight_rows_tile_tokens (0 = automatic, so a
   // workspace of cross_entropy_workspace_bytes(tokens, vocab, 0) always suffices); the exact
-  // requirement is cross_entropy_weight_rows_workspace_bytes.
+  // requirement is cross_entropy_weight_rows_workspace_bytes. Speed: with a window width that is
+  // not a multiple of 8 the tile's logits rows are not 16-byte aligned and cuBLASLt picks kernels
+  // ~20x slower (measured on H200: 9217 rows 22 ms, 9216 rows 1.05 ms); callers pick widths of a
+  // multiple of 128 where they can.
   void backward_weight_rows(const __nv_bfloat16* hidden, const __nv_bfloat16* weight, const std::int32_t* targets,
                             const float* token_lse, const std::int32_t* count, std::int64_t tokens, std::int64_t dim,
                             std::int64_t vocab, std::int64_t row_begin, std::int64_t row_end, float* dweight_rows,

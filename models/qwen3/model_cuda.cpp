@@ -317,27 +317,26 @@ struct Qwen3Cuda::Impl {
     // logits rows that are not 16-byte aligned, and cuBLASLt then picks kernels ~20x slower.
     std::int64_t rows = out.max_range_elements() / d;
     if (rows >= 128) rows = rows / 128 * 128;
-    for (std::int64_t r0 = 0; r0 < vocab; r0 += rows) {
-      const std::int64_t r1 = std::min(vocab, r0 + rows);
-      const optim::Range window{head_range.begin + r0 * d, head_range.begin + r1 * d};
-      float* grad = out.acquire(window);
-      cross_entropy.backward_weight_rows(at<bf16>(x_norm), w(head), targets, at<float>(token_lse),
-                                         at<std::int32_t>(count), n, d, vocab, r0, r1, grad, grad_scale, ws());
-      if (head == embed) {
-        ops::embedding_backward_scatter_cuda(n, at<bf16>(dx), vocab, d, r0, r1, grad, at<char>(embed_workspace),
-                                             embed_workspace_bytes, stream);
+    // Hands each window [r0, r1) of `tensor`'s rows to `fill` in acquired staging, then releases it.
+    const auto for_each_window = [&](const optim::Range& tensor, auto fill) {
+      for (std::int64_t r0 = 0; r0 < vocab; r0 += rows) {
+        const std::int64_t r1 = std::min(vocab, r0 + rows);
+        const optim::Range window{tensor.begin + r0 * d, tensor.begin + r1 * d};
+        float* grad = out.acquire(window);
+        fill(r0, r1, grad);
+        out.release(window);
       }
-      out.release(window);
-    }
-    if (head == embed) return;
-    for (std::int64_t r0 = 0; r0 < vocab; r0 += rows) {
-      const std::int64_t r1 = std::min(vocab, r0 + rows);
-      const optim::Range window{embed_range.begin + r0 * d, embed_range.begin + r1 * d};
-      float* grad = out.acquire(window);
+    };
+    const auto scatter_embedding = [&](std::int64_t r0, std::int64_t r1, float* grad) {
       ops::embedding_backward_scatter_cuda(n, at<bf16>(dx), vocab, d, r0, r1, grad, at<char>(embed_workspace),
                                            embed_workspace_bytes, stream);
-      out.release(window);
-    }
+    };
+    for_each_window(head_range, [&](std::int64_t r0, std::int64_t r1, float* grad) {
+      cross_entropy.backward_weight_rows(at<bf16>(x_norm), w(head), targets, at<float>(token_lse),
+                                         at<std::int32_t>(count), n, d, vocab, r0, r1, grad, grad_scale, ws());
+      if (head == embed) scatter_embedding(r0, r1, grad);
+    });
+    if (head != embed) for_each_window(embed_range, scatter_embedding);
   }
 
   // The largest range the backward acquires from a limited sink: a layer's MLP or attention
