@@ -7,7 +7,9 @@
 
 namespace optim {
 
-enum class InitKind { normal, zeros, ones };
+// normal(0, init_std); zeros; ones; xavier_uniform (U(-a, a), a = init_gain * sqrt(6 / (rows + cols)));
+// orthogonal (a random orthogonal matrix, rows x cols, scaled by init_gain).
+enum class InitKind { normal, zeros, ones, xavier_uniform, orthogonal };
 
 struct ParamSpec {
   std::string name;
@@ -17,6 +19,7 @@ struct ParamSpec {
   float lr_scale = 1.0f;    // multiplies the step's learning rate for this tensor
   InitKind init = InitKind::normal;
   float init_std = 0.02f;   // standard deviation for InitKind::normal
+  float init_gain = 1.0f;   // scale of InitKind::xavier_uniform and InitKind::orthogonal
 };
 
 }  // namespace optim

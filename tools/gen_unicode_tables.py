@@ -1,4 +1,4 @@
-"""Generates trainer/unicode_tables.inc: the Unicode data the BPE tokenizer needs, as sorted C++ arrays.
+"""Generates text/unicode_tables.inc: the Unicode data the BPE tokenizer needs, as sorted C++ arrays.
 
   kLetterRanges   [first, last] code point ranges of general category L*  (regex \\p{L})
   kNumberRanges   ranges of general category N*                            (regex \\p{N})
@@ -7,7 +7,7 @@
                   Hangul syllables excluded (decomposed algorithmically)
   kCompositions   (first, second) -> primary composite, composition exclusions removed
 
-Usage (repository root): python3 tools/gen_unicode_tables.py > trainer/unicode_tables.inc
+Usage (repository root): python3 tools/gen_unicode_tables.py > text/unicode_tables.inc
 The data come from Python's unicodedata (its Unicode version is recorded in the output).
 """
 import sys

@@ -16,8 +16,8 @@
 #include <CLI/CLI.hpp>
 
 #include "core/error.h"
-#include "trainer/token_shard.h"
-#include "trainer/tokenizer.h"
+#include "text/token_shard.h"
+#include "text/tokenizer.h"
 
 namespace {
 
@@ -29,7 +29,7 @@ std::string read_file(const std::string& path) {
   return std::move(content).str();
 }
 
-const char* dtype_name(trainer::TokenDtype dtype) { return dtype == trainer::TokenDtype::u16 ? "u16" : "u32"; }
+const char* dtype_name(text::TokenDtype dtype) { return dtype == text::TokenDtype::u16 ? "u16" : "u32"; }
 
 }  // namespace
 
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
 
   try {
     if (val_fraction > 0.0 && val_out.empty()) throw core::InputError("--val-fraction > 0 needs --val-out");
-    auto tokenizer = trainer::make_tokenizer(tokenizer_spec);
+    auto tokenizer = text::make_tokenizer(tokenizer_spec);
     std::vector<std::uint32_t> tokens;
     std::uint64_t text_bytes = 0;
     for (std::size_t f = 0; f < inputs.size(); ++f) {
@@ -66,16 +66,16 @@ int main(int argc, char** argv) {
     }
     const auto val_count = static_cast<std::size_t>(std::llround(val_fraction * static_cast<double>(tokens.size())));
     const std::size_t train_count = tokens.size() - val_count;
-    const trainer::TokenDtype dtype = trainer::smallest_token_dtype(tokenizer->vocab_size());
+    const text::TokenDtype dtype = text::smallest_token_dtype(tokenizer->vocab_size());
     const std::span<const std::uint32_t> all(tokens);
-    trainer::write_token_shard(train_out, all.first(train_count), dtype);
+    text::write_token_shard(train_out, all.first(train_count), dtype);
     std::printf("tokenizer %s (vocab %u), %llu bytes -> %zu tokens (%.3f bytes/token), dtype %s\n",
                 tokenizer->name().c_str(), tokenizer->vocab_size(), static_cast<unsigned long long>(text_bytes),
                 tokens.size(), tokens.empty() ? 0.0 : static_cast<double>(text_bytes) / static_cast<double>(tokens.size()),
                 dtype_name(dtype));
     std::printf("train: %zu tokens -> %s\n", train_count, train_out.c_str());
     if (!val_out.empty()) {
-      trainer::write_token_shard(val_out, all.last(val_count), dtype);
+      text::write_token_shard(val_out, all.last(val_count), dtype);
       std::printf("val:   %zu tokens -> %s\n", val_count, val_out.c_str());
     }
   } catch (const core::Error& e) {

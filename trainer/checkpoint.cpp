@@ -705,7 +705,7 @@ VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::Sla
     out.progress.step = m.at("step").get<std::int64_t>();
     out.progress.tokens_seen = m.at("tokens_seen").get<std::int64_t>();
     out.progress.sampler_seed = m.at("rng").at("sampler_seed").get<std::uint64_t>();
-    out.progress.sampler = m.at("sampler").get<SamplerCursor>();
+    out.progress.sampler = m.at("sampler").get<text::SamplerCursor>();
   } catch (const json::exception& e) {
     throw core::InputError(manifest_path.string() + ": malformed manifest: " + e.what());
   }

@@ -19,7 +19,7 @@
 #include "optim/optimizer.h"
 #include "optim/slab_layout.h"
 #include "trainer/config.h"
-#include "trainer/sampler.h"
+#include "text/sampler.h"
 
 namespace trainer {
 
@@ -29,7 +29,7 @@ struct TrainingProgress {
   std::int64_t step = 0;         // optimizer steps taken; also the schedule position
   std::int64_t tokens_seen = 0;  // training tokens consumed over all ranks
   std::uint64_t sampler_seed = 0;
-  SamplerCursor sampler;
+  text::SamplerCursor sampler;
 
   bool operator==(const TrainingProgress&) const = default;
 };

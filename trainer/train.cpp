@@ -19,9 +19,9 @@
 #include "trainer/checkpoint.h"
 #include "trainer/gradient_sync.h"
 #include "trainer/model_runner.h"
-#include "trainer/sampler.h"
+#include "text/sampler.h"
 #include "trainer/stop_signals.h"
-#include "trainer/token_shard.h"
+#include "text/token_shard.h"
 
 namespace trainer {
 
@@ -44,7 +44,7 @@ std::string format_duration(double s) {
 }
 
 // Every token of `shard` must be a valid id of the model's vocabulary.
-void check_vocabulary(const TokenShard& shard, std::int64_t vocab) {
+void check_vocabulary(const text::TokenShard& shard, std::int64_t vocab) {
   std::uint32_t largest = 0;
   for (std::uint64_t i = 0; i < shard.size(); ++i) largest = std::max(largest, shard[i]);
   if (shard.size() > 0 && largest >= static_cast<std::uint64_t>(vocab)) {
@@ -76,7 +76,7 @@ struct Batch {
 
 // Validation: the first `batches` x micro-batch windows of the shard, in order (the same every time).
 // With several ranks, rank r evaluates batches r, r + world, ... and the sums are all-reduced.
-double validation_loss(ModelRunner& runner, const TokenShard& val, std::int64_t batches, std::int64_t micro_batch,
+double validation_loss(ModelRunner& runner, const text::TokenShard& val, std::int64_t batches, std::int64_t micro_batch,
                        std::int64_t seq, comm::Communicator& comm) {
   const std::uint64_t windows = val.size() > static_cast<std::uint64_t>(seq) ? (val.size() - 1) / static_cast<std::uint64_t>(seq) : 0;
   if (windows == 0) throw core::InputError(val.path().string() + ": too few tokens for one sequence of " + std::to_string(seq));
@@ -182,9 +182,9 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const std::int64_t seq = config.data.seq_len, micro = config.training.micro_batch_size;
   const std::int64_t accumulation = accumulation_steps(config, world);
 
-  const TokenShard train_shard(config.data.train);
+  const text::TokenShard train_shard(config.data.train);
   check_vocabulary(train_shard, shape.vocab_size);
-  std::optional<TokenShard> val_shard;
+  std::optional<text::TokenShard> val_shard;
   if (!config.data.val.empty()) {
     val_shard.emplace(config.data.val);
     check_vocabulary(*val_shard, shape.vocab_size);
@@ -216,7 +216,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   progress.sampler_seed = config.run.seed;
   if (resume_from) progress = load_checkpoint(*resume_from, *optimizer, context);
   runner->gather_weights(comm);
-  Sampler sampler(train_shard.size(), seq, world, rank, progress.sampler_seed);
+  text::Sampler sampler(train_shard.size(), seq, world, rank, progress.sampler_seed);
   sampler.restore(progress.sampler);
   const std::int64_t first_step = progress.step + 1;
   const fs::path checkpoints = checkpoints_root(config);

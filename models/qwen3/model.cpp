@@ -79,6 +79,7 @@ void Qwen3Model::initialize(std::uint64_t seed) {
         case optim::InitKind::normal: w[i] = spec.init_std * core::normal01(tensor_seed, i); break;
         case optim::InitKind::zeros: w[i] = 0.0f; break;
         case optim::InitKind::ones: w[i] = 1.0f; break;
+        default: throw core::Error("Qwen3Model::initialize: unsupported init kind of " + spec.name);
       }
     }
   }

@@ -25,7 +25,7 @@
 #include "optim/optimizer.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
-#include "trainer/token_shard.h"
+#include "text/token_shard.h"
 #include "trainer/train.h"
 #include "support/test_support.h"
 
@@ -90,7 +90,7 @@ class Checkpoints : public ::testing::Test {
       state = state * 6364136223846793005ull + 1442695040888963407ull;
       tokens[i] = i % 7 == 0 ? static_cast<std::uint32_t>(state >> 58) : 'a' + static_cast<std::uint32_t>(i % 13);
     }
-    trainer::write_token_shard(dir_ / "train.bin", tokens, trainer::TokenDtype::u16);
+    text::write_token_shard(dir_ / "train.bin", tokens, text::TokenDtype::u16);
   }
   void TearDown() override { fs::remove_all(dir_); }
 

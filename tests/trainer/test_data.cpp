@@ -24,10 +24,10 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "trainer/sampler.h"
-#include "trainer/token_shard.h"
-#include "trainer/tokenizer.h"
-#include "trainer/unicode_text.h"
+#include "text/sampler.h"
+#include "text/token_shard.h"
+#include "text/tokenizer.h"
+#include "text/unicode_text.h"
 
 namespace {
 
@@ -60,10 +60,10 @@ std::string read_file(const fs::path& path) {
 }
 
 // The Qwen3 tokenizer, loaded once for the suite.
-trainer::BpeTokenizer* qwen3() {
-  static std::unique_ptr<trainer::BpeTokenizer> tokenizer = [] {
+text::BpeTokenizer* qwen3() {
+  static std::unique_ptr<text::BpeTokenizer> tokenizer = [] {
     const auto path = qwen3_tokenizer_path();
-    return path ? std::make_unique<trainer::BpeTokenizer>(*path) : nullptr;
+    return path ? std::make_unique<text::BpeTokenizer>(*path) : nullptr;
   }();
   return tokenizer.get();
 }
@@ -137,7 +137,7 @@ class DataFiles : public ::testing::Test {
   fs::path edited_shard(const std::string& name, const std::function<void(std::string&)>& edit) {
     const fs::path path = dir_ / name;
     const std::vector<std::uint32_t> tokens = {1, 2, 3, 4, 5};
-    trainer::write_token_shard(path, tokens, trainer::TokenDtype::u16);
+    text::write_token_shard(path, tokens, text::TokenDtype::u16);
     std::string bytes = read_file(path);
     edit(bytes);
     std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
@@ -147,7 +147,7 @@ class DataFiles : public ::testing::Test {
   // The message of the core::InputError that opening `path` throws.
   static std::string open_error(const fs::path& path) {
     try {
-      trainer::TokenShard shard(path);
+      text::TokenShard shard(path);
     } catch (const core::InputError& e) {
       return e.what();
     }
@@ -163,15 +163,15 @@ TEST_F(DataFiles, ShardRoundTripU16AndU32) {
     small[i] = (i * 7919u) % 65536u;
     large[i] = i * 151643u + 65536u;
   }
-  trainer::write_token_shard(dir_ / "small.tok", small, trainer::TokenDtype::u16);
-  trainer::write_token_shard(dir_ / "sub" / "large.tok", large, trainer::TokenDtype::u32);
-  EXPECT_EQ(fs::file_size(dir_ / "small.tok"), trainer::kTokenShardHeaderBytes + 2000);
-  EXPECT_EQ(fs::file_size(dir_ / "sub" / "large.tok"), trainer::kTokenShardHeaderBytes + 4000);
+  text::write_token_shard(dir_ / "small.tok", small, text::TokenDtype::u16);
+  text::write_token_shard(dir_ / "sub" / "large.tok", large, text::TokenDtype::u32);
+  EXPECT_EQ(fs::file_size(dir_ / "small.tok"), text::kTokenShardHeaderBytes + 2000);
+  EXPECT_EQ(fs::file_size(dir_ / "sub" / "large.tok"), text::kTokenShardHeaderBytes + 4000);
   EXPECT_EQ(read_file(dir_ / "small.tok").substr(0, 8), "LLMTOKS1");
 
-  for (const auto& [name, expected, dtype] : {std::tuple{"small.tok", small, trainer::TokenDtype::u16},
-                                              std::tuple{"sub/large.tok", large, trainer::TokenDtype::u32}}) {
-    trainer::TokenShard shard(dir_ / name);
+  for (const auto& [name, expected, dtype] : {std::tuple{"small.tok", small, text::TokenDtype::u16},
+                                              std::tuple{"sub/large.tok", large, text::TokenDtype::u32}}) {
+    text::TokenShard shard(dir_ / name);
     EXPECT_EQ(shard.dtype(), dtype);
     ASSERT_EQ(shard.size(), expected.size());
     std::vector<std::uint32_t> all(expected.size());
@@ -187,23 +187,23 @@ TEST_F(DataFiles, ShardRoundTripU16AndU32) {
     EXPECT_THROW(shard.read_window(1000 - 16, inputs, targets), core::Error);
   }
   // Rewriting replaces the file in place and leaves no temporary behind.
-  trainer::write_token_shard(dir_ / "small.tok", std::vector<std::uint32_t>{}, trainer::TokenDtype::u16);
-  EXPECT_EQ(trainer::TokenShard(dir_ / "small.tok").size(), 0u);
+  text::write_token_shard(dir_ / "small.tok", std::vector<std::uint32_t>{}, text::TokenDtype::u16);
+  EXPECT_EQ(text::TokenShard(dir_ / "small.tok").size(), 0u);
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 2);
 }
 
 TEST_F(DataFiles, WriterRefusesIdsBeyondU16) {
   const std::vector<std::uint32_t> tokens = {1, 70000};
   try {
-    trainer::write_token_shard(dir_ / "x.tok", tokens, trainer::TokenDtype::u16);
+    text::write_token_shard(dir_ / "x.tok", tokens, text::TokenDtype::u16);
     FAIL() << "expected core::InputError";
   } catch (const core::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("does not fit the u16 dtype"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(dir_ / "x.tok"));
-  EXPECT_EQ(trainer::smallest_token_dtype(256), trainer::TokenDtype::u16);
-  EXPECT_EQ(trainer::smallest_token_dtype(65536), trainer::TokenDtype::u16);
-  EXPECT_EQ(trainer::smallest_token_dtype(151669), trainer::TokenDtype::u32);
+  EXPECT_EQ(text::smallest_token_dtype(256), text::TokenDtype::u16);
+  EXPECT_EQ(text::smallest_token_dtype(65536), text::TokenDtype::u16);
+  EXPECT_EQ(text::smallest_token_dtype(151669), text::TokenDtype::u32);
 }
 
 TEST_F(DataFiles, ShardRefusesWrongMagic) {
@@ -249,7 +249,7 @@ std::vector<std::vector<std::uint64_t>> draw(std::uint64_t tokens, std::int64_t 
                                              std::uint64_t steps) {
   std::vector<std::vector<std::uint64_t>> out(static_cast<std::size_t>(world));
   for (int rank = 0; rank < world; ++rank) {
-    trainer::Sampler sampler(tokens, seq_len, world, rank, seed);
+    text::Sampler sampler(tokens, seq_len, world, rank, seed);
     for (std::uint64_t s = 0; s < steps; ++s) out[static_cast<std::size_t>(rank)].push_back(sampler.next());
   }
   return out;
@@ -270,7 +270,7 @@ TEST(Sampler, SameSeedSameOrderOtherSeedOtherOrder) {
 TEST(Sampler, RanksDisjointAndEpochCovered) {
   for (const auto& [tokens, seq_len, world] : {std::tuple{100001ull, 64ll, 4}, std::tuple{5000ull, 7ll, 3},
                                                std::tuple{65ull, 64ll, 1}, std::tuple{1000ull, 1ll, 8}}) {
-    trainer::Sampler probe(tokens, seq_len, world, 0, 9);
+    text::Sampler probe(tokens, seq_len, world, 0, 9);
     const std::uint64_t windows = (tokens - 1) / static_cast<std::uint64_t>(seq_len);
     ASSERT_EQ(probe.windows(), windows);
     const std::uint64_t steps = probe.steps_per_epoch();
@@ -297,27 +297,27 @@ TEST(Sampler, RanksDisjointAndEpochCovered) {
 }
 
 TEST(Sampler, CursorSaveRestoreContinuesIdentically) {
-  trainer::Sampler original(20000, 16, 2, 1, 1234);
+  text::Sampler original(20000, 16, 2, 1, 1234);
   for (int i = 0; i < 1000; ++i) original.next();  // past the first epoch (624 steps)
   const nlohmann::json saved = original.cursor();
   EXPECT_EQ(saved.dump(), R"({"epoch":1,"position":752})");
 
-  trainer::Sampler resumed(20000, 16, 2, 1, 1234);
-  resumed.restore(saved.get<trainer::SamplerCursor>());
+  text::Sampler resumed(20000, 16, 2, 1, 1234);
+  resumed.restore(saved.get<text::SamplerCursor>());
   EXPECT_EQ(resumed.cursor(), original.cursor());
   for (int i = 0; i < 2000; ++i) ASSERT_EQ(resumed.next(), original.next()) << "step " << i;
 
-  EXPECT_THROW(resumed.restore(trainer::SamplerCursor{0, 1250}), core::InputError);
-  EXPECT_THROW((void)nlohmann::json::parse(R"({"epoch": -1, "position": 0})").get<trainer::SamplerCursor>(), core::InputError);
-  EXPECT_THROW((void)nlohmann::json::parse(R"({"epoch": 1})").get<trainer::SamplerCursor>(), core::InputError);
+  EXPECT_THROW(resumed.restore(text::SamplerCursor{0, 1250}), core::InputError);
+  EXPECT_THROW((void)nlohmann::json::parse(R"({"epoch": -1, "position": 0})").get<text::SamplerCursor>(), core::InputError);
+  EXPECT_THROW((void)nlohmann::json::parse(R"({"epoch": 1})").get<text::SamplerCursor>(), core::InputError);
 }
 
 TEST(Sampler, RefusesBadArguments) {
-  EXPECT_THROW(trainer::Sampler(100, 0, 1, 0, 1), core::InputError);
-  EXPECT_THROW(trainer::Sampler(100, 8, 2, 2, 1), core::InputError);
-  EXPECT_THROW(trainer::Sampler(100, 8, 0, 0, 1), core::InputError);
+  EXPECT_THROW(text::Sampler(100, 0, 1, 0, 1), core::InputError);
+  EXPECT_THROW(text::Sampler(100, 8, 2, 2, 1), core::InputError);
+  EXPECT_THROW(text::Sampler(100, 8, 0, 0, 1), core::InputError);
   try {
-    trainer::Sampler(33, 16, 4, 0, 1);
+    text::Sampler(33, 16, 4, 0, 1);
     FAIL() << "expected core::InputError";
   } catch (const core::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("fewer than the 4 ranks"), std::string::npos) << e.what();
@@ -325,7 +325,7 @@ TEST(Sampler, RefusesBadArguments) {
 }
 
 TEST(ByteTokenizer, RoundTripsEveryByte) {
-  trainer::ByteTokenizer tokenizer;
+  text::ByteTokenizer tokenizer;
   std::string text;
   for (int b = 0; b < 256; ++b) text.push_back(static_cast<char>(b));
   text += "Hello \xff\x00 world";
@@ -336,20 +336,20 @@ TEST(ByteTokenizer, RoundTripsEveryByte) {
   EXPECT_EQ(tokenizer.vocab_size(), 256u);
   const std::vector<std::uint32_t> bad = {65, 256};
   EXPECT_THROW(tokenizer.decode(bad), core::InputError);
-  EXPECT_EQ(trainer::make_tokenizer("byte")->name(), "byte");
+  EXPECT_EQ(text::make_tokenizer("byte")->name(), "byte");
 }
 
 TEST(Unicode, ClassesAndNfc) {
-  using trainer::unicode::decode_utf8;
-  using trainer::unicode::encode_utf8;
-  EXPECT_TRUE(trainer::unicode::is_letter(U'\u4e2d'));
-  EXPECT_TRUE(trainer::unicode::is_letter(U'\u00e9'));
-  EXPECT_FALSE(trainer::unicode::is_letter(U'\u0301'));
-  EXPECT_TRUE(trainer::unicode::is_number(U'\u2167'));
-  EXPECT_TRUE(trainer::unicode::is_number(U'\u00bd'));
-  EXPECT_TRUE(trainer::unicode::is_whitespace(U'\u3000'));
-  EXPECT_FALSE(trainer::unicode::is_whitespace(U'\u200b'));
-  const auto nfc = [](const char* s) { return encode_utf8(trainer::unicode::nfc(decode_utf8(s, "test"))); };
+  using text::unicode::decode_utf8;
+  using text::unicode::encode_utf8;
+  EXPECT_TRUE(text::unicode::is_letter(U'\u4e2d'));
+  EXPECT_TRUE(text::unicode::is_letter(U'\u00e9'));
+  EXPECT_FALSE(text::unicode::is_letter(U'\u0301'));
+  EXPECT_TRUE(text::unicode::is_number(U'\u2167'));
+  EXPECT_TRUE(text::unicode::is_number(U'\u00bd'));
+  EXPECT_TRUE(text::unicode::is_whitespace(U'\u3000'));
+  EXPECT_FALSE(text::unicode::is_whitespace(U'\u200b'));
+  const auto nfc = [](const char* s) { return encode_utf8(text::unicode::nfc(decode_utf8(s, "test"))); };
   EXPECT_EQ(nfc("e\u0301"), "\u00e9");
   EXPECT_EQ(nfc("\u212b"), "\u00c5");                        // singleton decomposition
   EXPECT_EQ(nfc("\u1e9b\u0323"), "\u1e9b\u0323");            // the UAX #15 example
@@ -377,7 +377,7 @@ TEST(Qwen3Tokenizer, TortureTextParity) {
   EXPECT_EQ(actual, expected) << "first difference at id " << first_difference << " of " << expected.size();
   // Decoding gives the NFC form of the text.
   EXPECT_EQ(qwen3()->decode(actual),
-            trainer::unicode::encode_utf8(trainer::unicode::nfc(trainer::unicode::decode_utf8(text, "torture"))));
+            text::unicode::encode_utf8(text::unicode::nfc(text::unicode::decode_utf8(text, "torture"))));
 }
 
 TEST(Qwen3Tokenizer, KjvHashParity) {
@@ -417,12 +417,12 @@ TEST(Qwen3Tokenizer, AddedTokensAndRoundTrip) {
 TEST_F(DataFiles, TokenizerFileRefusedWithReason) {
   std::ofstream(dir_ / "tokenizer.json") << R"({"model": {"type": "WordPiece", "vocab": {}}, "normalizer": null})";
   try {
-    trainer::BpeTokenizer tokenizer(dir_ / "tokenizer.json");
+    text::BpeTokenizer tokenizer(dir_ / "tokenizer.json");
     FAIL() << "expected core::InputError";
   } catch (const core::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("is not BPE"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(trainer::BpeTokenizer(dir_ / "absent.json"), core::InputError);
+  EXPECT_THROW(text::BpeTokenizer(dir_ / "absent.json"), core::InputError);
 }
 
 }  // namespace

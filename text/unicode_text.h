@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-namespace trainer::unicode {
+namespace text::unicode {
 
 // Decodes UTF-8; throws core::InputError naming `what` and the byte offset of an invalid sequence
 // (overlong forms, surrogates and values above U+10FFFF are invalid).
@@ -23,4 +23,4 @@ int combining_class(char32_t c);
 // Normalization Form C.
 std::u32string nfc(std::u32string_view text);
 
-}  // namespace trainer::unicode
+}  // namespace text::unicode

@@ -1,5 +1,5 @@
 // Token shard reader (read-only mmap with header and size checks) and atomic writer.
-#include "trainer/token_shard.h"
+#include "text/token_shard.h"
 
 #include <bit>
 #include <cerrno>
@@ -17,7 +17,7 @@
 
 static_assert(std::endian::native == std::endian::little, "token shards are read and written in place as little-endian");
 
-namespace trainer {
+namespace text {
 namespace {
 
 std::string quoted(const std::filesystem::path& path) { return "token shard '" + path.string() + "'"; }
@@ -213,4 +213,4 @@ void TokenShard::read_window(std::uint64_t start, std::span<std::int32_t> inputs
   }
 }
 
-}  // namespace trainer
+}  // namespace text

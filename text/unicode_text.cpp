@@ -1,5 +1,5 @@
 // UTF-8 coding, character classes by binary search over generated ranges, and NFC.
-#include "trainer/unicode_text.h"
+#include "text/unicode_text.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 
-namespace trainer::unicode {
+namespace text::unicode {
 namespace {
 
 struct CodeRange {
@@ -25,7 +25,7 @@ struct Composition {
   char32_t first, second, composite;
 };
 
-#include "trainer/unicode_tables.inc"
+#include "text/unicode_tables.inc"
 
 template <typename Range, std::size_t N>
 const Range* find_range(const Range (&table)[N], char32_t c) {
@@ -214,4 +214,4 @@ std::u32string nfc(std::u32string_view text) {
   return out;
 }
 
-}  // namespace trainer::unicode
+}  // namespace text::unicode

@@ -10,7 +10,7 @@
 #include <span>
 #include <string>
 
-namespace trainer {
+namespace text {
 
 inline constexpr char kTokenShardMagic[8] = {'L', 'L', 'M', 'T', 'O', 'K', 'S', '1'};
 inline constexpr std::uint32_t kTokenShardVersion = 1;
@@ -61,4 +61,4 @@ class TokenShard {
   std::uint64_t count_ = 0;
 };
 
-}  // namespace trainer
+}  // namespace text

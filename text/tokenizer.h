@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace trainer {
+namespace text {
 
 class Tokenizer {
  public:
@@ -88,4 +88,4 @@ class BpeTokenizer final : public Tokenizer {
 // "byte" -> ByteTokenizer, anything else -> BpeTokenizer(path).
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
 
-}  // namespace trainer
+}  // namespace text

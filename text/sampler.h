@@ -17,7 +17,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-namespace trainer {
+namespace text {
 
 struct SamplerCursor {
   std::uint64_t epoch = 0;
@@ -61,4 +61,4 @@ class Sampler {
   SamplerCursor cursor_;
 };
 
-}  // namespace trainer
+}  // namespace text

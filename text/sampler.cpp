@@ -1,5 +1,5 @@
 // Seeded, rank-disjoint window sampler: a keyed Feistel permutation per epoch, cycle-walked into [0, W).
-#include "trainer/sampler.h"
+#include "text/sampler.h"
 
 #include <string>
 
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 
-namespace trainer {
+namespace text {
 namespace {
 
 std::uint64_t mix64(std::uint64_t x) {  // splitmix64 finaliser
@@ -96,4 +96,4 @@ void Sampler::restore(const SamplerCursor& cursor) {
   cursor_ = cursor;
 }
 
-}  // namespace trainer
+}  // namespace text

@@ -5,7 +5,7 @@
 // matched here by hand on code points, alternative by alternative with the backtracking outcome of
 // a leftmost-first regex engine worked out (see qwen2_piece_end). The case-insensitive contractions
 // fold ASCII letters only, as Hugging Face's engine does ("'ſ" is not a contraction).
-#include "trainer/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <algorithm>
 #include <fstream>
@@ -15,9 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "trainer/unicode_text.h"
+#include "text/unicode_text.h"
 
-namespace trainer {
+namespace text {
 namespace {
 
 constexpr std::string_view kQwen2Pattern =
@@ -361,4 +361,4 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
   return std::make_unique<BpeTokenizer>(spec);
 }
 
-}  // namespace trainer
+}  // namespace text

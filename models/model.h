@@ -1,0 +1,185 @@
+// The model interface: everything the trainer, checkpoints, tools and benches know of a model
+// family. A family is a folder under models/ implementing Family (its config table, presets and
+// specs), ModelSpec (one shape: parameters, FLOPs, Hugging Face names, backends) and the
+// trainable model and decoder behind it, plus one line in models/registry.cpp. Nothing above
+// this header names a family.
+//
+// A shape is an ordered JSON object of the family's config fields (ConfigField), keyed by YAML
+// key. One table per family drives YAML parsing and validation (trainer/config.cpp), config.json
+// reading and writing (models/model_config.h), the checkpoint manifest and error messages.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/device.h"
+#include "optim/gradient_sink.h"
+#include "optim/param_spec.h"
+#include "optim/slab.h"
+
+namespace models {
+
+using Shape = nlohmann::ordered_json;
+
+enum class FieldType { integer, number, boolean, choice };
+
+// One config field of a family.
+struct ConfigField {
+  std::string key;     // YAML key under `model:`, and the key in a shape
+  std::string hf_key;  // config.json key; empty: not part of config.json
+  FieldType type = FieldType::integer;
+  nlohmann::json fallback;  // value when nothing sets it (presets usually do)
+  // config.json: the value transformers assumes when the key is absent (null: the key is required).
+  nlohmann::json hf_default;
+  double min = 0, max = 0;           // inclusive range (integer, number); min > max: no range
+  std::vector<std::string> choices;  // FieldType::choice
+  // true: part of the model's shape (manifests record it; a resume or init_from must agree);
+  // false: a run option that leaves the weights' meaning unchanged (e.g. activation recompute).
+  bool shape = true;
+  std::string help;
+};
+
+// A rule broken by a shape: the key it names (a ConfigField key, or a config.json key for
+// check_hf) and what was expected.
+struct FieldError {
+  std::string key;
+  std::string message;
+};
+
+// A Hugging Face tensor and where it lives in the slab: rows [row_offset, row_offset + rows) of
+// parameter `param` (row blocks of fused tensors such as q/k/v). `shape` is the Hugging Face
+// shape. An optional tensor (a tied head's lm_head.weight) may be absent from a folder.
+struct HfTensor {
+  std::string name;
+  int param = 0;
+  std::int64_t row_offset = 0;
+  std::int64_t rows = 0;
+  std::vector<std::int64_t> shape;
+  bool optional = false;
+  // Set for a tied duplicate: the folder may carry it, but it must then equal `param`'s rows.
+  bool tied_copy = false;
+};
+
+// Options of the trainable model on a backend.
+struct TrainableOptions {
+  std::int64_t max_tokens = 0;  // batch x seq of the largest micro-batch
+  // cpu: fp32 weights of the whole slab when the master covers only this rank's shard (kept up
+  // to date by the trainer's weight sync); nullptr: the slab's master holds everything.
+  const float* full_weights = nullptr;
+};
+
+// A model on a backend, training: forward + backward of a micro-batch into the slab's gradients
+// (through the gradient sink), and the loss. Inputs live in the memory of the model's device:
+// host on cpu, device on cuda. Nothing here waits for the host on cuda.
+class TrainableModel {
+ public:
+  virtual ~TrainableModel() = default;
+  // ids, targets: int32 [batch * seq] (targets -100 = ignored). Adds the gradient of
+  // grad_scale * mean loss to the gradients; the loss is left in loss().
+  virtual void forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch,
+                                std::int64_t seq, float grad_scale) = 0;
+  // The loss only (evaluation).
+  virtual void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch,
+                            std::int64_t seq) = 0;
+  // Mean loss of the last call: fp32 scalar in the device's memory.
+  virtual const float* loss() const = 0;
+  // Device int32 flag set when an input id was outside the vocabulary (cuda); nullptr on cpu,
+  // which throws core::InputError at once.
+  virtual const std::int32_t* invalid_id_flag() const { return nullptr; }
+  // optim/gradient_sink.h; nullptr: the slab's gradient buffer. Backends that cannot stream
+  // ranges ignore it and report largest_gradient_range() == 0.
+  virtual void set_gradient_sink(optim::GradientSink* sink) { (void)sink; }
+  virtual std::int64_t largest_gradient_range() const { return 0; }
+  // Device bytes held for activations.
+  virtual std::size_t activation_bytes() const { return 0; }
+};
+
+// Options of a decoder.
+struct DecoderOptions {
+  std::int64_t max_tokens = 0;  // prompt + new tokens: the state (KV cache) is sized for this
+  const float* full_weights = nullptr;  // cpu, as TrainableOptions::full_weights
+};
+
+// Stateful generation for one sequence: the state (a KV cache, recurrent states) lives in the
+// decoder. prefill() appends a prompt in one pass, step() one token; after each, logits() holds
+// the next-token logits (fp32 [vocab] in the device's memory).
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  // Empties the state; the capacity stays.
+  virtual void reset() = 0;
+  // Appends `tokens` (host ids; position() + size <= capacity(), else core::InputError). With
+  // `all_logits` (fp32 [tokens.size(), vocab] in the device's memory) the logits of every
+  // appended position are written there too (teacher forcing).
+  virtual void prefill(std::span<const std::int32_t> tokens, float* all_logits = nullptr) = 0;
+  // Appends one token; a device-resident id may be given instead (cuda: `device_token` points at
+  // an int32 on the device and `token` is ignored), so sampling need not cross to the host.
+  virtual void step(std::int32_t token, const std::int32_t* device_token = nullptr) = 0;
+  virtual const float* logits() const = 0;
+  virtual std::int64_t position() const = 0;
+  virtual std::int64_t capacity() const = 0;
+};
+
+// One shape of a family.
+class ModelSpec {
+ public:
+  virtual ~ModelSpec() = default;
+  virtual const std::string& family() const = 0;  // the registry name, YAML model.arch
+  virtual const Shape& shape() const = 0;
+  // Parameters in slab order, layer by layer (one layer's tensors contiguous).
+  virtual const std::vector<optim::ParamSpec>& parameters() const = 0;
+  virtual std::int64_t vocab_size() const = 0;
+  // Longest sequence the model takes (seq_len is checked against it).
+  virtual std::int64_t max_sequence_length() const = 0;
+  // Training FLOPs per token (forward + backward) at sequence length `seq`, for MFU.
+  virtual double flops_per_token(std::int64_t seq) const = 0;
+  // Whether the cuda backward hands gradients range by range to a limited sink (ZeRO-2), and
+  // whether the forward reads the weights layer by layer (parameter sharding).
+  virtual bool streams_gradients() const = 0;
+  virtual bool consumes_weights_by_layer() const = 0;
+  std::int64_t parameter_count() const;  // elements of parameters()
+
+  // Hugging Face folder: the architecture name of config.json, the config.json object of this
+  // shape (`carried`: keys of the folder the run started from, e.g. token ids, kept unless the
+  // shape sets them), and the tensors of a folder.
+  virtual std::string hf_architecture() const = 0;
+  virtual nlohmann::ordered_json hf_config(const nlohmann::json& carried) const = 0;
+  virtual std::vector<HfTensor> hf_tensors() const = 0;
+
+  // Backends. `slab` is laid out from parameters(); cuda reads the bf16 mirror, cpu the fp32
+  // master (or options.full_weights).
+  virtual std::unique_ptr<TrainableModel> trainable(optim::Slab& slab, const core::DeviceContext& context,
+                                                    const TrainableOptions& options) const = 0;
+  // nullptr when the family has no decoder on this backend yet.
+  virtual std::unique_ptr<Decoder> decoder(optim::Slab& slab, const core::DeviceContext& context,
+                                           const DecoderOptions& options) const {
+    return nullptr;
+  }
+};
+
+// A model family: its config table, presets, shape rules and specs.
+class Family {
+ public:
+  virtual ~Family() = default;
+  virtual std::string name() const = 0;             // YAML model.arch
+  virtual std::string hf_architecture() const = 0;  // config.json architectures[0]
+  virtual const std::vector<ConfigField>& fields() const = 0;
+  virtual std::vector<std::string> presets() const = 0;
+  // Values of the preset's fields (a subset of fields(); the rest take their fallback).
+  virtual Shape preset(const std::string& name) const = 0;
+  // Rules across fields, after each field passed its own type and range: the first one broken.
+  virtual std::optional<FieldError> check(const Shape& shape) const = 0;
+  // What a config.json asks that the family cannot represent (rope scaling, sliding windows,
+  // biases, other dtypes...): the first such key. Called before the fields are read.
+  virtual std::optional<FieldError> check_hf(const nlohmann::json& config) const = 0;
+  // `shape` is complete and checked.
+  virtual std::unique_ptr<ModelSpec> spec(const Shape& shape) const = 0;
+};
+
+}  // namespace models

@@ -1,0 +1,35 @@
+// Weights to start from or to read: a Hugging Face folder (config.json + safetensors) or a
+// checkpoint (a step directory, or a run directory meaning its newest complete step), through
+// the model interface. The shape comes from the folder's config.json or the checkpoint's
+// manifest; the weights are fp32 over the whole slab of that shape (world size 1 layout).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/model.h"
+#include "optim/slab_layout.h"
+
+namespace trainer {
+
+struct PretrainedWeights {
+  std::unique_ptr<models::ModelSpec> spec;
+  optim::SlabLayout layout;  // parameters of spec, world size 1
+  std::vector<float> master;  // fp32, global element order of layout
+  // Keys of the source's config.json to carry into an export (token ids, metadata); empty for
+  // checkpoints that recorded none.
+  nlohmann::json carried_hf_config;
+  std::string tokenizer;  // data.tokenizer of the run that wrote a checkpoint ("byte", a path, or "")
+};
+
+// Whether `path` looks like a checkpoint (step or run directory) rather than a Hugging Face folder.
+bool is_checkpoint_path(const std::string& path);
+
+// Reads `path` (Hugging Face folder or checkpoint). Throws core::InputError naming the file and
+// key on anything malformed or unsupported.
+PretrainedWeights load_pretrained(const std::string& path);
+
+}  // namespace trainer
