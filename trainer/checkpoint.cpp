@@ -20,7 +20,8 @@
 
 #include "core/error.h"
 #include "comm/single_rank.h"
-#include "models/qwen3/config.h"
+#include "models/model_config.h"
+#include "models/registry.h"
 
 namespace trainer {
 
@@ -331,7 +332,7 @@ json optimizer_json(const optim::OptimizerConfig& c) {
 // Step of a directory named step_NNNNNNNN (at least 8 digits), else -1.
 std::int64_t step_of(const fs::path& directory) {
   const std::string name = directory.filename().string();
-  if (name.size() < 13 || name.compare(0, 5, "step_") != 0) return -1;
+  if (name.size() < 13 || name.size() > 23 || name.compare(0, 5, "step_") != 0) return -1;  // <= 18 digits: no overflow
   std::int64_t step = 0;
   for (std::size_t i = 5; i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9') return -1;
@@ -542,6 +543,26 @@ std::uint32_t crc32c(std::uint32_t crc, const void* data, std::size_t bytes) {
   return ~crc32c_table(~crc, p, bytes);
 }
 
+namespace {
+
+// The model a checkpoint holds: family, shape, the config.json keys the run started from (carried
+// into exports) and the tokenizer the run's data was made with (path and CRC32C of the file).
+json manifest_model(const RunConfig& config) {
+  const models::Family& family = models::family(config.model.arch);
+  json model = {{"family", config.model.arch}, {"shape", models::weights_shape(family, config.model.shape)}};
+  if (!config.model.carried_hf_config.is_null()) model["hf_config"] = config.model.carried_hf_config;
+  if (config.data.tokenizer != "byte") {
+    const std::string text = read_text_file(config.data.tokenizer);
+    model["tokenizer"] = {{"path", fs::absolute(config.data.tokenizer).string()},
+                          {"crc32c", hex32(crc32c(0, text.data(), text.size()))}};
+  } else {
+    model["tokenizer"] = {{"path", "byte"}};
+  }
+  return model;
+}
+
+}  // namespace
+
 fs::path checkpoints_root(const RunConfig& config) { return fs::path(config.run.output_dir) / "checkpoints"; }
 
 fs::path checkpoint_directory(const fs::path& root, std::int64_t step) {
@@ -619,7 +640,7 @@ fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const Tr
           {"step_scalars", {{"step", scalars.step}, {"skipped", scalars.skipped}}},
           {"files", files},
           {"config_yaml", resolved_yaml(config)},
-          {"model", models::qwen3::hf_config_object(config.model.shape)},  // what export_hf writes
+          {"model", manifest_model(config)},  // what export_hf and init_from read
       };
       const std::string manifest_text = manifest.dump(2) + "\n";
       write_text_file(temp_dir / kManifestName, manifest_text);
@@ -670,8 +691,7 @@ void prune_checkpoints(const fs::path& root, std::int64_t keep_last) {
   }
 }
 
-VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::SlabLayout& layout,
-                                     const std::string& optimizer_type, bool file_contents) {
+json read_verified_manifest(const fs::path& directory) {
   const fs::path manifest_path = directory / kManifestName;
   std::error_code ec;
   if (!fs::is_directory(directory, ec)) throw core::InputError(directory.string() + ": not a checkpoint directory");
@@ -686,10 +706,60 @@ VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::Sla
     throw core::InputError(manifest_path.string() + ": checksum mismatch (crc32c " + manifest_crc + ", DONE says '" +
                            done.substr(0, done.find('\n')) + "'): the manifest is corrupt");
   }
+  return models::read_json_file(manifest_path);
+}
+
+ManifestModel manifest_model_of(const json& manifest, const std::string& where) {
+  if (!manifest.is_object() || !manifest.contains("model") || !manifest["model"].is_object()) {
+    throw core::InputError(where + ": model: missing or not a mapping");
+  }
+  const json& m = manifest["model"];
+  ManifestModel out;
+  if (m.contains("family")) {
+    if (!m["family"].is_string()) throw core::InputError(where + ": model.family: expected a string");
+    out.family = m["family"].get<std::string>();
+    const models::Family& family = models::family(out.family);
+    if (!m.contains("shape") || !m["shape"].is_object()) throw core::InputError(where + ": model.shape: missing");
+    models::Shape shape = models::base_shape(family, "");
+    for (const models::ConfigField& f : family.fields()) {
+      if (!f.shape) continue;
+      if (!m["shape"].contains(f.key)) throw core::InputError(where + ": model.shape." + f.key + ": missing");
+      shape[f.key] = m["shape"][f.key];
+    }
+    models::check_shape(family, shape, where);
+    out.shape = std::move(shape);
+    if (m.contains("hf_config")) out.hf_config = m["hf_config"];
+    if (m.contains("tokenizer") && m["tokenizer"].is_object() && m["tokenizer"].contains("path") &&
+        m["tokenizer"]["path"].is_string()) {
+      out.tokenizer = m["tokenizer"]["path"].get<std::string>();
+    }
+  } else {
+    // Manifests written before the model interface hold a Qwen3 config.json object.
+    const models::Family& family = models::family_of_hf_config(m, where + ": model");
+    out.family = family.name();
+    out.shape = models::shape_from_hf(family, m, where + ": model", models::base_shape(family, ""));
+  }
+  return out;
+}
+
+fs::path newest_checkpoint_directory(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path / kManifestName, ec)) return path;
+  const fs::path root = fs::is_directory(path / "checkpoints", ec) ? path / "checkpoints" : path;
+  for (const fs::path& dir : list_checkpoints(root)) {
+    if (fs::is_regular_file(dir / kDoneName, ec)) return dir;
+  }
+  throw core::InputError(path.string() + ": no complete checkpoint (a step directory with DONE) found");
+}
+
+VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::SlabLayout& layout,
+                                     const std::string& optimizer_type, bool file_contents) {
+  const fs::path manifest_path = directory / kManifestName;
+  const json manifest = read_verified_manifest(directory);
   VerifiedCheckpoint out;
   out.directory = directory;
   try {
-    out.manifest = json::parse(manifest_text);
+    out.manifest = manifest;
     const json& m = out.manifest;
     if (m.at("format") != kFormat || m.at("version") != kFormatVersion) {
       throw core::InputError(manifest_path.string() + ": not a version " + std::to_string(kFormatVersion) + " " +

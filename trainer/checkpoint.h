@@ -62,6 +62,25 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& root, const R
 // 0 keeps all. Incomplete directories are left alone.
 void prune_checkpoints(const std::filesystem::path& root, std::int64_t keep_last);
 
+// The manifest of a checkpoint directory, parsed only after its checksum (recorded in DONE)
+// matched: nothing of it is trusted before. core::InputError naming the file otherwise.
+nlohmann::json read_verified_manifest(const std::filesystem::path& directory);
+
+// The model a manifest records: family and shape (checked against the family's table), the
+// config.json keys the run started from, and the tokenizer its data was made with ("byte", a
+// path, or empty when not recorded). Manifests written before the model interface recorded a
+// Qwen3 config.json object; they read as that. core::InputError naming `where` and the key.
+struct ManifestModel {
+  std::string family;
+  nlohmann::json shape;
+  nlohmann::json hf_config;
+  std::string tokenizer;
+};
+ManifestModel manifest_model_of(const nlohmann::json& manifest, const std::string& where);
+
+// A step directory as given, or the newest complete one under a run directory or its checkpoints/.
+std::filesystem::path newest_checkpoint_directory(const std::filesystem::path& path);
+
 // Checks `directory`: DONE present, the manifest's checksum (recorded in DONE), the slab layout
 // against `layout` (names, shapes, offsets), the optimizer type, and every listed file's size and,
 // with `file_contents`, header and CRC32C. Throws core::InputError naming the offending file and

@@ -14,12 +14,12 @@
 #include <yaml-cpp/yaml.h>
 
 #include "core/error.h"
+#include "models/model_config.h"
+#include "models/registry.h"
 
 namespace trainer {
 
 namespace {
-
-using models::qwen3::Recompute;
 
 // The keys of each section, in the order resolved_yaml writes them.
 const std::vector<std::string>& top_level_keys() {
@@ -28,19 +28,23 @@ const std::vector<std::string>& top_level_keys() {
   return keys;
 }
 
-const std::vector<std::string>& model_shape_keys() {
-  static const std::vector<std::string> keys = {
-      "vocab_size", "hidden_size", "intermediate_size", "num_layers",          "num_heads",
-      "num_kv_heads", "head_dim",  "rope_theta",        "rms_norm_eps",        "tie_word_embeddings",
-      "max_position_embeddings"};
+// Every family's field keys (a model section is checked against its own family after arch is read).
+std::vector<std::string> model_shape_keys() {
+  std::vector<std::string> keys;
+  for (const models::Family* family : models::families()) {
+    for (const models::ConfigField& f : family->fields()) {
+      if (std::find(keys.begin(), keys.end(), f.key) == keys.end()) keys.push_back(f.key);
+    }
+  }
   return keys;
 }
 
 const std::map<std::string, std::vector<std::string>>& section_keys() {
+  // Built at the first use: a program adds its own families (models::add_family) before that.
   static const std::map<std::string, std::vector<std::string>> sections = [] {
     std::map<std::string, std::vector<std::string>> s = {
         {"run", {"name", "output_dir", "seed"}},
-        {"model", {"arch", "preset", "init_from", "recompute"}},
+        {"model", {"arch", "preset", "init_from"}},
         {"data", {"train", "val", "seq_len", "tokenizer"}},
         {"training", {"micro_batch_size", "global_batch_size", "max_steps", "precision", "grad_clip"}},
         {"optimizer", {}},
@@ -313,41 +317,63 @@ std::map<std::string, std::string> apply_overrides(YAML::Node& root, const std::
   return sources;
 }
 
-models::qwen3::Qwen3Config read_model(const Section& s, ModelConfig& m) {
-  s.require("preset", "one of [" + joined(models::qwen3::preset_names()) + "]");
-  s.string("arch", m.arch);
-  s.check(m.arch == "qwen3", "arch", "one of [qwen3]", "'" + m.arch + "'");
-  s.string("preset", m.preset);
-  const auto presets = models::qwen3::preset_names();
-  s.check(std::find(presets.begin(), presets.end(), m.preset) != presets.end(), "preset",
-          "one of [" + joined(presets) + "]", "'" + m.preset + "'");
-  models::qwen3::Qwen3Config c = models::qwen3::preset(m.preset);
-  struct IntegerField {
-    const char* key;
-    std::int64_t* field;
-  };
-  for (const IntegerField& f : {IntegerField{"vocab_size", &c.vocab_size}, {"hidden_size", &c.hidden_size},
-                                {"intermediate_size", &c.intermediate_size}, {"num_layers", &c.num_layers},
-                                {"num_heads", &c.num_heads}, {"num_kv_heads", &c.num_kv_heads},
-                                {"head_dim", &c.head_dim}, {"max_position_embeddings", &c.max_position_embeddings}}) {
-    s.integer(f.key, *f.field);
-    s.at_least(*f.field, 1, f.key);
+// One field's YAML value as JSON of the field's type; the type and range checked.
+nlohmann::json read_field(const Section& s, const models::ConfigField& f) {
+  const YAML::Node v = s.value(f.key);
+  nlohmann::json value;
+  try {
+    if (!v.IsScalar()) throw YAML::BadConversion(v.Mark());
+    switch (f.type) {
+      case models::FieldType::integer: value = v.as<std::int64_t>(); break;
+      case models::FieldType::number: value = v.as<double>(); break;
+      case models::FieldType::boolean: value = v.as<bool>(); break;
+      case models::FieldType::choice: value = v.Scalar(); break;
+    }
+  } catch (const YAML::Exception&) {
+    const char* expected = f.type == models::FieldType::integer  ? "an integer"
+                           : f.type == models::FieldType::number ? "a number"
+                           : f.type == models::FieldType::boolean ? "true or false"
+                                                                  : "a string";
+    s.fail(f.key, std::string("expected ") + expected + ", got " + describe(v));
   }
-  s.number("rope_theta", c.rope_theta);
-  s.check(c.rope_theta > 0 && std::isfinite(c.rope_theta), "rope_theta", "a finite number > 0",
-          format_double(c.rope_theta));
-  s.number("rms_norm_eps", c.rms_norm_eps);
-  s.check(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps), "rms_norm_eps", "a finite number > 0",
-          format_double(c.rms_norm_eps));
-  s.boolean("tie_word_embeddings", c.tie_word_embeddings);
-  s.check(c.num_heads % c.num_kv_heads == 0, "num_kv_heads",
-          "a divisor of num_heads (" + std::to_string(c.num_heads) + ")", std::to_string(c.num_kv_heads));
-  s.check(c.head_dim % 2 == 0, "head_dim", "an even integer (rotary embedding)", std::to_string(c.head_dim));
+  if (auto problem = models::field_problem(f, value)) s.fail(f.key, *problem);
+  return value;
+}
+
+void read_model(const Section& s, ModelConfig& m) {
+  std::vector<std::string> names;
+  for (const models::Family* f : models::families()) names.push_back(f->name());
+  s.string("arch", m.arch);
+  s.check(std::find(names.begin(), names.end(), m.arch) != names.end(), "arch", "one of [" + joined(names) + "]",
+          "'" + m.arch + "'");
+  const models::Family& family = models::family(m.arch);
   s.string("init_from", m.init_from);
   if (!m.init_from.empty()) require_existing_path(s, "init_from", m.init_from, "model folder or checkpoint");
-  s.choice<Recompute>("recompute", m.recompute,
-                      {{"none", Recompute::none}, {"mlp", Recompute::mlp}, {"full", Recompute::full}});
-  return c;
+  const auto presets = family.presets();
+  if (m.init_from.empty()) s.require("preset", "one of [" + joined(presets) + "]");
+  s.string("preset", m.preset);
+  if (!m.preset.empty()) {
+    s.check(std::find(presets.begin(), presets.end(), m.preset) != presets.end(), "preset",
+            "one of [" + joined(presets) + "]", "'" + m.preset + "'");
+  }
+  m.shape = models::base_shape(family, m.preset);
+  m.given.clear();
+  for (const models::ConfigField& f : family.fields()) {
+    if (!s.has(f.key)) continue;
+    m.shape[f.key] = read_field(s, f);
+    m.given.push_back(f.key);
+  }
+  if (s.present()) {
+    for (const auto& item : s.node()) {
+      const std::string key = item.first.Scalar();
+      if (key == "arch" || key == "preset" || key == "init_from") continue;
+      const auto& fields = family.fields();
+      if (std::none_of(fields.begin(), fields.end(), [&](const models::ConfigField& f) { return f.key == key; })) {
+        s.fail(key, "not a field of the " + m.arch + " family");
+      }
+    }
+  }
+  if (auto error = family.check(m.shape)) s.fail(error->key, error->message);
 }
 
 RunConfig read_config(const YAML::Node& root, const Reader& reader) {
@@ -387,7 +413,7 @@ RunConfig read_config(const YAML::Node& root, const Reader& reader) {
   }
   {
     const Section s(reader, root, "model", true);
-    c.model.shape = read_model(s, c.model);
+    read_model(s, c.model);
   }
   {
     const Section s(reader, root, "data", true);
@@ -397,16 +423,16 @@ RunConfig read_config(const YAML::Node& root, const Reader& reader) {
     s.string("val", c.data.val);
     if (!c.data.val.empty()) require_existing_path(s, "val", c.data.val, "validation data");
     s.integer("seq_len", c.data.seq_len);
-    s.check(c.data.seq_len > 0 && c.data.seq_len <= c.model.shape.max_position_embeddings, "seq_len",
-            "an integer in [1, " + std::to_string(c.model.shape.max_position_embeddings) +
-                "] (model max_position_embeddings)",
+    const auto spec = model_spec(c);
+    s.check(c.data.seq_len > 0 && c.data.seq_len <= spec->max_sequence_length(), "seq_len",
+            "an integer in [1, " + std::to_string(spec->max_sequence_length()) + "] (model max_position_embeddings)",
             std::to_string(c.data.seq_len));
     s.string("tokenizer", c.data.tokenizer);
     if (c.data.tokenizer == "byte") {
-      if (c.model.shape.vocab_size < 256) {
+      if (spec->vocab_size() < 256) {
         throw core::InputError(reader.where("model.vocab_size", root["model"]) +
                                ": model.vocab_size: the byte tokenizer needs vocab_size >= 256, got " +
-                               std::to_string(c.model.shape.vocab_size));
+                               std::to_string(spec->vocab_size()));
       }
     } else {
       require_existing_path(s, "tokenizer", c.data.tokenizer, "tokenizer (byte or a tokenizer.json path)");
@@ -526,9 +552,6 @@ const char* quantization_name(optim::Quantization q) {
 
 const char* device_name(Device device) { return device == Device::cuda ? "cuda" : "cpu"; }
 const char* precision_name(Precision precision) { return precision == Precision::bf16 ? "bf16" : "fp32"; }
-const char* recompute_name(Recompute recompute) {
-  return recompute == Recompute::none ? "none" : recompute == Recompute::mlp ? "mlp" : "full";
-}
 
 RunConfig parse_run_config(const std::string& yaml, const std::string& source,
                            const std::vector<std::string>& overrides) {
@@ -554,6 +577,10 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   std::stringstream text;
   text << in.rdbuf();
   return parse_run_config(text.str(), path, overrides);
+}
+
+std::unique_ptr<models::ModelSpec> model_spec(const RunConfig& config) {
+  return models::family(config.model.arch).spec(config.model.shape);
 }
 
 std::int64_t global_batch_sequences(const RunConfig& config, int world) {
@@ -598,23 +625,19 @@ std::string resolved_yaml(const RunConfig& c) {
   out << YAML::EndMap;
   text("device", device_name(c.device));
 
-  const auto& m = c.model.shape;
   out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
   text("arch", c.model.arch);
-  text("preset", c.model.preset);
+  optional_text("preset", c.model.preset);
   optional_text("init_from", c.model.init_from);
-  text("recompute", recompute_name(c.model.recompute));
-  integer("vocab_size", m.vocab_size);
-  integer("hidden_size", m.hidden_size);
-  integer("intermediate_size", m.intermediate_size);
-  integer("num_layers", m.num_layers);
-  integer("num_heads", m.num_heads);
-  integer("num_kv_heads", m.num_kv_heads);
-  integer("head_dim", m.head_dim);
-  number("rope_theta", m.rope_theta);
-  number("rms_norm_eps", m.rms_norm_eps);
-  boolean("tie_word_embeddings", m.tie_word_embeddings);
-  integer("max_position_embeddings", m.max_position_embeddings);
+  for (const models::ConfigField& f : models::family(c.model.arch).fields()) {
+    const nlohmann::json& v = c.model.shape.at(f.key);
+    switch (f.type) {
+      case models::FieldType::integer: integer(f.key.c_str(), v.get<std::int64_t>()); break;
+      case models::FieldType::number: number(f.key.c_str(), v.get<double>()); break;
+      case models::FieldType::boolean: boolean(f.key.c_str(), v.get<bool>()); break;
+      case models::FieldType::choice: text(f.key.c_str(), v.get<std::string>()); break;
+    }
+  }
   out << YAML::EndMap;
 
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;

@@ -6,11 +6,11 @@
 // Sections and keys (defaults in the structs below; `required` marks the keys without one):
 //   run:        name, output_dir (required), seed
 //   device:     cuda | cpu
-//   model:      arch (qwen3), preset (required: qwen3-0.6b | qwen3-1.7b | qwen3-tiny | qwen3-test),
-//               init_from (a Hugging Face folder or checkpoint path that must exist),
-//               recompute (none | mlp | full), and overrides of the preset's shape: vocab_size,
-//               hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim,
-//               rope_theta, rms_norm_eps, tie_word_embeddings, max_position_embeddings
+//   model:      arch (a family of models/registry.cpp: qwen3, e29a), preset (one of the family's;
+//               required unless init_from is set), init_from (a Hugging Face folder or a
+//               checkpoint: step or run directory; its shape then comes from its config.json or
+//               manifest and the keys given here must agree), and the family's fields (its
+//               config table in models/<family>/family.cpp: e.g. hidden_size, num_layers, recompute)
 //   data:       train (required), val, seq_len, tokenizer (byte | path to a tokenizer.json)
 //   training:   micro_batch_size, global_batch_size, max_steps (required), precision, grad_clip
 //   optimizer:  the keys of optim::optimizer_config_from_yaml except grad_clip
@@ -25,12 +25,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "models/qwen3/config.h"
-#include "models/qwen3/model_cuda.h"
+#include "models/model.h"
 #include "optim/optimizer_config.h"
 #include "trainer/schedule.h"
 
@@ -49,12 +49,19 @@ struct RunSection {
 
 struct ModelConfig {
   std::string arch = "qwen3";
-  std::string preset;                // required
-  models::qwen3::Qwen3Config shape;  // the preset with the config's overrides applied
-  std::string init_from;             // empty: random initialisation
-  models::qwen3::Recompute recompute = models::qwen3::Recompute::none;
+  std::string preset;         // empty: none (only with init_from)
+  models::Shape shape;        // every field of the family: fallbacks, the preset, then the keys given
+  std::vector<std::string> given;  // the field keys the config or an override set, in table order
+  std::string init_from;      // empty: random initialisation
+  // Set by resolve_init_from: the config.json keys of the folder or checkpoint started from,
+  // carried into the checkpoints' manifests and exports (token ids and other metadata).
+  nlohmann::json carried_hf_config;
 
-  bool operator==(const ModelConfig&) const = default;
+  // `given` is how the config was written, not what it means: equal configs may differ in it.
+  bool operator==(const ModelConfig& o) const {
+    return arch == o.arch && preset == o.preset && shape == o.shape && init_from == o.init_from &&
+           carried_hf_config == o.carried_hf_config;
+  }
 };
 
 struct DataConfig {
@@ -146,6 +153,9 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 RunConfig parse_run_config(const std::string& yaml, const std::string& source,
                            const std::vector<std::string>& overrides);
 
+// The spec of the configured model (its family and shape).
+std::unique_ptr<models::ModelSpec> model_spec(const RunConfig& config);
+
 // Checks what depends on the number of ranks: the global batch is a whole number of
 // micro-batches on every rank. Throws core::InputError.
 void validate_for_world(const RunConfig& config, int world);
@@ -159,6 +169,5 @@ std::string resolved_yaml(const RunConfig& config);
 
 const char* device_name(Device device);
 const char* precision_name(Precision precision);
-const char* recompute_name(models::qwen3::Recompute recompute);
 
 }  // namespace trainer

@@ -135,4 +135,22 @@ void GradientSync::zero_outside_owned() {
   }
 }
 
+WeightSync::WeightSync(comm::Communicator& comm, optim::Slab& slab, const core::DeviceContext& context)
+    : comm_(comm), slab_(slab), sharded_(!(slab.owned() == slab.full()) && comm.world() > 1) {
+  if (sharded_ && !context.is_cuda()) {
+    full_ = core::Buffer(core::Device::cpu(), static_cast<std::size_t>(slab.layout().total_elements()) * sizeof(float));
+  }
+}
+
+void WeightSync::gather() {
+  if (!sharded_) return;
+  const optim::Range owned = slab_.owned();
+  if (full_.bytes() == 0) {
+    comm_.all_gather(slab_.mirror().data(), slab_.mirror_dtype(), static_cast<std::size_t>(owned.size()), "mirror all-gather");
+    return;
+  }
+  std::copy(slab_.master().as<float>(), slab_.master().as<float>() + owned.size(), full_.as<float>() + owned.begin);
+  comm_.all_gather(full_.data(), core::DType::f32, static_cast<std::size_t>(owned.size()), "weight all-gather");
+}
+
 }  // namespace trainer

@@ -69,4 +69,21 @@ class GradientSync final : public optim::GradientSink {
   std::uint64_t last_marker_ = 0;
 };
 
+// The other half: after an optimizer step or a load with ZeRO >= 1 and several ranks, each rank
+// has updated only its shard of the weights. cuda all-gathers the 16-bit mirror in place; cpu
+// gathers the fp32 master shards into a whole-model copy, which the cpu model reads.
+class WeightSync {
+ public:
+  WeightSync(comm::Communicator& comm, optim::Slab& slab, const core::DeviceContext& context);
+  // cpu with a sharded master: the whole-model fp32 weights (valid after gather()); else nullptr.
+  const float* full_weights() const { return full_.bytes() > 0 ? full_.as<float>() : nullptr; }
+  void gather();
+
+ private:
+  comm::Communicator& comm_;
+  optim::Slab& slab_;
+  bool sharded_;
+  core::Buffer full_;  // cpu only
+};
+
 }  // namespace trainer

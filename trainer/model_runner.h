@@ -1,54 +1,56 @@
-// The model as the training loop sees it, on either backend: run a micro-batch forward and
-// backward (gradients added to the slab), evaluate a loss, and give next-token logits for
-// sampling. Inputs come from the host; the cuda runner stages them into device buffers and
-// fetches losses lazily, so the loop synchronises once per optimizer step.
+// The model as the training loop sees it, on either backend, over the model interface
+// (models/model.h): run a micro-batch forward and backward (gradients into the slab or the
+// gradient sink), evaluate a loss. Inputs come from the host; on cuda they are staged through
+// pinned buffers (two sets, alternating, so staging the next micro-batch never waits for the
+// device) and losses are fetched lazily: the loop synchronises once per optimizer step.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "comm/communicator.h"
 #include "core/device.h"
-#include "models/qwen3/config.h"
-#include "models/qwen3/model_cuda.h"
-#include "optim/slab.h"
+#include "models/model.h"
 #include "optim/gradient_sink.h"
+#include "optim/slab.h"
 
 namespace trainer {
 
 class ModelRunner {
  public:
-  virtual ~ModelRunner() = default;
-  // Adds the gradient of grad_scale * mean loss of the micro-batch [batch, seq] to the slab.
-  virtual void micro_step(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
-                          float grad_scale) = 0;
-  // Mean loss of each micro_step since the last call, in order (waits for the device).
-  virtual std::vector<double> take_losses() = 0;
-  // Mean loss of a batch without gradients.
-  virtual double eval_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch,
-                           std::int64_t seq) = 0;
-  // Logits of the last position of `ids` [1, seq].
-  virtual std::vector<float> next_logits(const std::int32_t* ids, std::int64_t seq) = 0;
-  // Ids outside the vocabulary were seen (cuda checks its device flag; cpu throws at once).
-  virtual bool saw_invalid_ids() { return false; }
-  // Brings the weights the model reads up to date after an optimizer step or a load: with ZeRO
-  // >= 1 and several ranks each rank has updated only its shard (cuda: the mirror shards are
-  // all-gathered in place; cpu: the fp32 master shards into the model's whole-model copy).
-  virtual void gather_weights(comm::Communicator& comm) = 0;
-  // Where the next micro-batches put their gradients (optim/gradient_sink.h; nullptr: the slab).
-  // The cpu model always adds into the slab's whole gradient buffer and ignores it.
-  virtual void set_gradient_sink(optim::GradientSink* sink) { (void)sink; }
-  // The staging a limited sink needs for this model (0: the backend takes no sink).
-  virtual std::int64_t largest_gradient_range() const { return 0; }
-};
+  // `full_weights`: cpu with a sharded master, the whole-model fp32 weights the model reads.
+  ModelRunner(const models::ModelSpec& spec, optim::Slab& slab, const core::DeviceContext& context,
+              std::int64_t max_tokens, const float* full_weights = nullptr);
+  ~ModelRunner();
 
-// The runner for the slab's device: the fp32 cpu model or the bf16 cuda model.
-// `gathered`: the slab's master covers only this rank's shard and other ranks hold the rest (the
-// cpu runner then keeps a whole-model copy of the weights).
-std::unique_ptr<ModelRunner> make_model_runner(const models::qwen3::Qwen3Config& config, optim::Slab& slab,
-                                               const core::DeviceContext& context, std::int64_t max_tokens,
-                                               std::int64_t max_seq, models::qwen3::Recompute recompute,
-                                               bool gathered = false);
+  // Adds the gradient of grad_scale * mean loss of the micro-batch [batch, seq] to the gradients.
+  void micro_step(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
+                  float grad_scale);
+  // Mean loss of each micro_step since the last call, in order (waits for the device).
+  std::vector<double> take_losses();
+  // Mean loss of a batch without gradients (waits for the device).
+  double eval_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq);
+  // Ids outside the vocabulary reached the model (cuda checks its device flag; cpu throws at once).
+  bool saw_invalid_ids();
+  void set_gradient_sink(optim::GradientSink* sink) { model_->set_gradient_sink(sink); }
+  std::int64_t largest_gradient_range() const { return model_->largest_gradient_range(); }
+
+ private:
+  // Copies host ids/targets into the next device staging set; returns its index.
+  int stage(const std::int32_t* ids, const std::int32_t* targets, std::int64_t n);
+
+  static constexpr std::size_t kMaxPending = 4096;
+  static constexpr int kSets = 2;
+  const core::DeviceContext& context_;
+  std::unique_ptr<models::TrainableModel> model_;
+  std::int64_t max_tokens_;
+  bool cuda_;
+  core::Buffer ids_[kSets], targets_[kSets], staging_[kSets];  // cuda only
+  cudaEvent_t staged_[kSets] = {};  // the device has read staging set i
+  int next_set_ = 0;
+  core::Buffer losses_;  // pinned host (cuda)
+  std::vector<double> host_losses_;  // cpu
+  std::size_t pending_ = 0;
+};
 
 }  // namespace trainer

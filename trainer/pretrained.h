@@ -12,6 +12,7 @@
 
 #include "models/model.h"
 #include "optim/slab_layout.h"
+#include "trainer/config.h"
 
 namespace trainer {
 
@@ -27,6 +28,12 @@ struct PretrainedWeights {
 
 // Whether `path` looks like a checkpoint (step or run directory) rather than a Hugging Face folder.
 bool is_checkpoint_path(const std::string& path);
+
+// With model.init_from: the shape of the folder's config.json or the checkpoint's manifest, which
+// the keys the config gave (and its preset's) must equal: core::InputError naming the key and both
+// values; also for what the family cannot represent or a file that is not valid JSON. Returns
+// `config` with that shape and the source's config.json keys to carry; unchanged without init_from.
+RunConfig resolve_init_from(const RunConfig& config);
 
 // Reads `path` (Hugging Face folder or checkpoint). Throws core::InputError naming the file and
 // key on anything malformed or unsupported.

@@ -13,12 +13,13 @@
 
 #include "comm/single_rank.h"
 #include "core/error.h"
-#include "models/qwen3/hf_import.h"
-#include "models/qwen3/model.h"
+#include "core/half.h"
+#include "optim/initialize.h"
 #include "optim/optimizer.h"
 #include "trainer/checkpoint.h"
 #include "trainer/gradient_sync.h"
 #include "trainer/model_runner.h"
+#include "trainer/pretrained.h"
 #include "text/sampler.h"
 #include "trainer/stop_signals.h"
 #include "text/token_shard.h"
@@ -26,7 +27,6 @@
 namespace trainer {
 
 namespace fs = std::filesystem;
-namespace q3 = models::qwen3;
 
 namespace {
 
@@ -53,17 +53,18 @@ void check_vocabulary(const text::TokenShard& shard, std::int64_t vocab) {
   }
 }
 
-// Fresh master weights: the model's initialisation or a Hugging Face folder, written through a
-// cpu slab of the same layout and copied to the training slab.
+// Fresh master weights of the owned shard: the parameters' seeded initialisation, computed where
+// the shard lives (independent of the number of ranks), or the weights of model.init_from.
 void initialize_weights(const RunConfig& config, optim::Slab& slab, const core::DeviceContext& context) {
-  const core::DeviceContext cpu(core::Device::cpu());
-  optim::Slab host(slab.layout(), cpu);
-  if (!config.model.init_from.empty()) {
-    q3::load_hf_weights(config.model.init_from, config.model.shape, host);
-  } else {
-    q3::Qwen3Model(config.model.shape, host).initialize(config.run.seed);
+  if (config.model.init_from.empty()) {
+    optim::initialize_owned(slab, context, config.run.seed);
+    return;
   }
-  core::copy_bytes(slab.master().data(), host.master().as<float>() + slab.owned().begin, slab.master().bytes(),
+  const PretrainedWeights source = load_pretrained(config.model.init_from);
+  if (source.layout.total_elements() > slab.layout().total_elements()) {
+    throw core::InputError(config.model.init_from + ": its weights do not match the configured model");
+  }
+  core::copy_bytes(slab.master().data(), source.master.data() + slab.owned().begin, slab.master().bytes(),
                    context.stream());
   context.synchronize();
   slab.write_mirror(context);
@@ -103,24 +104,31 @@ double validation_loss(ModelRunner& runner, const text::TokenShard& val, std::in
   return sums[0] / sums[1];
 }
 
-// A generated continuation of `prompt` (byte tokenizer): temperature 0.8 sampling, seeded.
-std::string sample_text(ModelRunner& runner, const std::string& prompt, std::int64_t tokens, std::int64_t seq,
-                        std::uint64_t seed) {
+// A generated continuation of `prompt` (byte tokenizer): temperature 0.8 sampling, seeded, through
+// the model's decoder; empty when the family has none on this backend.
+std::string sample_text(const models::ModelSpec& spec, optim::Slab& slab, const core::DeviceContext& context,
+                        const float* full_weights, const std::string& prompt, std::int64_t tokens, std::uint64_t seed) {
   std::vector<std::int32_t> ids;
   for (unsigned char ch : prompt) ids.push_back(ch);
   if (ids.empty()) ids.push_back('\n');
+  const std::int64_t capacity = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()) + tokens, spec.max_sequence_length());
+  if (static_cast<std::int64_t>(ids.size()) >= capacity) return {};
+  auto decoder = spec.decoder(slab, context, {.max_tokens = capacity, .full_weights = full_weights});
+  if (!decoder) return {};
+  decoder->prefill(ids);
   std::mt19937_64 rng(seed);
+  std::vector<float> logits(static_cast<std::size_t>(spec.vocab_size()));
   std::string out;
-  for (std::int64_t i = 0; i < tokens; ++i) {
-    const std::int64_t n = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), seq);
-    const auto logits = runner.next_logits(ids.data() + ids.size() - static_cast<std::size_t>(n), n);
+  for (std::int64_t i = 0; i < tokens && decoder->position() < capacity; ++i) {
+    core::copy_bytes(logits.data(), decoder->logits(), logits.size() * sizeof(float), context.stream());
+    context.synchronize();
     const float top = *std::max_element(logits.begin(), logits.end());
     std::vector<double> p(logits.size());
     for (std::size_t v = 0; v < logits.size(); ++v) p[v] = std::exp((logits[v] - top) / 0.8);
     std::discrete_distribution<int> pick(p.begin(), p.end());
     const int next = pick(rng);
-    ids.push_back(next);
     out.push_back(static_cast<char>(next));
+    if (decoder->position() < capacity) decoder->step(next);
   }
   return out;
 }
@@ -143,12 +151,14 @@ std::int64_t test_hang_step(int rank) {
 
 }  // namespace
 
-TrainSummary train(const RunConfig& config, const TrainOptions& options) {
+TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
   const comm::Placement placement = options.environment ? options.environment->placement() : comm::Placement{};
   const int world = placement.world, rank = placement.rank;
   const bool lead = rank == 0;  // writes logs, metrics and the resolved config
-  validate_for_world(config, world);
-  const q3::Qwen3Config& shape = config.model.shape;
+  validate_for_world(requested, world);
+  // The shape of model.init_from (its config.json or manifest) before anything is written.
+  const RunConfig config = resolve_init_from(requested);
+  const std::unique_ptr<models::ModelSpec> spec = model_spec(config);
   const bool cuda = config.device == Device::cuda;
   const int gpus = cuda ? core::cuda_device_count() : 0;
   if (cuda && gpus == 0) {
@@ -170,24 +180,25 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   }
   comm::Communicator& comm = *communicator;
   // The checkpoint to resume from is verified before anything is written.
-  optim::SlabLayout layout(q3::parameter_specs(shape), world);
+  optim::SlabLayout layout(spec->parameters(), world);
   const std::optional<VerifiedCheckpoint> resume_from = select_checkpoint(config, layout, &comm);
   const StopSignals stop_signals;
+  const std::int64_t seq = config.data.seq_len, micro = config.training.micro_batch_size;
+  const std::int64_t accumulation = accumulation_steps(config, world);
+
+  // The data is checked before the run directory is touched: a refused run leaves it as it was.
+  const text::TokenShard train_shard(config.data.train);
+  check_vocabulary(train_shard, spec->vocab_size());
+  std::optional<text::TokenShard> val_shard;
+  if (!config.data.val.empty()) {
+    val_shard.emplace(config.data.val);
+    check_vocabulary(*val_shard, spec->vocab_size());
+  }
   fs::create_directories(config.run.output_dir);
   if (lead) {
     std::ofstream resolved(fs::path(config.run.output_dir) / "config.yaml");
     resolved << resolved_yaml(config);
     if (!resolved) throw core::Error("cannot write " + (fs::path(config.run.output_dir) / "config.yaml").string());
-  }
-  const std::int64_t seq = config.data.seq_len, micro = config.training.micro_batch_size;
-  const std::int64_t accumulation = accumulation_steps(config, world);
-
-  const text::TokenShard train_shard(config.data.train);
-  check_vocabulary(train_shard, shape.vocab_size);
-  std::optional<text::TokenShard> val_shard;
-  if (!config.data.val.empty()) {
-    val_shard.emplace(config.data.val);
-    check_vocabulary(*val_shard, shape.vocab_size);
   }
 
   const int stage = config.parallel.zero_stage;
@@ -201,7 +212,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   }
   optim::Slab slab(std::move(layout), context, {.rank = rank, .zero_stage = stage, .shard_gradients = shard_gradients});
   if (!resume_from) initialize_weights(config, slab, context);
-  auto runner = make_model_runner(shape, slab, context, micro * seq, seq, config.model.recompute, sharded);
+  WeightSync weight_sync(comm, slab, context);
+  auto runner = std::make_unique<ModelRunner>(*spec, slab, context, micro * seq, weight_sync.full_weights());
   auto optimizer = optim::make_optimizer(config.optimizer, slab, context);
   if (sharded) {
     optimizer->set_partials_reducer([&comm](const std::vector<optim::Partial>& partials) {
@@ -215,7 +227,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   TrainingProgress progress;
   progress.sampler_seed = config.run.seed;
   if (resume_from) progress = load_checkpoint(*resume_from, *optimizer, context);
-  runner->gather_weights(comm);
+  weight_sync.gather();
   text::Sampler sampler(train_shard.size(), seq, world, rank, progress.sampler_seed);
   sampler.restore(progress.sampler);
   const std::int64_t first_step = progress.step + 1;
@@ -228,11 +240,11 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   if (config.logging.tensorboard) spdlog::warn("logging.tensorboard: event files are not written by this build");
 
   const std::int64_t tokens_per_step = global_batch_sequences(config, world) * seq;
-  const double flops_per_token = 6.0 * static_cast<double>(shape.parameter_count()) +
-                                 6.0 * static_cast<double>(shape.num_layers * shape.num_heads * shape.head_dim * seq);
+  const double flops_per_token = spec->flops_per_token(seq);
   spdlog::info("{}: {} on {}, {:.1f}M parameters, {} tokens per step ({} x {} x {} accumulation x {} ranks), "
                "ZeRO-{}, {} steps",
-               config.run.name, config.model.preset, context.device_name(), shape.parameter_count() / 1e6,
+               config.run.name, config.model.preset.empty() ? config.model.arch : config.model.preset,
+               context.device_name(), static_cast<double>(spec->parameter_count()) / 1e6,
                tokens_per_step, micro, seq, accumulation, world, stage, config.training.max_steps);
 
   // What the slab and the optimizer hold on this rank (the terms of the ZeRO memory formula).
@@ -292,7 +304,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     if (step == hang_step) hang(rank, step);
     gradient_sync.finish();
     optimizer->step(lr);
-    runner->gather_weights(comm);
+    weight_sync.gather();
     const auto losses = runner->take_losses();
     double loss = 0;
     for (double l : losses) loss += l;
@@ -345,7 +357,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     if (config.eval.every > 0 && step % config.eval.every == 0) evaluate(step);
     if (lead && config.sample.every > 0 && step % config.sample.every == 0 && config.data.tokenizer == "byte") {
       spdlog::info("sample at step {}: {}{}", step, config.sample.prompt,
-                   sample_text(*runner, config.sample.prompt, config.sample.tokens, seq, config.run.seed + step));
+                   sample_text(*spec, slab, context, weight_sync.full_weights(), config.sample.prompt, config.sample.tokens, config.run.seed + step));
     }
     if (stop || (step == config.training.max_steps && config.checkpoint.at_end) ||
         (config.checkpoint.every > 0 && step % config.checkpoint.every == 0)) {
@@ -368,7 +380,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
                summary.seconds, static_cast<double>(summary.tokens) / summary.seconds, summary.final_loss,
                summary.final_val_loss >= 0 ? fmt::format(", validation loss {:.4f}", summary.final_val_loss) : "");
   if (lead && config.data.tokenizer == "byte") {
-    const std::string text = sample_text(*runner, config.sample.prompt, config.sample.tokens, seq, config.run.seed);
+    const std::string text = sample_text(*spec, slab, context, weight_sync.full_weights(), config.sample.prompt, config.sample.tokens, config.run.seed);
     std::printf("\n--- sample ---\n%s%s\n--------------\n", config.sample.prompt.c_str(), text.c_str());
   }
   comm.barrier("end of training");

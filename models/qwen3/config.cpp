@@ -1,9 +1,5 @@
 #include "models/qwen3/config.h"
 
-#include <fstream>
-
-#include <nlohmann/json.hpp>
-
 #include "core/error.h"
 
 namespace models::qwen3 {
@@ -80,84 +76,6 @@ Qwen3Config preset(const std::string& name) {
 }
 
 std::vector<std::string> preset_names() { return {"qwen3-0.6b", "qwen3-1.7b", "qwen3-tiny", "qwen3-test"}; }
-
-Qwen3Config config_from_hf_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw core::InputError(path + ": cannot open config.json");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw core::InputError(path + ": not valid JSON: " + e.what());
-  }
-  return config_from_hf_object(j, path);
-}
-
-Qwen3Config config_from_hf_object(const nlohmann::json& j, const std::string& path) {
-  if (!j.is_object()) throw core::InputError(path + ": the model configuration is not a JSON object");
-  Qwen3Config c;
-  auto get_int = [&](const char* key, std::int64_t& out) {
-    if (!j.contains(key)) throw core::InputError(path + ": missing key '" + std::string(key) + "'");
-    if (!j[key].is_number_integer()) throw core::InputError(path + ": '" + std::string(key) + "' must be an integer");
-    out = j[key].get<std::int64_t>();
-  };
-  get_int("vocab_size", c.vocab_size);
-  get_int("hidden_size", c.hidden_size);
-  get_int("intermediate_size", c.intermediate_size);
-  get_int("num_hidden_layers", c.num_layers);
-  get_int("num_attention_heads", c.num_heads);
-  c.num_kv_heads = j.value("num_key_value_heads", c.num_heads);
-  c.head_dim = j.value("head_dim", c.hidden_size / c.num_heads);
-  // transformers 5 nests the rotary settings in rope_parameters; older configs have rope_theta.
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
-    const auto& rope = j["rope_parameters"];
-    c.rope_theta = rope.value("rope_theta", 10000.0);
-    const std::string type = rope.value("rope_type", std::string("default"));
-    if (type != "default") throw core::InputError(path + ": rope_parameters.rope_type '" + type + "' is not supported (expected default)");
-  } else {
-    c.rope_theta = j.value("rope_theta", 10000.0);
-  }
-  c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
-  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-  c.max_position_embeddings = j.value("max_position_embeddings", std::int64_t{32768});
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    throw core::InputError(path + ": rope_scaling is not supported (expected null)");
-  }
-  if (j.value("attention_bias", false)) throw core::InputError(path + ": attention_bias true is not supported");
-  if (j.value("use_sliding_window", false)) throw core::InputError(path + ": use_sliding_window true is not supported");
-  validate(c, path);
-  return c;
-}
-
-nlohmann::json hf_config_object(const Qwen3Config& c) {
-  return nlohmann::json{
-      {"architectures", {"Qwen3ForCausalLM"}},
-      {"model_type", "qwen3"},
-      {"vocab_size", c.vocab_size},
-      {"hidden_size", c.hidden_size},
-      {"intermediate_size", c.intermediate_size},
-      {"num_hidden_layers", c.num_layers},
-      {"num_attention_heads", c.num_heads},
-      {"num_key_value_heads", c.num_kv_heads},
-      {"head_dim", c.head_dim},
-      {"rope_theta", c.rope_theta},
-      {"rms_norm_eps", c.rms_norm_eps},
-      {"tie_word_embeddings", c.tie_word_embeddings},
-      {"max_position_embeddings", c.max_position_embeddings},
-      {"hidden_act", "silu"},
-      {"attention_bias", false},
-      {"rope_scaling", nullptr},
-      {"torch_dtype", "float32"},
-  };
-}
-
-void write_hf_config(const Qwen3Config& c, const std::string& path) {
-  const nlohmann::json j = hf_config_object(c);
-  std::ofstream out(path);
-  if (!out) throw core::Error("cannot write " + path);
-  out << j.dump(2) << "\n";
-  if (!out) throw core::Error("writing " + path + " failed");
-}
 
 std::vector<optim::ParamSpec> parameter_specs(const Qwen3Config& c) {
   using optim::InitKind;

@@ -7,8 +7,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "optim/param_spec.h"
 
 namespace models::qwen3 {
@@ -40,13 +38,6 @@ void validate(const Qwen3Config& config, const std::string& where);
 // qwen3-0.6b, qwen3-1.7b, and test sizes qwen3-tiny (byte vocabulary) and qwen3-test.
 Qwen3Config preset(const std::string& name);
 std::vector<std::string> preset_names();
-
-// Reads / writes a Hugging Face config.json (architectures Qwen3ForCausalLM); the object forms
-// serve manifests that embed the model's configuration. `where` names the source in errors.
-Qwen3Config config_from_hf_json(const std::string& path);
-Qwen3Config config_from_hf_object(const nlohmann::json& j, const std::string& where);
-nlohmann::json hf_config_object(const Qwen3Config& config);
-void write_hf_config(const Qwen3Config& config, const std::string& path);
 
 // Parameter specs in slab order: embed_tokens; per layer input_norm, qkv, q_norm, k_norm,
 // o_proj, post_norm, gate_up, down; final_norm; lm_head (untied only). 2-D weights are marked

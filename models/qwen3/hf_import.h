@@ -1,6 +1,6 @@
 // Reading a Hugging Face Qwen3 folder (config.json + model.safetensors, or a sharded
-// model.safetensors.index.json) into a slab's master weights. Tied checkpoints may lack
-// lm_head.weight; q/k/v and gate/up are written into the row blocks of our fused tensors.
+// model.safetensors.index.json) into a slab's master weights, in the typed Qwen3 config: the
+// Qwen3 face of models/hf_folder.h.
 #pragma once
 
 #include <string>
@@ -10,7 +10,7 @@
 
 namespace models::qwen3 {
 
-// Reads `folder`/config.json.
+// Reads `folder`/config.json (core::InputError naming the file and key).
 Qwen3Config read_hf_config(const std::string& folder);
 
 // Copies every weight of the folder into `slab`'s master (which must hold the whole model, and

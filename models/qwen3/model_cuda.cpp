@@ -457,7 +457,6 @@ void Qwen3Cuda::set_gradient_sink(optim::GradientSink* sink) {
 std::int64_t Qwen3Cuda::largest_gradient_range() const { return impl_->largest_group(); }
 
 const float* Qwen3Cuda::loss() const { return impl_->at<float>(impl_->mean_loss); }
-const std::int32_t* Qwen3Cuda::counted() const { return impl_->at<std::int32_t>(impl_->count); }
 const std::int32_t* Qwen3Cuda::invalid_id_flag() const { return impl_->at<std::int32_t>(impl_->invalid); }
 
 }  // namespace models::qwen3

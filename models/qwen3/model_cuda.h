@@ -14,6 +14,7 @@
 #include "core/device.h"
 #include "models/ops/cross_entropy.h"
 #include "models/ops/linear.h"
+#include "models/model.h"
 #include "models/qwen3/config.h"
 #include "optim/gradient_sink.h"
 #include "optim/slab.h"
@@ -23,20 +24,20 @@ namespace models::qwen3 {
 enum class Recompute { none, mlp, full };
 Recompute recompute_from_string(const std::string& name);  // throws core::InputError
 
-class Qwen3Cuda {
+class Qwen3Cuda final : public TrainableModel {
  public:
   // `slab`: laid out from parameter_specs(config), on the context's cuda device, bf16 mirror
   // spanning the whole model; gradients go to the slab unless a gradient sink is set.
   Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context, std::int64_t max_tokens,
             Recompute recompute);
-  ~Qwen3Cuda();
+  ~Qwen3Cuda() override;
 
   // ids and targets: device int32 [batch * seq] (targets -100 = ignored). Adds the gradient of
   // grad_scale * mean loss to the slab's gradients. The loss is left in loss().
   void forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
-                        float grad_scale);
+                        float grad_scale) override;
   // The loss only (evaluation).
-  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq);
+  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) override;
   // bf16 logits [batch * seq, vocab] into `logits` (device).
   void logits(const std::int32_t* ids, std::int64_t batch, std::int64_t seq, std::uint16_t* logits);
 
@@ -45,15 +46,14 @@ class Qwen3Cuda {
   // (the final norm, each layer's MLP and attention, the vocabulary-sized tensors in row windows)
   // as soon as its gradients are final; ZeRO-2 reduces them while the backward goes on. The limit
   // must be at least largest_gradient_range() (core::Error). The sink must outlive its use.
-  void set_gradient_sink(optim::GradientSink* sink);
+  void set_gradient_sink(optim::GradientSink* sink) override;
   // The most elements one range given to a limited sink spans (the size of its staging).
-  std::int64_t largest_gradient_range() const;
+  std::int64_t largest_gradient_range() const override;
 
-  const float* loss() const;          // device fp32: mean loss of the last call
-  const std::int32_t* counted() const;  // device int32: tokens counted by the last call
+  const float* loss() const override;  // device fp32: mean loss of the last call
   // Device flag set when an input id was outside the vocabulary (checked lazily by callers).
-  const std::int32_t* invalid_id_flag() const;
-  std::size_t activation_bytes() const { return activation_bytes_; }
+  const std::int32_t* invalid_id_flag() const override;
+  std::size_t activation_bytes() const override { return activation_bytes_; }
 
  private:
   struct Impl;

@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "models/qwen3/model.h"
+#include "models/qwen3/family.h"
 #include "optim/optimizer.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
@@ -118,7 +119,7 @@ class Checkpoints : public ::testing::Test {
   }
 
   static optim::SlabLayout layout_of(const trainer::RunConfig& c) {
-    return optim::SlabLayout(q3::parameter_specs(c.model.shape), 1);
+    return optim::SlabLayout(trainer::model_spec(c)->parameters(), 1);
   }
 
   // A copy of checkpoint `source` as `name` under the test folder.
@@ -154,7 +155,7 @@ TEST_F(Checkpoints, SaveAndLoadRoundTrip) {
   const trainer::RunConfig c = config("run");
   const core::DeviceContext cpu(core::Device::cpu());
   optim::Slab slab(layout_of(c), cpu);
-  q3::Qwen3Model(c.model.shape, slab).initialize(3);
+  q3::Qwen3Model(q3::config_from_shape(c.model.shape), slab).initialize(3);
   slab.write_mirror(cpu);
   auto optimizer = optim::make_optimizer(c.optimizer, slab, cpu);
   for (int step = 0; step < 3; ++step) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "models/qwen3/family.h"
 #include "trainer/config.h"
 #include "trainer/schedule.h"
 
@@ -90,9 +91,9 @@ TEST_F(ConfigFiles, MinimalConfigGetsTheDocumentedDefaults) {
   EXPECT_EQ(c.device, trainer::Device::cuda);
   EXPECT_EQ(c.model.arch, "qwen3");
   EXPECT_EQ(c.model.preset, "qwen3-tiny");
-  EXPECT_EQ(c.model.shape, models::qwen3::preset("qwen3-tiny"));
+  EXPECT_EQ(models::qwen3::config_from_shape(c.model.shape), models::qwen3::preset("qwen3-tiny"));
   EXPECT_TRUE(c.model.init_from.empty());
-  EXPECT_EQ(c.model.recompute, models::qwen3::Recompute::none);
+  EXPECT_EQ(c.model.shape["recompute"], "none");
   EXPECT_EQ(c.data.val, "");
   EXPECT_EQ(c.data.seq_len, 1024);
   EXPECT_EQ(c.data.tokenizer, "byte");
@@ -140,13 +141,13 @@ TEST_F(ConfigFiles, ReadsEverySection) {
   EXPECT_EQ(c.device, trainer::Device::cpu);
   EXPECT_EQ(c.model.preset, "qwen3-test");
   EXPECT_EQ(c.model.init_from, dir_.string() + "/hf_model");
-  EXPECT_EQ(c.model.recompute, models::qwen3::Recompute::mlp);
+  EXPECT_EQ(c.model.shape["recompute"], "mlp");
   models::qwen3::Qwen3Config shape = models::qwen3::preset("qwen3-test");
   shape.vocab_size = 512;
   shape.num_layers = 2;
   shape.rope_theta = 5e5;
   shape.tie_word_embeddings = false;
-  EXPECT_EQ(c.model.shape, shape);
+  EXPECT_EQ(models::qwen3::config_from_shape(c.model.shape), shape);
   EXPECT_EQ(c.data.seq_len, 128);
   EXPECT_EQ(c.data.tokenizer, dir_.string() + "/tokenizer.json");
   EXPECT_EQ(c.training.global_batch_size, 32);
@@ -177,7 +178,7 @@ TEST_F(ConfigFiles, OverridesAreAppliedBeforeValidation) {
   EXPECT_EQ(c.training.max_steps, 30);  // the later override wins
   EXPECT_EQ(c.schedule.type, trainer::ScheduleType::linear);  // a section the file lacks
   EXPECT_EQ(c.device, trainer::Device::cpu);
-  EXPECT_EQ(c.model.shape.hidden_size, 256);
+  EXPECT_EQ(c.model.shape["hidden_size"], 256);
   EXPECT_EQ(c.sample.prompt, "two words");
 
   // An override is validated like the file: switching the device makes the file's precision wrong.

@@ -1,0 +1,323 @@
+#include "models/qwen3/family.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "models/model_config.h"
+#include "models/qwen3/model.h"
+
+namespace models::qwen3 {
+
+namespace {
+
+constexpr double kMaxDim = 1 << 20;
+constexpr double kMaxVocab = 1 << 30;
+constexpr double kMaxLayers = 4096;
+
+ConfigField integer(const char* key, const char* hf_key, std::int64_t fallback, nlohmann::json hf_default, double max,
+                    const char* help) {
+  return {.key = key, .hf_key = hf_key, .type = FieldType::integer, .fallback = fallback,
+          .hf_default = std::move(hf_default), .min = 1, .max = max, .help = help};
+}
+
+const std::vector<ConfigField>& table() {
+  static const std::vector<ConfigField> fields = {
+      integer("vocab_size", "vocab_size", 151936, nullptr, kMaxVocab, "vocabulary size"),
+      integer("hidden_size", "hidden_size", 1024, nullptr, kMaxDim, "width of the residual stream"),
+      integer("intermediate_size", "intermediate_size", 3072, nullptr, kMaxDim, "width of the MLP"),
+      integer("num_layers", "num_hidden_layers", 28, nullptr, kMaxLayers, "decoder layers"),
+      integer("num_heads", "num_attention_heads", 16, nullptr, 4096, "query heads"),
+      integer("num_kv_heads", "num_key_value_heads", 8, nullptr, 4096, "key/value heads (GQA)"),
+      integer("head_dim", "head_dim", 128, 128, 1024, "width of a head"),
+      {.key = "rope_theta", .hf_key = "rope_parameters.rope_theta|rope_theta", .type = FieldType::number,
+       .fallback = 1e6, .hf_default = 10000.0, .min = 1e-6, .max = 1e300, .help = "RoPE base"},
+      {.key = "rms_norm_eps", .hf_key = "rms_norm_eps", .type = FieldType::number, .fallback = 1e-6,
+       .hf_default = 1e-6, .min = 1e-30, .max = 1.0, .help = "RMSNorm epsilon"},
+      {.key = "tie_word_embeddings", .hf_key = "tie_word_embeddings", .type = FieldType::boolean, .fallback = true,
+       .hf_default = false, .help = "lm_head shares the embedding"},
+      integer("max_position_embeddings", "max_position_embeddings", 40960, 32768, 1 << 24, "longest sequence"),
+      {.key = "recompute", .type = FieldType::choice, .fallback = "none", .choices = {"none", "mlp", "full"},
+       .shape = false, .help = "activation recompute on cuda"},
+  };
+  return fields;
+}
+
+Recompute recompute_of(const Shape& shape) {
+  return recompute_from_string(shape.contains("recompute") ? shape["recompute"].get<std::string>() : "none");
+}
+
+// The fp32 cpu model as a TrainableModel.
+class CpuModel final : public TrainableModel {
+ public:
+  CpuModel(const Qwen3Config& config, optim::Slab& slab, const float* full_weights)
+      : model_(config, slab, const_cast<float*>(full_weights)) {}
+  void forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
+                        float grad_scale) override {
+    const auto n = static_cast<std::size_t>(batch * seq);
+    loss_ = static_cast<float>(model_.step({ids, n}, {targets, n}, batch, seq, true, grad_scale).loss);
+  }
+  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) override {
+    const auto n = static_cast<std::size_t>(batch * seq);
+    loss_ = static_cast<float>(model_.step({ids, n}, {targets, n}, batch, seq, false).loss);
+  }
+  const float* loss() const override { return &loss_; }
+
+ private:
+  Qwen3Model model_;
+  float loss_ = 0;
+};
+
+// Generation by a full forward pass over the whole prefix per token: the fallback where no
+// KV-cache decoder serves the backend.
+class FullForwardDecoder final : public Decoder {
+ public:
+  FullForwardDecoder(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
+                     const DecoderOptions& options)
+      : config_(config), context_(context), capacity_(options.max_tokens),
+        logits_(context.device(), static_cast<std::size_t>(config.vocab_size) * sizeof(float)) {
+    if (context.is_cuda()) {
+      cuda_ = std::make_unique<Qwen3Cuda>(config, slab, context, capacity_, Recompute::none);
+      ids_device_ = core::Buffer(context.device(), static_cast<std::size_t>(capacity_) * 4);
+      bf16_logits_ = core::Buffer(context.device(), static_cast<std::size_t>(capacity_ * config.vocab_size) * 2);
+    } else {
+      cpu_ = std::make_unique<Qwen3Model>(config, slab, const_cast<float*>(options.full_weights));
+    }
+  }
+  void reset() override { ids_.clear(); }
+  void prefill(std::span<const std::int32_t> tokens, float* all_logits) override {
+    if (position() + static_cast<std::int64_t>(tokens.size()) > capacity_) {
+      throw core::InputError("decoder: " + std::to_string(position() + tokens.size()) + " tokens exceed its capacity of " +
+                             std::to_string(capacity_));
+    }
+    const std::size_t first = ids_.size();
+    ids_.insert(ids_.end(), tokens.begin(), tokens.end());
+    run(first, all_logits);
+  }
+  void step(std::int32_t token, const std::int32_t* device_token) override {
+    if (device_token != nullptr) {
+      core::copy_bytes(&token, device_token, 4, context_.stream());
+      context_.synchronize();
+    }
+    prefill(std::span<const std::int32_t>(&token, 1), nullptr);
+  }
+  const float* logits() const override { return logits_.as<float>(); }
+  std::int64_t position() const override { return static_cast<std::int64_t>(ids_.size()); }
+  std::int64_t capacity() const override { return capacity_; }
+
+ private:
+  // Logits of every position; rows from `first` on go to all_logits, the last to logits_.
+  void run(std::size_t first, float* all_logits) {
+    const auto n = static_cast<std::int64_t>(ids_.size()), vocab = config_.vocab_size;
+    std::vector<float> rows(static_cast<std::size_t>(n * vocab));
+    if (cpu_) {
+      cpu_->logits(ids_, 1, n, rows);
+    } else {
+      core::copy_bytes(ids_device_.data(), ids_.data(), ids_.size() * 4, context_.stream());
+      cuda_->logits(ids_device_.as<std::int32_t>(), 1, n, bf16_logits_.as<std::uint16_t>());
+      std::vector<std::uint16_t> half(rows.size());
+      core::copy_bytes(half.data(), bf16_logits_.data(), half.size() * 2, context_.stream());
+      context_.synchronize();
+      for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = core::bf16_to_float(half[i]);
+    }
+    const std::size_t row = static_cast<std::size_t>(vocab) * sizeof(float);
+    if (all_logits != nullptr) {
+      core::copy_bytes(all_logits, rows.data() + first * static_cast<std::size_t>(vocab), (ids_.size() - first) * row,
+                       context_.stream());
+    }
+    core::copy_bytes(logits_.data(), rows.data() + (n - 1) * vocab, row, context_.stream());
+    context_.synchronize();
+  }
+
+  Qwen3Config config_;
+  const core::DeviceContext& context_;
+  std::int64_t capacity_;
+  std::unique_ptr<Qwen3Model> cpu_;
+  std::unique_ptr<Qwen3Cuda> cuda_;
+  core::Buffer logits_, ids_device_, bf16_logits_;
+  std::vector<std::int32_t> ids_;
+};
+
+class Qwen3Spec final : public ModelSpec {
+ public:
+  explicit Qwen3Spec(const Shape& shape)
+      : shape_(shape), config_(config_from_shape(shape)), params_(parameter_specs(config_)) {}
+
+  const std::string& family() const override { return name_; }
+  const Shape& shape() const override { return shape_; }
+  const std::vector<optim::ParamSpec>& parameters() const override { return params_; }
+  std::int64_t vocab_size() const override { return config_.vocab_size; }
+  std::int64_t max_sequence_length() const override { return config_.max_position_embeddings; }
+  double flops_per_token(std::int64_t seq) const override {
+    return 6.0 * static_cast<double>(config_.parameter_count()) +
+           6.0 * static_cast<double>(config_.num_layers * config_.num_heads * config_.head_dim * seq);
+  }
+  bool streams_gradients() const override { return true; }
+  bool consumes_weights_by_layer() const override { return true; }
+
+  std::string hf_architecture() const override { return "Qwen3ForCausalLM"; }
+  nlohmann::ordered_json hf_config(const nlohmann::json& carried) const override {
+    nlohmann::ordered_json j = {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}};
+    if (carried.is_object()) {
+      for (const auto& [key, value] : carried.items()) {
+        // Superseded spellings of what the shape sets.
+        if (key == "rope_theta" || key == "torch_dtype" || key == "rope_scaling" || key == "architectures") continue;
+        j[key] = value;
+      }
+    }
+    const nlohmann::ordered_json fields = hf_fields(qwen3_family(), shape_);
+    for (const auto& [key, value] : fields.items()) {
+      if (value.is_object() && j.contains(key) && j[key].is_object()) {
+        j[key].update(value);
+      } else {
+        j[key] = value;
+      }
+    }
+    j["rope_parameters"]["rope_type"] = "default";
+    j["hidden_act"] = "silu";
+    j["attention_bias"] = false;
+    j["attention_dropout"] = 0.0;
+    j["use_sliding_window"] = false;
+    if (!j.contains("initializer_range")) j["initializer_range"] = 0.02;
+    return j;
+  }
+  std::vector<HfTensor> hf_tensors() const override {
+    std::vector<HfTensor> out;
+    for (const auto& [name, loc] : hf_tensor_map(config_)) {
+      const int param = find(loc.name);
+      const auto& spec = params_[static_cast<std::size_t>(param)];
+      std::vector<std::int64_t> shape = spec.shape;
+      shape[0] = loc.rows;
+      out.push_back({.name = name, .param = param, .row_offset = loc.row_offset, .rows = loc.rows, .shape = shape});
+    }
+    if (config_.tie_word_embeddings) {
+      out.push_back({.name = "lm_head.weight", .param = find("embed_tokens"), .row_offset = 0,
+                     .rows = config_.vocab_size, .shape = {config_.vocab_size, config_.hidden_size},
+                     .optional = true, .tied_copy = true});
+    }
+    return out;
+  }
+
+  std::unique_ptr<TrainableModel> trainable(optim::Slab& slab, const core::DeviceContext& context,
+                                            const TrainableOptions& options) const override {
+    if (context.is_cuda()) {
+      return std::make_unique<Qwen3Cuda>(config_, slab, context, options.max_tokens, recompute_of(shape_));
+    }
+    return std::make_unique<CpuModel>(config_, slab, options.full_weights);
+  }
+  std::unique_ptr<Decoder> decoder(optim::Slab& slab, const core::DeviceContext& context,
+                                   const DecoderOptions& options) const override {
+    return std::make_unique<FullForwardDecoder>(config_, slab, context, options);
+  }
+
+ private:
+  int find(const std::string& name) const {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].name == name) return static_cast<int>(i);
+    }
+    throw core::Error("Qwen3: no parameter '" + name + "'");
+  }
+
+  std::string name_ = "qwen3";
+  Shape shape_;
+  Qwen3Config config_;
+  std::vector<optim::ParamSpec> params_;
+};
+
+class Qwen3Family final : public Family {
+ public:
+  std::string name() const override { return "qwen3"; }
+  std::string hf_architecture() const override { return "Qwen3ForCausalLM"; }
+  const std::vector<ConfigField>& fields() const override { return table(); }
+  std::vector<std::string> presets() const override { return preset_names(); }
+  Shape preset(const std::string& name) const override {
+    return weights_shape(*this, shape_from_config(qwen3::preset(name)));
+  }
+  std::optional<FieldError> check(const Shape& s) const override {
+    const std::int64_t heads = s["num_heads"], kv = s["num_kv_heads"], head_dim = s["head_dim"];
+    if (heads % kv != 0) return FieldError{"num_kv_heads", "expected a divisor of num_heads (" + std::to_string(heads) + "), got " + std::to_string(kv)};
+    if (head_dim % 2 != 0) return FieldError{"head_dim", "expected an even integer (rotary embedding), got " + std::to_string(head_dim)};
+    // Every product of sizes stays far inside 64-bit indexing.
+    const double params = static_cast<double>(config_from_shape(s).parameter_count());
+    if (params > 1e12) return FieldError{"hidden_size", "the shape has " + std::to_string(params) + " parameters, more than 1e12"};
+    return std::nullopt;
+  }
+  std::optional<FieldError> check_hf(const nlohmann::json& j) const override {
+    if (j.contains("model_type") && j["model_type"] != "qwen3") {
+      return FieldError{"model_type", "expected 'qwen3', got " + describe_value(j["model_type"])};
+    }
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+      return FieldError{"rope_scaling", "rope scaling is not supported (expected null)"};
+    }
+    if (j.contains("rope_parameters")) {
+      const auto& rope = j["rope_parameters"];
+      if (!rope.is_object()) return FieldError{"rope_parameters", "expected a mapping"};
+      for (const auto& [key, value] : rope.items()) {
+        if (key == "rope_theta") continue;
+        if (key == "rope_type" && value == "default") continue;
+        return FieldError{"rope_parameters." + key, "only the default rotary embedding is supported, got " + describe_value(value)};
+      }
+    }
+    if (j.value("use_sliding_window", false) == true) {
+      return FieldError{"use_sliding_window", "sliding-window attention is not supported (expected false)"};
+    }
+    if (j.contains("layer_types") && j["layer_types"].is_array()) {
+      for (const auto& t : j["layer_types"]) {
+        if (t != "full_attention") return FieldError{"layer_types", "only full_attention layers are supported, got " + describe_value(t)};
+      }
+    }
+    if (j.value("attention_bias", false) == true) return FieldError{"attention_bias", "attention biases are not supported (expected false)"};
+    if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
+      return FieldError{"hidden_act", "expected 'silu', got " + describe_value(j["hidden_act"])};
+    }
+    for (const char* key : {"dtype", "torch_dtype"}) {
+      if (j.contains(key) && !j[key].is_null() && j[key] != "float32" && j[key] != "bfloat16" && j[key] != "float16") {
+        return FieldError{key, "expected float32, bfloat16 or float16, got " + describe_value(j[key])};
+      }
+    }
+    return std::nullopt;
+  }
+  std::unique_ptr<ModelSpec> spec(const Shape& shape) const override { return std::make_unique<Qwen3Spec>(shape); }
+};
+
+}  // namespace
+
+Qwen3Config config_from_shape(const Shape& s) {
+  Qwen3Config c;
+  c.vocab_size = s.at("vocab_size");
+  c.hidden_size = s.at("hidden_size");
+  c.intermediate_size = s.at("intermediate_size");
+  c.num_layers = s.at("num_layers");
+  c.num_heads = s.at("num_heads");
+  c.num_kv_heads = s.at("num_kv_heads");
+  c.head_dim = s.at("head_dim");
+  c.rope_theta = s.at("rope_theta");
+  c.rms_norm_eps = s.at("rms_norm_eps");
+  c.tie_word_embeddings = s.at("tie_word_embeddings");
+  c.max_position_embeddings = s.at("max_position_embeddings");
+  return c;
+}
+
+Shape shape_from_config(const Qwen3Config& c, Recompute recompute) {
+  Shape s = Shape::object();
+  s["vocab_size"] = c.vocab_size;
+  s["hidden_size"] = c.hidden_size;
+  s["intermediate_size"] = c.intermediate_size;
+  s["num_layers"] = c.num_layers;
+  s["num_heads"] = c.num_heads;
+  s["num_kv_heads"] = c.num_kv_heads;
+  s["head_dim"] = c.head_dim;
+  s["rope_theta"] = c.rope_theta;
+  s["rms_norm_eps"] = c.rms_norm_eps;
+  s["tie_word_embeddings"] = c.tie_word_embeddings;
+  s["max_position_embeddings"] = c.max_position_embeddings;
+  s["recompute"] = recompute == Recompute::none ? "none" : recompute == Recompute::mlp ? "mlp" : "full";
+  return s;
+}
+
+const Family& qwen3_family() {
+  static const Qwen3Family family;
+  return family;
+}
+
+}  // namespace models::qwen3

@@ -1,0 +1,121 @@
+#include "trainer/pretrained.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "models/hf_folder.h"
+#include "models/model_config.h"
+#include "models/registry.h"
+#include "trainer/checkpoint.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The family, shape, carried config.json keys and tokenizer of a folder or checkpoint.
+struct Source {
+  const models::Family* family = nullptr;
+  models::Shape shape;
+  nlohmann::json carried;
+  std::string tokenizer;
+  fs::path checkpoint;  // empty for a Hugging Face folder
+};
+
+Source read_source(const std::string& path) {
+  Source s;
+  if (is_checkpoint_path(path)) {
+    s.checkpoint = newest_checkpoint_directory(path);
+    const nlohmann::json manifest = read_verified_manifest(s.checkpoint);
+    const std::string where = (s.checkpoint / "manifest.json").string();
+    ManifestModel model = manifest_model_of(manifest, where);
+    s.family = &models::family(model.family);
+    s.shape = models::base_shape(*s.family, "");
+    for (const auto& [key, value] : model.shape.items()) s.shape[key] = value;
+    s.carried = model.hf_config;
+    s.tokenizer = model.tokenizer;
+    return s;
+  }
+  const models::HfConfig hf = models::read_hf_config(path);
+  s.family = hf.family;
+  s.shape = hf.shape;
+  s.carried = hf.config;
+  const fs::path tokenizer = fs::path(path) / "tokenizer.json";
+  if (fs::exists(tokenizer)) s.tokenizer = tokenizer.string();
+  return s;
+}
+
+}  // namespace
+
+bool is_checkpoint_path(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::is_regular_file(p / "manifest.json", ec) || fs::is_directory(p / "checkpoints", ec)) return true;
+  if (fs::is_regular_file(p / "config.json", ec)) return false;
+  if (fs::is_directory(p, ec)) {
+    for (const auto& entry : fs::directory_iterator(p, ec)) {
+      if (entry.path().filename().string().rfind("step_", 0) == 0) return true;
+    }
+  }
+  return false;
+}
+
+PretrainedWeights load_pretrained(const std::string& path) {
+  Source source = read_source(path);
+  auto spec = source.family->spec(source.shape);
+  optim::SlabLayout layout(spec->parameters(), 1);
+  PretrainedWeights out{.spec = std::move(spec), .layout = std::move(layout), .master = {},
+                        .carried_hf_config = source.carried, .tokenizer = source.tokenizer};
+  if (!source.checkpoint.empty()) {
+    const nlohmann::json manifest = read_verified_manifest(source.checkpoint);
+    const std::string where = (source.checkpoint / "manifest.json").string();
+    if (!manifest.contains("world_size") || !manifest["world_size"].is_number_integer() ||
+        manifest["world_size"].get<std::int64_t>() < 1 || manifest["world_size"].get<std::int64_t>() > (1 << 20)) {
+      throw core::InputError(where + ": world_size: expected an integer in [1, 1048576]");
+    }
+    if (!manifest.contains("optimizer") || !manifest["optimizer"].is_object() ||
+        !manifest["optimizer"].contains("type") || !manifest["optimizer"]["type"].is_string()) {
+      throw core::InputError(where + ": optimizer.type: missing");
+    }
+    const optim::SlabLayout saved(out.spec->parameters(), manifest["world_size"].get<int>());
+    const VerifiedCheckpoint verified =
+        verify_checkpoint(source.checkpoint, saved, manifest["optimizer"]["type"].get<std::string>());
+    const core::Buffer master = read_master_weights(verified, {0, out.layout.total_elements()});
+    out.master.assign(master.as<float>(), master.as<float>() + out.layout.total_elements());
+    return out;
+  }
+  const core::DeviceContext cpu(core::Device::cpu());
+  optim::Slab host(out.layout, cpu);
+  models::load_hf_weights(path, *out.spec, host);
+  out.master.assign(host.master().as<float>(), host.master().as<float>() + out.layout.total_elements());
+  return out;
+}
+
+RunConfig resolve_init_from(const RunConfig& config) {
+  if (config.model.init_from.empty()) return config;
+  const Source source = read_source(config.model.init_from);
+  const std::string& path = config.model.init_from;
+  if (source.family->name() != config.model.arch) {
+    throw core::InputError(path + ": holds a " + source.family->name() + " model but model.arch is " + config.model.arch);
+  }
+  RunConfig out = config;
+  const models::Shape preset =
+      config.model.preset.empty() ? models::Shape() : source.family->preset(config.model.preset);
+  for (const models::ConfigField& f : source.family->fields()) {
+    if (!f.shape) continue;
+    const nlohmann::json& theirs = source.shape.at(f.key);
+    const bool given = std::find(config.model.given.begin(), config.model.given.end(), f.key) != config.model.given.end();
+    const bool from_preset = !given && preset.is_object() && preset.contains(f.key);
+    if ((given || from_preset) && config.model.shape.at(f.key) != theirs) {
+      throw core::InputError("model." + f.key + ": the config gives " + models::describe_value(config.model.shape.at(f.key)) +
+                             (from_preset ? " (preset " + config.model.preset + ")" : std::string()) + " but " + path +
+                             " has " + models::describe_value(theirs));
+    }
+    out.model.shape[f.key] = theirs;
+  }
+  out.model.carried_hf_config = source.carried;
+  return out;
+}
+
+}  // namespace trainer
