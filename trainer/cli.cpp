@@ -1,0 +1,56 @@
+// trainer CONFIG.yaml [a.b=value ...]: the training program, one process per rank under mpirun
+// or srun (or a lone process). A bad configuration or input stops the run before any work with a
+// message naming the file, line and key, and exit code 2; other failures exit 1. With several
+// ranks a failure on any rank aborts the whole job, so no rank waits for one that has given up.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <mpi.h>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "trainer/cli.h"
+#include "trainer/config.h"
+#include "trainer/train.h"
+
+namespace {
+
+int fail(const comm::Placement& placement, int code) {
+  std::fflush(stderr);
+  if (placement.world > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  return code;
+}
+
+}  // namespace
+
+namespace trainer {
+
+int trainer_main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help") {
+    std::fprintf(stderr, "usage: trainer CONFIG.yaml [section.key=value ...]\n"
+                         "       mpirun -np N trainer CONFIG.yaml [...]   (one rank per GPU)\n");
+    return argc < 2 ? 2 : 0;
+  }
+  const comm::Environment environment(&argc, &argv);
+  const comm::Placement& placement = environment.placement();
+  core::init_logging(placement.rank);
+  // Rank 0 speaks for the job; the others report only warnings and errors.
+  if (placement.rank != 0 && std::getenv("LLMTRAIN_LOG_LEVEL") == nullptr) spdlog::set_level(spdlog::level::warn);
+  const std::vector<std::string> overrides(argv + 2, argv + argc);
+  try {
+    const trainer::RunConfig config = load_run_config(argv[1], overrides);
+    train(config, {.environment = &environment});
+    return 0;
+  } catch (const core::InputError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return fail(placement, 2);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trainer failed on rank %d: %s\n", placement.rank, e.what());
+    return fail(placement, 1);
+  }
+}
+
+}  // namespace trainer
