@@ -11,7 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "models/qwen3/model_cuda.h"
+#include "models/model_config.h"
+#include "models/registry.h"
 #include "optim/optimizer.h"
 
 int main(int argc, char** argv) {
@@ -27,13 +28,18 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps);
   CLI11_PARSE(app, argc, argv);
   try {
-    namespace q3 = models::qwen3;
     std::size_t free0 = 0, total = 0;
     core::DeviceContext ctx(core::Device::cuda(0));
     CUDA_CHECK(cudaMemGetInfo(&free0, &total));
-    const q3::Qwen3Config config = q3::preset(preset);
-    optim::Slab slab(optim::SlabLayout(q3::parameter_specs(config), 1), ctx);
-    q3::Qwen3Cuda model(config, slab, ctx, batch * seq, q3::recompute_from_string(recompute));
+    // Through the model interface, as the trainer builds it.
+    const models::Family& family = models::family("qwen3");
+    models::Shape shape = models::base_shape(family, preset);
+    shape["recompute"] = recompute;
+    models::check_shape(family, shape, "qwen3_train_bench");
+    const auto spec = family.spec(shape);
+    optim::Slab slab(optim::SlabLayout(spec->parameters(), 1), ctx);
+    const auto model_owner = spec->trainable(slab, ctx, {.max_tokens = batch * seq});
+    models::TrainableModel& model = *model_owner;
     optim::OptimizerConfig oc;
     oc.lr = 3e-4;
     oc.grad_clip = 1.0;
@@ -51,7 +57,7 @@ int main(int argc, char** argv) {
     const std::int64_t n = batch * seq;
     std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(ids.size());
     std::mt19937 rng(2);
-    std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(config.vocab_size - 1));
+    std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(spec->vocab_size() - 1));
     for (auto& x : ids) x = token(rng);
     for (std::size_t i = 0; i < ids.size(); ++i) targets[i] = (i + 1) % static_cast<std::size_t>(seq) ? ids[i + 1] : -100;
     core::Buffer ids_d(ctx.device(), ids.size() * 4), targets_d(ctx.device(), targets.size() * 4);
@@ -79,9 +85,8 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMemcpy(&loss, model.loss(), 4, cudaMemcpyDeviceToHost));
     std::sort(ms.begin(), ms.end());
     const double med = ms[ms.size() / 2];
-    const double params = static_cast<double>(config.parameter_count());
-    const double flops_per_token =
-        6.0 * params + 6.0 * static_cast<double>(config.num_layers * config.num_heads * config.head_dim * seq);
+    const double params = static_cast<double>(spec->parameter_count());
+    const double flops_per_token = spec->flops_per_token(seq);
     const double tok_s = static_cast<double>(n) / (med * 1e-3);
     const nlohmann::json out = {
         {"bench", preset + " train step"},

@@ -60,6 +60,7 @@ void initialize_owned(Slab& slab, const core::DeviceContext& context, std::uint6
     std::vector<float> matrix;
     if (spec.init == InitKind::orthogonal) matrix = orthogonal(rows, cols, tensor_seed, spec.init_gain);
     const float bound = spec.init_gain * std::sqrt(6.0f / static_cast<float>(rows + cols));
+#pragma omp parallel for schedule(static)
     for (std::int64_t g = begin; g < end; ++g) {
       const auto i = static_cast<std::uint64_t>(g - tensor.offset);
       float v = 0;
