@@ -727,7 +727,7 @@ ManifestModel manifest_model_of(const json& manifest, const std::string& where) 
       shape[f.key] = m["shape"][f.key];
     }
     models::check_shape(family, shape, where);
-    out.shape = std::move(shape);
+    out.shape = models::weights_shape(family, shape);
     if (m.contains("hf_config")) out.hf_config = m["hf_config"];
     if (m.contains("tokenizer") && m["tokenizer"].is_object() && m["tokenizer"].contains("path") &&
         m["tokenizer"]["path"].is_string()) {
@@ -737,7 +737,7 @@ ManifestModel manifest_model_of(const json& manifest, const std::string& where) 
     // Manifests written before the model interface hold a Qwen3 config.json object.
     const models::Family& family = models::family_of_hf_config(m, where + ": model");
     out.family = family.name();
-    out.shape = models::shape_from_hf(family, m, where + ": model", models::base_shape(family, ""));
+    out.shape = models::weights_shape(family, models::shape_from_hf(family, m, where + ": model", models::base_shape(family, "")));
   }
   return out;
 }

@@ -72,7 +72,7 @@ nlohmann::json read_verified_manifest(const std::filesystem::path& directory);
 // Qwen3 config.json object; they read as that. core::InputError naming `where` and the key.
 struct ManifestModel {
   std::string family;
-  nlohmann::json shape;
+  nlohmann::ordered_json shape;  // a models::Shape, in the family table's order
   nlohmann::json hf_config;
   std::string tokenizer;
 };
