@@ -12,10 +12,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 fixture="$source/tests/fixtures/qwen3/tied"
-gunzip -c "$source/data/kjv.txt.gz" > "$work/all.txt"
-head -c 100000 "$work/all.txt" > "$work/kjv.txt"
-"$build/tools/make_shards" "$work/kjv.txt" --tokenizer byte --val-fraction 0.05 \
-  --train-out "$work/train.bin" --val-out "$work/val.bin" > /dev/null
+source "$(dirname "$0")/kjv_shards.sh"
+make_kjv_shards "$source" "$build" "$work" 100000
 cat > "$work/run.yaml" <<YAML
 run: {name: init, output_dir: $work/run, seed: 3}
 device: cpu

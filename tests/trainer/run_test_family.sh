@@ -10,10 +10,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 programs="$build/tests/family_programs"
-gunzip -c "$source/data/kjv.txt.gz" > "$work/all.txt"
-head -c 200000 "$work/all.txt" > "$work/kjv.txt"
-"$build/tools/make_shards" "$work/kjv.txt" --tokenizer byte --val-fraction 0.05 \
-  --train-out "$work/train.bin" --val-out "$work/val.bin" > /dev/null
+source "$(dirname "$0")/kjv_shards.sh"
+make_kjv_shards "$source" "$build" "$work" 200000
 cat > "$work/bigram.yaml" <<YAML
 run: {name: bigram, output_dir: $work/run, seed: 3}
 device: cpu
