@@ -53,4 +53,4 @@ done
 # shellcheck source=launch/mpi_args.sh
 . "$(dirname "$0")/mpi_args.sh"
 echo "launching $NP rank(s) on $nodes node(s) ($GPUS_PER_NODE per node); run.output_dir must be on a shared filesystem" >&2
-exec mpirun "${args[@]}" "$trainer" "$@"
+run_mpirun "$trainer" "$@"

@@ -12,6 +12,9 @@
 #   trainer  TRAINER, else build/trainer of this checkout.
 #   extra    MPIRUN_ARGS is added to the mpirun options (e.g. "--mca btl ^openib").
 # NCCL_*, LLMTRAIN_* and CUDA_* variables of the calling shell are passed to the ranks.
+# SIGTERM (or SIGUSR1) to this script reaches the ranks as SIGUSR1: they agree on a step, save a
+# checkpoint and exit 0, and so does the script. (SIGTERM sent to mpirun itself makes Open MPI
+# kill the ranks and exit 1, so send it here, or send SIGUSR1 to mpirun.)
 # Example: NP=2 launch/mpirun_local.sh configs/quickstart.yaml parallel.zero_stage=2
 set -euo pipefail
 if [ $# -lt 1 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
@@ -48,4 +51,4 @@ args+=("${bind[@]}" -x OMP_NUM_THREADS)
 # shellcheck source=launch/mpi_args.sh
 . "$(dirname "$0")/mpi_args.sh"
 echo "launching $NP rank(s) on $(hostname) ($numa NUMA domain(s), $OMP_NUM_THREADS threads per rank)" >&2
-exec mpirun "${args[@]}" "$trainer" "$@"
+run_mpirun "$trainer" "$@"

@@ -14,9 +14,6 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
 
 #include "core/error.h"
 #include "comm/single_rank.h"
@@ -329,6 +326,9 @@ json optimizer_json(const optim::OptimizerConfig& c) {
   return j;
 }
 
+// Steps beyond this are refused (a run of a million steps per second would need 30 years).
+constexpr std::int64_t kMaxStep = 1'000'000'000'000'000;
+
 // Step of a directory named step_NNNNNNNN (at least 8 digits), else -1.
 std::int64_t step_of(const fs::path& directory) {
   const std::string name = directory.filename().string();
@@ -503,48 +503,6 @@ void gather_pieces(const VerifiedCheckpoint& checkpoint, const std::string& buff
   }
 }
 
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(std::uint32_t state, const unsigned char* p,
-                                                               std::size_t n) {
-  std::uint64_t c = state;
-  for (; n >= 8; p += 8, n -= 8) {
-    std::uint64_t word;
-    std::memcpy(&word, p, 8);
-    c = _mm_crc32_u64(c, word);
-  }
-  auto c32 = static_cast<std::uint32_t>(c);
-  for (; n > 0; ++p, --n) c32 = _mm_crc32_u8(c32, *p);
-  return c32;
-}
-#endif
-
-std::uint32_t crc32c_table(std::uint32_t state, const unsigned char* p, std::size_t n) {
-  static const std::array<std::uint32_t, 256> table = [] {
-    std::array<std::uint32_t, 256> t{};
-    for (std::uint32_t i = 0; i < 256; ++i) {
-      std::uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  for (; n > 0; ++p, --n) state = table[(state ^ *p) & 0xFF] ^ (state >> 8);
-  return state;
-}
-
-}  // namespace
-
-std::uint32_t crc32c(std::uint32_t crc, const void* data, std::size_t bytes) {
-  const auto* p = static_cast<const unsigned char*>(data);
-#if defined(__x86_64__)
-  static const bool hardware = __builtin_cpu_supports("sse4.2");
-  if (hardware) return ~crc32c_sse42(~crc, p, bytes);
-#endif
-  return ~crc32c_table(~crc, p, bytes);
-}
-
-namespace {
-
 // The model a checkpoint holds: family, shape, the config.json keys the run started from (carried
 // into exports) and the tokenizer the run's data was made with (path and CRC32C of the file).
 json manifest_model(const RunConfig& config) {
@@ -633,6 +591,8 @@ fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const Tr
             {"warmup_steps", config.schedule.warmup_steps}}},
           {"rng", {{"run_seed", config.run.seed}, {"sampler_seed", progress.sampler_seed}}},
           {"sampler", progress.sampler},
+          {"log_window", {{"steps", progress.window_steps}, {"loss_sum", progress.window_loss}}},
+          {"data_order", {{"seq_len", progress.seq_len}, {"global_batch", progress.global_batch}}},
           {"world_size", slab.layout().world_size()},
           {"zero_stage", slab.zero_stage()},
           {"layout", layout_json(slab.layout())},
@@ -773,7 +733,25 @@ VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::Sla
     }
     for (const json& entry : m.at("files")) verify_buffer_file(directory, entry, file_contents);
     out.progress.step = m.at("step").get<std::int64_t>();
+    const std::int64_t named = step_of(directory);
+    if (out.progress.step < 0 || out.progress.step > kMaxStep || (named >= 0 && out.progress.step != named)) {
+      throw core::InputError(manifest_path.string() + ": step " + std::to_string(out.progress.step) +
+                             (named >= 0 ? " does not match the directory's step " + std::to_string(named)
+                                         : " is out of range [0, " + std::to_string(kMaxStep) + "]"));
+    }
     out.progress.tokens_seen = m.at("tokens_seen").get<std::int64_t>();
+    if (out.progress.tokens_seen < 0) throw core::InputError(manifest_path.string() + ": tokens_seen is negative");
+    if (m.contains("log_window")) {
+      out.progress.window_steps = m["log_window"].at("steps").get<std::int64_t>();
+      out.progress.window_loss = m["log_window"].at("loss_sum").get<double>();
+      if (out.progress.window_steps < 0 || out.progress.window_steps > out.progress.step) {
+        throw core::InputError(manifest_path.string() + ": log_window.steps out of range [0, step]");
+      }
+    }
+    if (m.contains("data_order")) {
+      out.progress.seq_len = m["data_order"].at("seq_len").get<std::int64_t>();
+      out.progress.global_batch = m["data_order"].at("global_batch").get<std::int64_t>();
+    }
     out.progress.sampler_seed = m.at("rng").at("sampler_seed").get<std::uint64_t>();
     out.progress.sampler = m.at("sampler").get<text::SamplerCursor>();
   } catch (const json::exception& e) {

@@ -15,6 +15,7 @@
 
 #include "comm/communicator.h"
 #include "core/buffer.h"
+#include "core/crc32c.h"
 #include "core/device.h"
 #include "optim/optimizer.h"
 #include "optim/slab_layout.h"
@@ -30,6 +31,13 @@ struct TrainingProgress {
   std::int64_t tokens_seen = 0;  // training tokens consumed over all ranks
   std::uint64_t sampler_seed = 0;
   text::SamplerCursor sampler;
+  // The logging window open at the save (steps since the last log line and their loss sum), so a
+  // resumed run logs the same averages as an uninterrupted one.
+  std::int64_t window_steps = 0;
+  double window_loss = 0;
+  // What cuts the data into batches: another value on resume changes the data order.
+  std::int64_t seq_len = 0;       // 0: not recorded (checkpoints of earlier versions)
+  std::int64_t global_batch = 0;  // sequences per step
 
   bool operator==(const TrainingProgress&) const = default;
 };
@@ -46,8 +54,8 @@ std::filesystem::path checkpoints_root(const RunConfig& config);
 // `root`/step_NNNNNNNN (8 digits)
 std::filesystem::path checkpoint_directory(const std::filesystem::path& root, std::int64_t step);
 
-// CRC32C (Castagnoli, reflected 0x82F63B78) of `bytes`, continuing from `crc` (0 to start).
-std::uint32_t crc32c(std::uint32_t crc, const void* data, std::size_t bytes);
+// CRC32C of file contents (core/crc32c.h).
+using core::crc32c;
 
 // Writes the checkpoint of `progress.step` under `root` and returns its directory; every rank of
 // `communicator` (none: a single rank) calls it and writes its shard's files, rank 0 the manifest

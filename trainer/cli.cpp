@@ -4,6 +4,7 @@
 // ranks a failure on any rank aborts the whole job, so no rank waits for one that has given up.
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,10 @@ int trainer_main(int argc, char** argv) {
   } catch (const core::InputError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return fail(placement, 2);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "trainer failed on rank %d: out of host memory (a smaller training.micro_batch_size, "
+                         "data.seq_len or model may fit)\n", placement.rank);
+    return fail(placement, 1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trainer failed on rank %d: %s\n", placement.rank, e.what());
     return fail(placement, 1);

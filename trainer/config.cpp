@@ -28,6 +28,10 @@ const std::vector<std::string>& top_level_keys() {
   return keys;
 }
 
+// Bounds that keep every product of batch sizes far from overflow and a step finite in time.
+constexpr std::int64_t kMaxMicroTokens = std::int64_t{1} << 31;  // int32 token indexing on the device
+constexpr std::int64_t kMaxAccumulation = 1 << 16;               // micro-batches per rank per step
+
 // Every family's field keys (a model section is checked against its own family after arch is read).
 std::vector<std::string> model_shape_keys() {
   std::vector<std::string> keys;
@@ -50,7 +54,7 @@ const std::map<std::string, std::vector<std::string>>& section_keys() {
         {"optimizer", {}},
         {"schedule", {"type", "warmup_steps", "min_lr_ratio", "decay_ratio"}},
         {"parallel", {"zero_stage", "timeout_s"}},
-        {"checkpoint", {"every", "keep_last", "resume", "at_end"}},
+        {"checkpoint", {"every", "keep_last", "resume", "at_end", "allow_data_change"}},
         {"eval", {"every", "batches"}},
         {"logging", {"every", "tensorboard"}},
         {"sample", {"every", "tokens", "prompt"}},
@@ -271,6 +275,12 @@ void require_existing_path(const Section& section, const std::string& key, const
   if (!std::filesystem::exists(value)) section.fail(key, what + " '" + value + "' does not exist");
 }
 
+// Token shards are read by size and offset: a FIFO, device or directory would block or mislead.
+void require_regular_file(const Section& section, const std::string& key, const std::string& value) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(value, ec)) section.fail(key, "'" + value + "' is not a regular file");
+}
+
 // Applies `a.b=value` overrides to `root`, recording where each key came from.
 std::map<std::string, std::string> apply_overrides(YAML::Node& root, const std::vector<std::string>& overrides) {
   std::map<std::string, std::string> sources;
@@ -420,8 +430,12 @@ RunConfig read_config(const YAML::Node& root, const Reader& reader) {
     s.require("train", "a token shard path");
     s.string("train", c.data.train);
     require_existing_path(s, "train", c.data.train, "training data");
+    require_regular_file(s, "train", c.data.train);
     s.string("val", c.data.val);
-    if (!c.data.val.empty()) require_existing_path(s, "val", c.data.val, "validation data");
+    if (!c.data.val.empty()) {
+      require_existing_path(s, "val", c.data.val, "validation data");
+      require_regular_file(s, "val", c.data.val);
+    }
     s.integer("seq_len", c.data.seq_len);
     const auto spec = model_spec(c);
     s.check(c.data.seq_len > 0 && c.data.seq_len <= spec->max_sequence_length(), "seq_len",
@@ -443,12 +457,21 @@ RunConfig read_config(const YAML::Node& root, const Reader& reader) {
     s.require("max_steps", "the number of optimizer steps, an integer >= 1");
     s.integer("micro_batch_size", c.training.micro_batch_size);
     s.at_least(c.training.micro_batch_size, 1, "micro_batch_size");
+    s.check(c.training.micro_batch_size <= kMaxMicroTokens / c.data.seq_len, "micro_batch_size",
+            "an integer in [1, " + std::to_string(kMaxMicroTokens / c.data.seq_len) + "] (at most " +
+                std::to_string(kMaxMicroTokens) + " tokens per micro-batch at seq_len " + std::to_string(c.data.seq_len) + ")",
+            std::to_string(c.training.micro_batch_size));
     if (s.has("global_batch_size") && !(s.value("global_batch_size").IsScalar() &&
                                         s.value("global_batch_size").Scalar() == "auto")) {
       std::int64_t global = 0;
       s.integer("global_batch_size", global);
       s.check(global >= c.training.micro_batch_size, "global_batch_size",
               "auto or a number of sequences >= micro_batch_size (" + std::to_string(c.training.micro_batch_size) + ")",
+              std::to_string(global));
+      s.check(global <= c.training.micro_batch_size * kMaxAccumulation, "global_batch_size",
+              "auto or a number of sequences in [micro_batch_size, micro_batch_size x " + std::to_string(kMaxAccumulation) +
+                  "] = [" + std::to_string(c.training.micro_batch_size) + ", " +
+                  std::to_string(c.training.micro_batch_size * kMaxAccumulation) + "]",
               std::to_string(global));
       c.training.global_batch_size = global;
     }
@@ -513,6 +536,7 @@ RunConfig read_config(const YAML::Node& root, const Reader& reader) {
     s.integer("keep_last", c.checkpoint.keep_last);
     s.at_least(c.checkpoint.keep_last, 0, "keep_last");
     s.boolean("at_end", c.checkpoint.at_end);
+    s.boolean("allow_data_change", c.checkpoint.allow_data_change);
     s.string("resume", c.checkpoint.resume);
     if (c.checkpoint.resume != "auto" && c.checkpoint.resume != "never") {
       require_existing_path(s, "resume", c.checkpoint.resume, "checkpoint (resume: auto, never or a path)");
@@ -572,6 +596,14 @@ RunConfig parse_run_config(const std::string& yaml, const std::string& source,
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  constexpr std::uintmax_t kMaxConfigBytes = 1 << 20;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw core::InputError(path + ": " + (std::filesystem::exists(path, ec) ? "not a regular file" : "cannot open the config file"));
+  }
+  if (std::filesystem::file_size(path, ec) > kMaxConfigBytes) {
+    throw core::InputError(path + ": larger than " + std::to_string(kMaxConfigBytes) + " bytes: not a config file");
+  }
   std::ifstream in(path);
   if (!in) throw core::InputError(path + ": cannot open the config file");
   std::stringstream text;
@@ -710,6 +742,7 @@ std::string resolved_yaml(const RunConfig& c) {
   integer("every", c.checkpoint.every);
   integer("keep_last", c.checkpoint.keep_last);
   boolean("at_end", c.checkpoint.at_end);
+  boolean("allow_data_change", c.checkpoint.allow_data_change);
   text("resume", c.checkpoint.resume);
   out << YAML::EndMap;
 

@@ -16,7 +16,7 @@
 //   optimizer:  the keys of optim::optimizer_config_from_yaml except grad_clip
 //   schedule:   type (constant | linear | cosine | wsd), warmup_steps, min_lr_ratio, decay_ratio
 //   parallel:   zero_stage (0 | 1 | 2), timeout_s
-//   checkpoint: every, keep_last, resume (auto | never | PATH), at_end
+//   checkpoint: every, keep_last, resume (auto | never | PATH), at_end, allow_data_change
 //   eval:       every, batches
 //   logging:    every, tensorboard
 //   sample:     every, tokens, prompt
@@ -100,6 +100,9 @@ struct CheckpointConfig {
   std::int64_t keep_last = 3;    // complete checkpoints kept; 0 keeps all
   std::string resume = "auto";   // auto: newest complete checkpoint if any; never; or a checkpoint path
   bool at_end = true;            // save after the last step (benchmarks turn it off)
+  // Resuming with another data.seq_len or global batch changes the order in which the data is
+  // seen (windows cut at other offsets, or taken at another rate): refused unless this is set.
+  bool allow_data_change = false;
 
   bool operator==(const CheckpointConfig&) const = default;
 };

@@ -8,6 +8,12 @@
 #include <random>
 #include <thread>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+#include <cerrno>
+#include <cstring>
+
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -23,6 +29,7 @@
 #include "text/sampler.h"
 #include "trainer/stop_signals.h"
 #include "text/token_shard.h"
+#include "text/tokenizer.h"
 
 namespace trainer {
 
@@ -69,6 +76,66 @@ void initialize_weights(const RunConfig& config, optim::Slab& slab, const core::
   context.synchronize();
   slab.write_mirror(context);
   context.synchronize();
+}
+
+// An exclusive lock on RUN/.lock (flock: released by the kernel when the process ends, however it
+// ends), holding the owner's pid for the message. An empty path takes no lock (ranks other than 0).
+class RunLock {
+ public:
+  explicit RunLock(const fs::path& directory) {
+    if (directory.empty()) return;
+    const fs::path path = directory / ".lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw core::Error("cannot open " + path.string() + ": " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      char owner[32] = {};
+      const ssize_t n = ::pread(fd_, owner, sizeof owner - 1, 0);
+      ::close(fd_);
+      fd_ = -1;
+      throw core::InputError("run.output_dir: " + directory.string() + " is in use by another trainer" +
+                             (n > 0 ? " (pid " + std::string(owner, static_cast<std::size_t>(n)) + ")" : std::string()) +
+                             "; use another output_dir or stop that run first");
+    }
+    const std::string pid = std::to_string(::getpid());
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
+      throw core::Error("cannot write " + path.string() + ": " + std::strerror(errno));
+    }
+  }
+  ~RunLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Rewrites `path` (a JSON-lines file) without the records whose "step" is beyond `step`.
+void drop_records_after(const fs::path& path, std::int64_t step) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return;
+  std::ifstream in(path);
+  std::string kept, line;
+  bool dropped = false;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<std::int64_t>() > step) {
+      dropped = true;
+      continue;
+    }
+    if (!j.is_discarded()) kept += line + "\n";  // a line cut by a crash is dropped too
+    else dropped = true;
+  }
+  if (!dropped) return;
+  const fs::path temp = path.string() + ".tmp";
+  {
+    std::ofstream out(temp, std::ios::trunc);
+    out << kept;
+    if (!out) throw core::Error("cannot write " + temp.string());
+  }
+  fs::rename(temp, path);
 }
 
 struct Batch {
@@ -194,7 +261,36 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
     val_shard.emplace(config.data.val);
     check_vocabulary(*val_shard, spec->vocab_size());
   }
+  if (!config.data.tokenizer.empty() && config.data.tokenizer != "byte") {
+    const text::BpeTokenizer tokenizer(config.data.tokenizer);
+    if (tokenizer.vocab_size() > static_cast<std::uint64_t>(spec->vocab_size())) {
+      throw core::InputError("data.tokenizer: " + config.data.tokenizer + " has " + std::to_string(tokenizer.vocab_size()) +
+                             " ids but model.vocab_size is " + std::to_string(spec->vocab_size()) +
+                             " (expected at least the tokenizer's vocabulary)");
+    }
+  }
+  const std::int64_t global_batch = global_batch_sequences(config, world);
+  if (resume_from) {
+    const TrainingProgress& saved = resume_from->progress;
+    const bool changed = (saved.seq_len > 0 && saved.seq_len != seq) || (saved.global_batch > 0 && saved.global_batch != global_batch);
+    if (changed && !config.checkpoint.allow_data_change) {
+      throw core::InputError(resume_from->directory.string() + ": saved with data.seq_len " + std::to_string(saved.seq_len) +
+                             " and " + std::to_string(saved.global_batch) + " sequences per step, resumed with " +
+                             std::to_string(seq) + " and " + std::to_string(global_batch) +
+                             ": the data order would change (set checkpoint.allow_data_change: true to continue anyway)");
+    }
+    if (saved.step >= config.training.max_steps) {
+      spdlog::info("{}: the checkpoint is at step {}, training.max_steps is {}: nothing to train",
+                   resume_from->directory.string(), saved.step, config.training.max_steps);
+      TrainSummary done;
+      done.steps = done.resumed_from = saved.step;
+      done.final_loss = -1;
+      return done;
+    }
+  }
   fs::create_directories(config.run.output_dir);
+  // One trainer per run directory: a second one started on it is refused while this one lives.
+  const RunLock run_lock(lead ? fs::path(config.run.output_dir) : fs::path());
   if (lead) {
     std::ofstream resolved(fs::path(config.run.output_dir) / "config.yaml");
     resolved << resolved_yaml(config);
@@ -227,13 +323,21 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
   TrainingProgress progress;
   progress.sampler_seed = config.run.seed;
   if (resume_from) progress = load_checkpoint(*resume_from, *optimizer, context);
+  progress.seq_len = seq;
+  progress.global_batch = global_batch;
+  const std::int64_t skipped_before = resume_from ? optimizer->report().skipped_steps : 0;
   weight_sync.gather();
   text::Sampler sampler(train_shard.size(), seq, world, rank, progress.sampler_seed);
   sampler.restore(progress.sampler);
   const std::int64_t first_step = progress.step + 1;
   const fs::path checkpoints = checkpoints_root(config);
+  // The logging window continues across a resume.
+  double interval_loss = progress.window_loss;
+  std::int64_t interval_steps = progress.window_steps;
   auto save = [&] {
     progress.sampler = sampler.cursor();
+    progress.window_loss = interval_loss;
+    progress.window_steps = interval_steps;
     save_checkpoint(checkpoints, config, progress, *optimizer, context, &comm);
     if (lead) prune_checkpoints(checkpoints, config.checkpoint.keep_last);
   };
@@ -260,6 +364,9 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
 
   std::ofstream metrics;
   if (lead) {
+    // Records of steps after the one resumed from (logged before a crash) are dropped first, so
+    // every step appears once.
+    drop_records_after(fs::path(config.run.output_dir) / "metrics.jsonl", progress.step);
     metrics.open(fs::path(config.run.output_dir) / "metrics.jsonl", std::ios::app);
     if (!metrics) throw core::Error("cannot write metrics.jsonl in " + config.run.output_dir);
   }
@@ -273,8 +380,6 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
   batch.targets.resize(batch.ids.size());
   const auto start = std::chrono::steady_clock::now();
   auto interval_start = start;
-  double interval_loss = 0;
-  std::int64_t interval_steps = 0;
 
   auto record = [&](const nlohmann::json& j) {
     if (!lead) return;
@@ -376,6 +481,12 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
   }
   if (config.eval.every == 0 || config.training.max_steps % config.eval.every != 0) evaluate(config.training.max_steps);
   summary.seconds = seconds_since(start);
+  const std::int64_t taken = summary.steps - summary.resumed_from;
+  const std::int64_t skipped = optimizer->report().skipped_steps - skipped_before;
+  if (taken > 0 && skipped >= taken) {
+    throw core::Error("every one of the " + std::to_string(taken) + " steps of this run was skipped: the gradients were "
+                      "not finite (optimizer.nonfinite: skip_step); check the data, the learning rate and the weights");
+  }
   spdlog::info("done: {} steps, {} tokens in {:.1f} s ({:.0f} tok/s), final loss {:.4f}{}", summary.steps, summary.tokens,
                summary.seconds, static_cast<double>(summary.tokens) / summary.seconds, summary.final_loss,
                summary.final_val_loss >= 0 ? fmt::format(", validation loss {:.4f}", summary.final_val_loss) : "");
