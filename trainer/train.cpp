@@ -28,6 +28,7 @@
 #include "trainer/pretrained.h"
 #include "text/sampler.h"
 #include "trainer/stop_signals.h"
+#include "trainer/tensorboard.h"
 #include "text/token_shard.h"
 #include "text/tokenizer.h"
 
@@ -341,7 +342,9 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
     save_checkpoint(checkpoints, config, progress, *optimizer, context, &comm);
     if (lead) prune_checkpoints(checkpoints, config.checkpoint.keep_last);
   };
-  if (config.logging.tensorboard) spdlog::warn("logging.tensorboard: event files are not written by this build");
+  // TensorBoard event files under RUN/tb (rank 0); a resumed run's file starts at its first step.
+  std::optional<TensorBoardWriter> tensorboard;
+  if (lead && config.logging.tensorboard) tensorboard.emplace(fs::path(config.run.output_dir) / "tb", first_step);
 
   const std::int64_t tokens_per_step = global_batch_sequences(config, world) * seq;
   const double flops_per_token = spec->flops_per_token(seq);
@@ -381,10 +384,19 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   auto interval_start = start;
 
+  // One metrics.jsonl record, and its numbers as TensorBoard scalars at its step.
   auto record = [&](const nlohmann::json& j) {
     if (!lead) return;
-    metrics << j.dump() << "\n";
+    metrics << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     metrics.flush();
+    if (!tensorboard || !j.contains("step")) return;
+    const std::int64_t at = j["step"].get<std::int64_t>();
+    for (const auto& [key, value] : j.items()) {
+      if (key == "step" || key == "world" || key == "zero_stage" || !value.is_number()) continue;
+      tensorboard->add_scalar(key, at, value.get<double>());
+    }
+    if (j.contains("sample") && j["sample"].is_string()) tensorboard->add_text("sample", at, j["sample"].get<std::string>());
+    tensorboard->flush();
   };
   auto evaluate = [&](std::int64_t step) {
     if (!val_shard) return;
@@ -461,8 +473,11 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
     }
     if (config.eval.every > 0 && step % config.eval.every == 0) evaluate(step);
     if (lead && config.sample.every > 0 && step % config.sample.every == 0 && config.data.tokenizer == "byte") {
-      spdlog::info("sample at step {}: {}{}", step, config.sample.prompt,
-                   sample_text(*spec, slab, context, weight_sync.full_weights(), config.sample.prompt, config.sample.tokens, config.run.seed + step));
+      const std::string text = config.sample.prompt +
+          sample_text(*spec, slab, context, weight_sync.full_weights(), config.sample.prompt, config.sample.tokens,
+                      config.run.seed + step);
+      spdlog::info("sample at step {}: {}", step, text);
+      record({{"step", step}, {"sample", text}});
     }
     if (stop || (step == config.training.max_steps && config.checkpoint.at_end) ||
         (config.checkpoint.every > 0 && step % config.checkpoint.every == 0)) {
