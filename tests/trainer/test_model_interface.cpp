@@ -176,4 +176,28 @@ TEST(ModelInterface, ManifestsOfEarlierVersionsStillResume) {
   fs::remove_all(dir);
 }
 
+// Every shipped config loads (its data paths replaced by files that exist).
+TEST(ModelInterface, ShippedConfigsLoad) {
+  const fs::path dir = fresh_dir("configs");
+  text::write_token_shard(dir / "shard.bin", std::vector<std::uint32_t>(100, 1), text::TokenDtype::u16);
+  const fs::path configs = fs::path(LLMTRAIN_FIXTURES_DIR).parent_path().parent_path() / "configs";
+  int loaded = 0;
+  for (const auto& entry : fs::directory_iterator(configs)) {
+    if (entry.path().extension() != ".yaml") continue;
+    std::vector<std::string> overrides = {"data.train=" + (dir / "shard.bin").string(),
+                                          "data.val=" + (dir / "shard.bin").string()};
+    const std::string text = [&] {
+      std::ifstream in(entry.path());
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    }();
+    if (text.find("tokenizer: runs/") != std::string::npos) {
+      overrides.push_back("data.tokenizer=" + std::string(LLMTRAIN_FIXTURES_DIR) + "/tokenizer/small_bpe.json");
+    }
+    EXPECT_NO_THROW(trainer::load_run_config(entry.path().string(), overrides)) << entry.path();
+    ++loaded;
+  }
+  EXPECT_GE(loaded, 7);
+  fs::remove_all(dir);
+}
+
 }  // namespace
