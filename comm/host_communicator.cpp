@@ -1,7 +1,11 @@
 // The MPI host collectives and argument checks shared by both backends (see host_communicator.h).
 #include "comm/host_communicator.h"
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -37,6 +41,16 @@ HostCommunicator::HostCommunicator(Placement placement, CommOptions options, int
                       std::to_string(placement.world) + " does not match MPI_COMM_WORLD (rank " +
                       std::to_string(mpi_.rank()) + " of " + std::to_string(mpi_.world()) + ")");
   }
+  // The job's token for the progress records: rank 0's pid and start time, broadcast.
+  char token[64] = {};
+  if (placement.rank == 0) {
+    std::snprintf(token, sizeof token, "%lld-%lld", static_cast<long long>(::getpid()),
+                  static_cast<long long>(std::chrono::system_clock::now().time_since_epoch().count()));
+  }
+  if (placement.world > 1 && MPI_Bcast(token, sizeof token, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+    throw core::Error("comm: MPI_Bcast of the job token failed");
+  }
+  watchdog_.set_progress_record(std::make_unique<ProgressRecord>(token, placement.rank, placement.world));
 }
 
 void HostCommunicator::barrier(const char* what) {
@@ -51,7 +65,7 @@ double HostCommunicator::all_reduce_host(double value, ReduceOp op, const char* 
 
 std::vector<double> HostCommunicator::all_reduce_host(std::vector<double> values, ReduceOp op, const char* what) {
   {
-    auto watch = watchdog_.watch_host("all_reduce_host", what);
+    auto watch = watchdog_.watch_host("all_reduce_host", what, values.size() * sizeof(double));
     mpi_.all_reduce(values.data(), core::DType::f64, values.size(), mpi_op(op));
   }
   if (op == ReduceOp::avg) {

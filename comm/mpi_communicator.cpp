@@ -40,7 +40,7 @@ void MpiCommunicator::all_reduce(void* data, core::DType dtype, std::size_t coun
   (void)checked_type(dtype, op, "all_reduce", what);
   if (world() == 1 || count == 0) return;
   {
-    auto watch = watchdog_.watch_host("all_reduce", what);
+    auto watch = watchdog_.watch_host("all_reduce", what, count * core::dtype_size(dtype));
     mpi_.all_reduce(data, dtype, count, detail::mpi_op(op));
   }
   if (op == ReduceOp::avg) finish_average(data, dtype, count, world());
@@ -51,7 +51,7 @@ void MpiCommunicator::reduce_scatter(void* data, core::DType dtype, std::size_t 
   (void)checked_type(dtype, op, "reduce_scatter", what);
   if (world() == 1 || count_per_rank == 0) return;
   {
-    auto watch = watchdog_.watch_host("reduce_scatter", what);
+    auto watch = watchdog_.watch_host("reduce_scatter", what, count_per_rank * world() * core::dtype_size(dtype));
     mpi_.reduce_scatter(data, dtype, count_per_rank, detail::mpi_op(op));
   }
   if (op == ReduceOp::avg) {
@@ -62,7 +62,7 @@ void MpiCommunicator::reduce_scatter(void* data, core::DType dtype, std::size_t 
 
 void MpiCommunicator::all_gather(void* data, core::DType dtype, std::size_t count_per_rank, const char* what) {
   if (world() == 1 || count_per_rank == 0) return;
-  auto watch = watchdog_.watch_host("all_gather", what);
+  auto watch = watchdog_.watch_host("all_gather", what, count_per_rank * world() * core::dtype_size(dtype));
   mpi_.all_gather(data, count_per_rank * core::dtype_size(dtype));
 }
 
@@ -78,7 +78,7 @@ void MpiCommunicator::reduce_into(const void* send, void* recv, core::DType dtyp
   if (lands_here && send != recv) std::memmove(recv, send, bytes);
   if (world() == 1) return;
   {
-    auto watch = watchdog_.watch_host("reduce", what);
+    auto watch = watchdog_.watch_host("reduce", what, count * core::dtype_size(dtype));
     if (lands_here) {
       mpi_.reduce(recv, dtype, count, detail::mpi_op(op), root);
     } else {

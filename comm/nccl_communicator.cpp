@@ -187,7 +187,7 @@ void NcclCommunicator::all_reduce(void* data, core::DType dtype, std::size_t cou
   if (world() == 1 || count == 0) return;
   wait_for_compute();
   {
-    auto watch = watchdog_.watch_host("all_reduce", what);  // enqueueing may block (first connection to a peer)
+    auto watch = watchdog_.watch_host("all_reduce", what, count * core::dtype_size(dtype));  // enqueueing may block (first connection to a peer)
     NcclSection section(*this);
     NCCL_CHECK(ncclAllReduce(data, data, count, type, nccl_op(op), comm_, stream_));
   }
@@ -201,7 +201,7 @@ void NcclCommunicator::reduce_scatter(void* data, core::DType dtype, std::size_t
   auto* mine = static_cast<std::byte*>(data) + static_cast<std::size_t>(rank()) * count_per_rank * core::dtype_size(dtype);
   wait_for_compute();
   {
-    auto watch = watchdog_.watch_host("reduce_scatter", what);
+    auto watch = watchdog_.watch_host("reduce_scatter", what, count_per_rank * world() * core::dtype_size(dtype));
     NcclSection section(*this);
     NCCL_CHECK(ncclReduceScatter(data, mine, count_per_rank, type, nccl_op(op), comm_, stream_));
   }
@@ -214,7 +214,7 @@ void NcclCommunicator::all_gather(void* data, core::DType dtype, std::size_t cou
   auto* mine = static_cast<std::byte*>(data) + static_cast<std::size_t>(rank()) * bytes;
   wait_for_compute();
   {
-    auto watch = watchdog_.watch_host("all_gather", what);
+    auto watch = watchdog_.watch_host("all_gather", what, count_per_rank * world() * core::dtype_size(dtype));
     NcclSection section(*this);
     NCCL_CHECK(ncclAllGather(mine, data, bytes, ncclUint8, comm_, stream_));
   }
@@ -236,7 +236,7 @@ void NcclCommunicator::reduce_into(const void* send, void* recv, core::DType dty
   }
   wait_for_compute();
   {
-    auto watch = watchdog_.watch_host("reduce", what);
+    auto watch = watchdog_.watch_host("reduce", what, count * core::dtype_size(dtype));
     NcclSection section(*this);
     NCCL_CHECK(ncclReduce(send, lands_here ? recv : nullptr, count, type, nccl_op(op), root, comm_, stream_));
   }

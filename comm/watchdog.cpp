@@ -52,10 +52,13 @@ Watchdog::HostScope::HostScope(HostScope&& other) noexcept
     : watchdog_(std::exchange(other.watchdog_, nullptr)), id_(other.id_) {}
 
 Watchdog::HostScope::~HostScope() {
-  if (watchdog_) watchdog_->remove(id_);
+  if (!watchdog_) return;
+  if (watchdog_->progress_) watchdog_->progress_->leave();
+  watchdog_->remove(id_);
 }
 
-Watchdog::HostScope Watchdog::watch_host(const char* operation, const char* what) {
+Watchdog::HostScope Watchdog::watch_host(const char* operation, const char* what, std::uint64_t bytes) {
+  if (progress_) progress_->enter(operation, what, bytes);
   Entry entry;
   entry.operation = operation ? operation : "";
   entry.what = what ? what : "";
@@ -198,7 +201,9 @@ void Watchdog::run() {
   }
 }
 
-void Watchdog::abort_job(const std::string& message) {
+void Watchdog::abort_job(const std::string& failure) {
+  const std::string diagnosis = progress_ ? progress_->diagnose() : std::string();
+  const std::string message = diagnosis.empty() ? failure : failure + "\n  rank " + std::to_string(rank_) + ": " + diagnosis;
   spdlog::critical("{}", message);
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);

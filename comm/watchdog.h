@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include "comm/communicator.h"
+#include "comm/progress_record.h"
 
 namespace comm {
 
@@ -47,7 +49,12 @@ class Watchdog {
     Watchdog* watchdog_;
     std::uint64_t id_;
   };
-  [[nodiscard]] HostScope watch_host(const char* operation, const char* what);
+  // `bytes`: the collective's payload, for the progress record.
+  [[nodiscard]] HostScope watch_host(const char* operation, const char* what, std::uint64_t bytes = 0);
+
+  // From now on every host entry is entered in `record` (comm/progress_record.h), and an abort
+  // names the ranks behind this one. Set before the first collective.
+  void set_progress_record(std::unique_ptr<ProgressRecord> record) { progress_ = std::move(record); }
 
   // Device entries. acquire_event() hands out a pooled event (created when the pool is empty);
   // the caller records it after the collective and passes it to watch_event(), after which the
@@ -85,7 +92,7 @@ class Watchdog {
   // event reports an error.
   std::string reap_locked();
   void run();
-  [[noreturn]] void abort_job(const std::string& message);
+  [[noreturn]] void abort_job(const std::string& failure);
 
   const int rank_;
   const CommOptions options_;
@@ -105,6 +112,7 @@ class Watchdog {
   std::function<void()> abort_hook_;
   std::function<std::string()> health_check_;
 
+  std::unique_ptr<ProgressRecord> progress_;  // used by the calling thread; read by abort_job
   std::thread thread_;  // last: starts after everything above exists
 };
 
