@@ -182,6 +182,7 @@ BpeTokenizer::BpeTokenizer(const std::filesystem::path& path) : path_(path) {
     vocab_size_ = max_id + 1;
     id_bytes_.assign(vocab_size_, std::string());
     id_known_.assign(vocab_size_, false);
+    id_special_.assign(vocab_size_, false);
     for (const auto& [token, id] : vocab) {
       std::string bytes;
       for (char32_t c : unicode::decode_utf8(token, "tokenizer vocabulary")) {
@@ -232,6 +233,7 @@ BpeTokenizer::BpeTokenizer(const std::filesystem::path& path) : path_(path) {
       if (token.content.empty()) refuse(path, "an added token is empty");
       id_bytes_[token.id] = token.content;
       id_known_[token.id] = true;
+      id_special_[token.id] = added.value("special", false);
       if (added.value("normalized", false)) {
         if (nfc_) token.content = unicode::encode_utf8(unicode::nfc(unicode::decode_utf8(token.content, "added token")));
         normalized_added_.push_back(std::move(token));
@@ -354,6 +356,68 @@ std::string BpeTokenizer::decode(std::span<const std::uint32_t> ids) const {
     out += id_bytes_[id];
   }
   return out;
+}
+
+namespace {
+
+// Length of the well-formed UTF-8 sequence at text[i], or of its maximal ill-formed prefix as a
+// negative number (Unicode's "maximal subpart", at least one byte), per the Unicode table of
+// well-formed byte sequences.
+int utf8_sequence(std::string_view text, std::size_t i) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char lead = byte(i);
+  if (lead < 0x80) return 1;
+  int length = 0;
+  unsigned char low = 0x80, high = 0xBF;  // range of the second byte
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;
+    if (lead == 0xED) high = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;
+  } else {
+    return -1;
+  }
+  for (int k = 1; k < length; ++k) {
+    if (i + k >= text.size()) return -k;
+    const unsigned char b = byte(i + k);
+    const bool ok = k == 1 ? (b >= low && b <= high) : (b >= 0x80 && b <= 0xBF);
+    if (!ok) return -k;
+  }
+  return length;
+}
+
+}  // namespace
+
+std::string Tokenizer::decode_text(std::span<const std::uint32_t> ids, bool skip_special_tokens) const {
+  std::string bytes;
+  if (skip_special_tokens) {
+    std::vector<std::uint32_t> kept;
+    kept.reserve(ids.size());
+    for (std::uint32_t id : ids) {
+      if (!is_special(id)) kept.push_back(id);
+    }
+    bytes = decode(kept);
+  } else {
+    bytes = decode(ids);
+  }
+  std::string text;
+  text.reserve(bytes.size());
+  for (std::size_t i = 0; i < bytes.size();) {
+    const int length = utf8_sequence(bytes, i);
+    if (length > 0) {
+      text.append(bytes, i, static_cast<std::size_t>(length));
+      i += static_cast<std::size_t>(length);
+    } else {
+      text += "\xEF\xBF\xBD";  // U+FFFD
+      i += static_cast<std::size_t>(-length);
+    }
+  }
+  return text;
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {

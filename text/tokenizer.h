@@ -28,6 +28,12 @@ class Tokenizer {
   virtual std::vector<std::uint32_t> encode(std::string_view text) = 0;
   // The bytes of `ids` concatenated (added tokens as their text); core::InputError for an unknown id.
   virtual std::string decode(std::span<const std::uint32_t> ids) const = 0;
+  // Text for display, as Hugging Face's decode gives it: the bytes of decode() with special added
+  // tokens left out (unless skip_special_tokens is false), and every maximal ill-formed UTF-8
+  // subsequence (a token boundary inside a character, say) replaced by U+FFFD.
+  std::string decode_text(std::span<const std::uint32_t> ids, bool skip_special_tokens = true) const;
+  // Whether `id` is an added token marked special (never for the byte tokenizer).
+  virtual bool is_special(std::uint32_t id) const { return false; }
   // One past the largest id.
   virtual std::uint32_t vocab_size() const = 0;
   virtual std::string name() const = 0;
@@ -49,6 +55,7 @@ class BpeTokenizer final : public Tokenizer {
 
   std::vector<std::uint32_t> encode(std::string_view text) override;
   std::string decode(std::span<const std::uint32_t> ids) const override;
+  bool is_special(std::uint32_t id) const override { return id < id_special_.size() && id_special_[id]; }
   std::uint32_t vocab_size() const override { return vocab_size_; }
   std::string name() const override;
 
@@ -80,6 +87,7 @@ class BpeTokenizer final : public Tokenizer {
   std::unordered_map<std::uint64_t, Merge> merges_;  // key: (left id << 32) | right id
   std::vector<std::string> id_bytes_;                // id -> raw bytes (added tokens: their text)
   std::vector<bool> id_known_;
+  std::vector<bool> id_special_;              // added tokens with "special": true
   std::vector<AddedToken> raw_added_;         // matched before normalisation
   std::vector<AddedToken> normalized_added_;  // matched after normalisation
   std::unordered_map<std::string, std::vector<std::uint32_t>> cache_;

@@ -1,0 +1,76 @@
+#include "models/generation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "core/buffer.h"
+#include "core/error.h"
+
+namespace models {
+
+GenerationResult generate(Decoder& decoder, const core::DeviceContext& context, std::int64_t vocab,
+                          std::span<const std::int32_t> prompt, const GenerationOptions& options) {
+  ops::check_sampling(options.sampling);
+  if (prompt.empty()) throw core::InputError("generate: the prompt is empty");
+  if (options.max_new_tokens < 0) throw core::InputError("generate: max_new_tokens must be >= 0");
+  const auto needed = static_cast<std::int64_t>(prompt.size()) + options.max_new_tokens;
+  if (needed > decoder.capacity()) {
+    throw core::InputError("generate: prompt (" + std::to_string(prompt.size()) + ") + max_new_tokens (" +
+                           std::to_string(options.max_new_tokens) + ") exceed the decoder's capacity of " +
+                           std::to_string(decoder.capacity()));
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  GenerationResult result;
+  ops::TokenSampler sampler(context, vocab);
+  const auto count = static_cast<std::size_t>(options.max_new_tokens);
+  // The sampled ids, in the backend's memory: each step reads the one before it from here.
+  core::Buffer ids(context.device(), std::max<std::size_t>(count, 1) * sizeof(std::int32_t));
+  auto* id_slots = ids.as<std::int32_t>();
+  const auto is_stop = [&](std::int32_t id) {
+    return std::find(options.stop_ids.begin(), options.stop_ids.end(), id) != options.stop_ids.end();
+  };
+
+  context.synchronize();
+  const auto start = Clock::now();
+  decoder.reset();
+  decoder.prefill(prompt);
+  context.synchronize();
+  const auto prefilled = Clock::now();
+  result.prefill_seconds = seconds(start, prefilled);
+
+  const bool check_each = !options.stop_ids.empty();
+  std::size_t made = 0;
+  for (; made < count; ++made) {
+    sampler.sample(decoder.logits(), options.sampling,
+                   ops::sampling_uniform(options.seed, static_cast<std::uint64_t>(made)), id_slots + made);
+    if (check_each) {
+      std::int32_t id = 0;
+      core::copy_bytes(&id, id_slots + made, sizeof(id), context.stream());
+      context.synchronize();
+      result.ids.push_back(id);
+      if (is_stop(id)) {
+        result.stopped = true;
+        ++made;
+        break;
+      }
+    }
+    if (made + 1 < count) {
+      if (context.is_cuda()) {
+        decoder.step(0, id_slots + made);
+      } else {
+        decoder.step(id_slots[made]);
+      }
+    }
+  }
+  if (!check_each && made > 0) {
+    result.ids.resize(made);
+    core::copy_bytes(result.ids.data(), id_slots, made * sizeof(std::int32_t), context.stream());
+  }
+  context.synchronize();
+  result.decode_seconds = seconds(prefilled, Clock::now());
+  return result;
+}
+
+}  // namespace models

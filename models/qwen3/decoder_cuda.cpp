@@ -1,0 +1,360 @@
+#include "models/qwen3/decoder_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/buffer.h"
+#include "core/error.h"
+#include "models/ops/attention.h"
+#include "models/ops/embedding.h"
+#include "models/ops/linear.h"
+#include "models/ops/rmsnorm.h"
+#include "models/ops/rope.h"
+#include "models/ops/swiglu.h"
+#include "models/qwen3/model_kernels.h"
+
+namespace models::qwen3 {
+
+using decode::bf16;
+
+namespace {
+
+// Offsets of typed arrays in one device allocation (256-byte aligned each).
+class Arena {
+ public:
+  std::size_t reserve(std::size_t bytes) {
+    const std::size_t at = size_;
+    size_ = (size_ + bytes + 255) / 256 * 256;
+    return at;
+  }
+  std::size_t size() const { return size_; }
+
+ private:
+  std::size_t size_ = 0;
+};
+
+}  // namespace
+
+struct Qwen3CudaDecoder::Impl {
+  struct LayerWeights {
+    int input_norm, qkv, q_norm, k_norm, o_proj, post_norm, gate_up, down;
+  };
+
+  Qwen3Config c;
+  optim::Slab& slab;
+  const core::DeviceContext& ctx;
+  cudaStream_t stream;
+  CudaDecoderSettings settings;
+  std::int64_t capacity = 0, chunk = 0, position = 0;
+  int splits = 1, matvec_blocks = 1;
+  ops::LinearPlan linear;
+  int embed = 0, final_norm = 0, head = 0;
+  std::vector<LayerWeights> layers;
+
+  core::Buffer cache;   // k then v, [layers, capacity, kv_size] bf16 each
+  core::Buffer memory;  // everything else
+  std::size_t cache_bytes = 0;
+  std::size_t x = 0, h = 0, qkv = 0, q = 0, att = 0, lse = 0, rstd = 0, tmp = 0, gate_up = 0, act = 0;
+  std::size_t ids = 0, positions = 0, partial = 0, logits = 0, device_position = 0, invalid = 0, inv_freq = 0;
+  std::size_t workspace = 0, workspace_bytes = 0;
+  cudaGraphExec_t graph = nullptr;
+  int eager_steps = 0;
+
+  Impl(const Qwen3Config& config, optim::Slab& s, const core::DeviceContext& context, CudaDecoderSettings st)
+      : c(config), slab(s), ctx(context), stream(context.stream()), settings(st), linear(context) {}
+  ~Impl() {
+    if (graph != nullptr) (void)cudaGraphExecDestroy(graph);
+  }
+
+  template <typename T>
+  T* at(std::size_t offset) { return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset); }
+  const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
+  bf16* k_cache(std::size_t layer) {
+    return static_cast<bf16*>(cache.data()) + layer * static_cast<std::size_t>(capacity * c.kv_size());
+  }
+  bf16* v_cache(std::size_t layer) { return k_cache(layer + layers.size()); }
+  ops::DeviceWorkspace ws() { return {at<char>(workspace), workspace_bytes}; }
+
+  // Tokens [start, start + n) already embedded in x: the layers, keys and values into the cache.
+  void prefill_layers(std::int64_t start, std::int64_t n) {
+    const std::int64_t d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), qkv_size = c.qkv_size();
+    const std::int64_t f = c.intermediate_size;
+    const std::int32_t* pos = at<std::int32_t>(positions);
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const LayerWeights& lw = layers[l];
+      bf16* keys = k_cache(l) + start * kvs;
+      bf16* values = v_cache(l) + start * kvs;
+      ops::rmsnorm_forward_cuda(at<bf16>(x), w(lw.input_norm), n, d, c.rms_norm_eps, at<bf16>(h), at<float>(rstd),
+                                stream);
+      linear.forward(at<bf16>(h), w(lw.qkv), n, d, qkv_size, at<bf16>(qkv), ws());
+      ops::head_rmsnorm_forward_cuda(at<bf16>(qkv), qkv_size, w(lw.q_norm), n, c.num_heads, c.head_dim, c.rms_norm_eps,
+                                     at<bf16>(q), qs, at<float>(rstd), stream);
+      ops::head_rmsnorm_forward_cuda(at<bf16>(qkv) + qs, qkv_size, w(lw.k_norm), n, c.num_kv_heads, c.head_dim,
+                                     c.rms_norm_eps, keys, kvs, at<float>(rstd), stream);
+      ops::rope_forward_cuda(at<bf16>(q), qs, at<bf16>(q), qs, pos, n, c.num_heads, c.head_dim, c.rope_theta, stream);
+      ops::rope_forward_cuda(keys, kvs, keys, kvs, pos, n, c.num_kv_heads, c.head_dim, c.rope_theta, stream);
+      CUDA_CHECK(cudaMemcpy2DAsync(values, static_cast<std::size_t>(kvs) * 2, at<bf16>(qkv) + qs + kvs,
+                                   static_cast<std::size_t>(qkv_size) * 2, static_cast<std::size_t>(kvs) * 2,
+                                   static_cast<std::size_t>(n), cudaMemcpyDeviceToDevice, stream));
+      if (start == 0) {
+        const ops::AttentionShape shape{1, n, c.num_heads, c.num_kv_heads, c.head_dim};
+        ops::attention_forward_cuda(shape, {reinterpret_cast<const std::uint16_t*>(at<bf16>(q)), qs},
+                                    {reinterpret_cast<const std::uint16_t*>(k_cache(l)), kvs},
+                                    {reinterpret_cast<const std::uint16_t*>(v_cache(l)), kvs},
+                                    at<std::uint16_t>(att), at<float>(lse), stream);
+      } else {
+        // The device position still says `start` here; fewer splits per query when many queries.
+        const int s = std::max<int>(1, splits / static_cast<int>(std::min<std::int64_t>(n, splits)));
+        decode::cached_attention(at<bf16>(q), qs, k_cache(l), v_cache(l), static_cast<int>(c.num_heads),
+                                 static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim),
+                                 at<std::int32_t>(device_position), n, s, at<float>(partial), at<bf16>(att), stream);
+      }
+      linear.forward(at<bf16>(att), w(lw.o_proj), n, qs, d, at<bf16>(tmp), ws());
+      add_bf16(at<bf16>(x), at<bf16>(tmp), at<bf16>(x), n * d, stream);
+      ops::rmsnorm_forward_cuda(at<bf16>(x), w(lw.post_norm), n, d, c.rms_norm_eps, at<bf16>(h), at<float>(rstd),
+                                stream);
+      linear.forward(at<bf16>(h), w(lw.gate_up), n, d, 2 * f, at<bf16>(gate_up), ws());
+      ops::swiglu_forward_cuda(at<bf16>(gate_up), n, f, at<bf16>(act), stream);
+      linear.forward(at<bf16>(act), w(lw.down), n, f, d, at<bf16>(tmp), ws());
+      add_bf16(at<bf16>(x), at<bf16>(tmp), at<bf16>(x), n * d, stream);
+    }
+  }
+
+  // Final norm + lm_head of one bf16 row into the fp32 logits (advancing the device position).
+  void head_logits(const bf16* row, std::int32_t* advance) {
+    decode::MatvecArgs a;
+    a.weight = w(head);
+    a.rows = c.vocab_size;
+    a.in = c.hidden_size;
+    a.x = row;
+    a.norm_weight = w(final_norm);
+    a.eps = static_cast<float>(c.rms_norm_eps);
+    a.out = at<float>(logits);
+    a.advance = advance;
+    decode::matvec(a, decode::Epilogue::store_f32, matvec_blocks, stream);
+  }
+
+  // One token from x (row 0) at the device position: every layer, the logits, position + 1.
+  void step_body() {
+    const std::int64_t d = c.hidden_size, qs = c.q_size(), f = c.intermediate_size;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const std::int32_t* pos = at<std::int32_t>(device_position);
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const LayerWeights& lw = layers[l];
+      decode::MatvecArgs a;
+      a.weight = w(lw.qkv);
+      a.rows = c.qkv_size();
+      a.in = d;
+      a.x = at<bf16>(x);
+      a.norm_weight = w(lw.input_norm);
+      a.eps = eps;
+      a.out = at<bf16>(qkv);
+      decode::matvec(a, decode::Epilogue::store_bf16, matvec_blocks, stream);
+      decode::qk_norm_rope_append(at<bf16>(qkv), w(lw.q_norm), w(lw.k_norm), static_cast<int>(c.num_heads),
+                                  static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim), eps,
+                                  at<double>(inv_freq), pos, at<bf16>(q), k_cache(l), v_cache(l), stream);
+      decode::cached_attention(at<bf16>(q), qs, k_cache(l), v_cache(l), static_cast<int>(c.num_heads),
+                               static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim), pos, 1, splits,
+                               at<float>(partial), at<bf16>(att), stream);
+      a = {};
+      a.weight = w(lw.o_proj);
+      a.rows = d;
+      a.in = qs;
+      a.x = at<bf16>(att);
+      a.out = at<bf16>(x);
+      decode::matvec(a, decode::Epilogue::add_bf16, matvec_blocks, stream);
+      a = {};
+      a.weight = w(lw.gate_up);
+      a.rows = f;
+      a.in = d;
+      a.x = at<bf16>(x);
+      a.norm_weight = w(lw.post_norm);
+      a.eps = eps;
+      a.out = at<bf16>(act);
+      decode::matvec(a, decode::Epilogue::swiglu_bf16, matvec_blocks, stream);
+      a = {};
+      a.weight = w(lw.down);
+      a.rows = d;
+      a.in = f;
+      a.x = at<bf16>(act);
+      a.out = at<bf16>(x);
+      decode::matvec(a, decode::Epilogue::add_bf16, matvec_blocks, stream);
+    }
+    head_logits(at<bf16>(x), at<std::int32_t>(device_position));
+  }
+
+  void capture() {
+    cudaGraph_t captured = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      step_body();
+    } catch (...) {
+      (void)cudaStreamEndCapture(stream, &captured);
+      if (captured != nullptr) (void)cudaGraphDestroy(captured);
+      throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream, &captured));
+    const cudaError_t status = cudaGraphInstantiate(&graph, captured, 0);
+    (void)cudaGraphDestroy(captured);
+    CUDA_CHECK(status);
+  }
+
+  void check_room(std::int64_t tokens) const {
+    if (position + tokens > capacity) {
+      throw core::InputError("decoder: " + std::to_string(position + tokens) + " tokens exceed its capacity of " +
+                             std::to_string(capacity) + " (max_tokens: prompt + new tokens)");
+    }
+  }
+  void check_id(std::int32_t id) const {
+    if (id < 0 || id >= c.vocab_size) {
+      throw core::InputError("decoder: token id " + std::to_string(id) + " outside the vocabulary [0, " +
+                             std::to_string(c.vocab_size) + ")");
+    }
+  }
+};
+
+Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
+                                   const DecoderOptions& options, CudaDecoderSettings settings)
+    : impl_(std::make_unique<Impl>(config, slab, context, settings)) {
+  Impl& m = *impl_;
+  validate(config, "qwen3 decoder");
+  if (!context.is_cuda() || !(slab.device() == context.device())) {
+    throw core::Error("Qwen3CudaDecoder: needs a cuda slab and context");
+  }
+  if (slab.mirror_dtype() != core::DType::bf16) throw core::Error("Qwen3CudaDecoder: the slab's mirror must be bf16");
+  if (options.max_tokens <= 0) {
+    throw core::InputError("decoder: max_tokens (prompt + new tokens) must be positive, got " +
+                           std::to_string(options.max_tokens));
+  }
+  if (config.head_dim != 64 && config.head_dim != 128) {
+    throw core::InputError("qwen3 decoder: head_dim " + std::to_string(config.head_dim) +
+                           " not supported on cuda (64 or 128)");
+  }
+  if (config.num_heads % config.num_kv_heads != 0 || config.num_heads / config.num_kv_heads > 8) {
+    throw core::InputError("qwen3 decoder: num_heads / num_kv_heads must be an integer of at most 8 on cuda");
+  }
+  if (settings.max_prefill_chunk <= 0) throw core::Error("Qwen3CudaDecoder: max_prefill_chunk must be positive");
+  const auto& layout = slab.layout();
+  auto find = [&](const std::string& name) {
+    const int i = layout.find(name);
+    if (i < 0) throw core::Error("Qwen3CudaDecoder: the slab has no tensor '" + name + "'");
+    return i;
+  };
+  m.embed = find("embed_tokens");
+  m.final_norm = find("final_norm");
+  m.head = config.tie_word_embeddings ? m.embed : find("lm_head");
+  for (std::int64_t l = 0; l < config.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    m.layers.push_back({find(p + "input_norm"), find(p + "qkv"), find(p + "q_norm"), find(p + "k_norm"),
+                        find(p + "o_proj"), find(p + "post_norm"), find(p + "gate_up"), find(p + "down")});
+  }
+  m.capacity = options.max_tokens;
+  m.chunk = std::min(m.capacity, settings.max_prefill_chunk);
+  const int sms = std::max(1, context.multiprocessor_count());
+  // Enough (kv head, key range) blocks to fill the GPU about four times over at long contexts.
+  m.splits = static_cast<int>(std::clamp<std::int64_t>((4 * sms + config.num_kv_heads - 1) / config.num_kv_heads, 1, 128));
+  m.matvec_blocks = 8 * sms;
+
+  const auto kv = static_cast<std::size_t>(config.kv_size());
+  m.cache_bytes = 2 * static_cast<std::size_t>(config.num_layers) * static_cast<std::size_t>(m.capacity) * kv * 2;
+  m.cache = core::Buffer(context.device(), m.cache_bytes);
+
+  Arena a;
+  const auto n = static_cast<std::size_t>(m.chunk), d = static_cast<std::size_t>(config.hidden_size);
+  const auto f = static_cast<std::size_t>(config.intermediate_size), qs = static_cast<std::size_t>(config.q_size());
+  m.x = a.reserve(n * d * 2);
+  m.h = a.reserve(n * d * 2);
+  m.qkv = a.reserve(n * static_cast<std::size_t>(config.qkv_size()) * 2);
+  m.q = a.reserve(n * qs * 2);
+  m.att = a.reserve(n * qs * 2);
+  m.lse = a.reserve(n * static_cast<std::size_t>(config.num_heads) * 4);
+  m.rstd = a.reserve(n * static_cast<std::size_t>(config.num_heads) * 4);
+  m.tmp = a.reserve(n * d * 2);
+  m.gate_up = a.reserve(n * 2 * f * 2);
+  m.act = a.reserve(n * f * 2);
+  m.ids = a.reserve(n * 4);
+  m.positions = a.reserve(n * 4);
+  const std::int64_t partial_floats = decode::attention_partial_floats(
+      static_cast<int>(config.num_heads), static_cast<int>(config.head_dim), std::max<std::int64_t>(m.chunk, m.splits), 1);
+  m.partial = a.reserve(static_cast<std::size_t>(partial_floats) * 4);
+  m.logits = a.reserve(static_cast<std::size_t>(config.vocab_size) * 4);
+  m.device_position = a.reserve(4);
+  m.invalid = a.reserve(4);
+  m.inv_freq = a.reserve(static_cast<std::size_t>(config.head_dim / 2) * 8);
+  m.workspace_bytes = ops::linear_workspace_bytes();
+  m.workspace = a.reserve(m.workspace_bytes);
+  m.memory = core::Buffer(context.device(), a.size());
+  m.memory.fill_bytes(0, m.stream);
+  std::vector<double> inv_freq(static_cast<std::size_t>(config.head_dim / 2));
+  for (std::size_t i = 0; i < inv_freq.size(); ++i) {
+    inv_freq[i] = std::pow(config.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(config.head_dim));
+  }
+  core::copy_bytes(m.at<double>(m.inv_freq), inv_freq.data(), inv_freq.size() * 8, m.stream);
+  context.synchronize();  // the host vector is a pageable source
+}
+
+Qwen3CudaDecoder::~Qwen3CudaDecoder() = default;
+
+void Qwen3CudaDecoder::reset() {
+  Impl& m = *impl_;
+  m.position = 0;
+  decode::set_int(m.at<std::int32_t>(m.device_position), 0, m.stream);
+}
+
+void Qwen3CudaDecoder::prefill(std::span<const std::int32_t> tokens, float* all_logits) {
+  Impl& m = *impl_;
+  const auto total = static_cast<std::int64_t>(tokens.size());
+  if (total == 0) throw core::InputError("decoder: prefill needs at least one token");
+  m.check_room(total);
+  for (std::int32_t id : tokens) m.check_id(id);
+  const std::int64_t d = m.c.hidden_size, vocab = m.c.vocab_size;
+  core::Buffer chunk_logits;  // bf16 lm_head rows for all_logits
+  if (all_logits != nullptr) chunk_logits = core::Buffer(m.ctx.device(), static_cast<std::size_t>(m.chunk * vocab) * 2);
+  for (std::int64_t done = 0; done < total; done += m.chunk) {
+    const std::int64_t n = std::min(m.chunk, total - done), start = m.position;
+    core::copy_bytes(m.at<std::int32_t>(m.ids), tokens.data() + done, static_cast<std::size_t>(n) * 4, m.stream);
+    decode::fill_positions(m.at<std::int32_t>(m.positions), start, n, m.stream);
+    ops::embedding_forward_cuda(m.at<std::int32_t>(m.ids), n, m.w(m.embed), vocab, d, m.at<bf16>(m.x),
+                                m.at<std::int32_t>(m.invalid), m.stream);
+    m.prefill_layers(start, n);
+    if (all_logits != nullptr) {
+      ops::rmsnorm_forward_cuda(m.at<bf16>(m.x), m.w(m.final_norm), n, d, m.c.rms_norm_eps, m.at<bf16>(m.h),
+                                m.at<float>(m.rstd), m.stream);
+      m.linear.forward(m.at<bf16>(m.h), m.w(m.head), n, d, vocab, chunk_logits.as<bf16>(), m.ws());
+      decode::bf16_to_f32(chunk_logits.as<bf16>(), all_logits + done * vocab, n * vocab, m.stream);
+    }
+    m.head_logits(m.at<bf16>(m.x) + (n - 1) * d, nullptr);
+    m.position = start + n;
+    decode::set_int(m.at<std::int32_t>(m.device_position), static_cast<std::int32_t>(m.position), m.stream);
+  }
+  if (all_logits != nullptr) m.ctx.synchronize();  // chunk_logits is freed on return
+}
+
+void Qwen3CudaDecoder::step(std::int32_t token, const std::int32_t* device_token) {
+  Impl& m = *impl_;
+  m.check_room(1);
+  if (device_token == nullptr) m.check_id(token);
+  decode::embed_token(device_token, token, m.w(m.embed), m.c.vocab_size, m.c.hidden_size, m.at<bf16>(m.x),
+                      m.at<std::int32_t>(m.invalid), m.stream);
+  if (m.graph != nullptr) {
+    CUDA_CHECK(cudaGraphLaunch(m.graph, m.stream));
+  } else if (m.settings.cuda_graph && m.eager_steps > 0) {
+    m.capture();
+    CUDA_CHECK(cudaGraphLaunch(m.graph, m.stream));
+  } else {
+    m.step_body();  // the first step runs eagerly (first launches configure their kernels)
+    ++m.eager_steps;
+  }
+  ++m.position;
+}
+
+const float* Qwen3CudaDecoder::logits() const { return impl_->at<float>(impl_->logits); }
+std::int64_t Qwen3CudaDecoder::position() const { return impl_->position; }
+std::int64_t Qwen3CudaDecoder::capacity() const { return impl_->capacity; }
+std::size_t Qwen3CudaDecoder::cache_bytes() const { return impl_->cache_bytes; }
+std::size_t Qwen3CudaDecoder::scratch_bytes() const { return impl_->memory.bytes(); }
+const std::int32_t* Qwen3CudaDecoder::invalid_id_flag() const { return impl_->at<std::int32_t>(impl_->invalid); }
+
+}  // namespace models::qwen3

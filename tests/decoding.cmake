@@ -1,0 +1,11 @@
+# Stateful generation: KV-cache decoders (cpu reference, cuda), token sampling, text decoding.
+llmtrain_test(test_decoder_cpu cpu models/test_decoder_cpu.cpp)
+target_link_libraries(test_decoder_cpu PRIVATE models)
+llmtrain_test(test_sampling cpu models/test_sampling.cpp)
+target_link_libraries(test_sampling PRIVATE models)
+#llmtrain_test(test_decoder_bpe cpu models/test_decoder_bpe.cpp)
+#target_link_libraries(test_decoder_bpe PRIVATE text_data)
+#llmtrain_test(test_decoder_gpu gpu models/test_decoder_gpu.cpp)
+#target_link_libraries(test_decoder_gpu PRIVATE models)
+#llmtrain_test(test_sampling_gpu gpu models/test_sampling_gpu.cpp)
+#target_link_libraries(test_sampling_gpu PRIVATE models)
