@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "optim/initialize_kernel.h"
 
 namespace optim {
 
@@ -44,38 +45,65 @@ std::vector<float> orthogonal(std::int64_t rows, std::int64_t cols, std::uint64_
 
 }  // namespace
 
-void initialize_owned(Slab& slab, const core::DeviceContext& context, std::uint64_t seed) {
-  const Range owned = slab.owned();
-  std::vector<float> host(static_cast<std::size_t>(owned.size()), 0.0f);
-  const auto& tensors = slab.layout().tensors();
+static std::vector<InitPiece> init_pieces(const SlabLayout& layout, Range owned, std::uint64_t seed) {
+  std::vector<InitPiece> pieces;
+  const auto& tensors = layout.tensors();
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     const SlabTensor& tensor = tensors[t];
     const std::int64_t begin = std::max(owned.begin, tensor.offset), end = std::min(owned.end, tensor.offset + tensor.numel);
     if (begin >= end) continue;
     const ParamSpec& spec = tensor.spec;
-    const std::uint64_t tensor_seed = core::splitmix64(seed ^ core::splitmix64(t + 1));
     const std::int64_t rows = spec.shape.empty() ? 1 : spec.shape[0];
     const std::int64_t cols = tensor.numel / std::max<std::int64_t>(rows, 1);
-    float* out = host.data() + (begin - owned.begin);
-    std::vector<float> matrix;
-    if (spec.init == InitKind::orthogonal) matrix = orthogonal(rows, cols, tensor_seed, spec.init_gain);
-    const float bound = spec.init_gain * std::sqrt(6.0f / static_cast<float>(rows + cols));
-#pragma omp parallel for schedule(static)
-    for (std::int64_t g = begin; g < end; ++g) {
-      const auto i = static_cast<std::uint64_t>(g - tensor.offset);
-      float v = 0;
-      switch (spec.init) {
-        case InitKind::normal: v = spec.init_std * core::normal01(tensor_seed, i); break;
-        case InitKind::zeros: v = 0.0f; break;
-        case InitKind::ones: v = 1.0f; break;
-        case InitKind::xavier_uniform: v = bound * (2.0f * core::uniform01(tensor_seed, i) - 1.0f); break;
-        case InitKind::orthogonal: v = matrix[i]; break;
+    InitPiece piece{.begin = begin, .end = end, .tensor_offset = tensor.offset,
+                    .seed = core::splitmix64(seed ^ core::splitmix64(t + 1)), .kind = spec.init};
+    switch (spec.init) {
+      case InitKind::normal: piece.scale = spec.init_std; break;
+      case InitKind::xavier_uniform: piece.scale = spec.init_gain * std::sqrt(6.0f / static_cast<float>(rows + cols)); break;
+      case InitKind::orthogonal: piece.scale = spec.init_gain; piece.rows = rows; piece.cols = cols; break;
+      default: break;
+    }
+    pieces.push_back(piece);
+  }
+  return pieces;
+}
+
+void initialize_owned(Slab& slab, const core::DeviceContext& context, std::uint64_t seed) {
+  const Range owned = slab.owned();
+  const std::vector<InitPiece> pieces = init_pieces(slab.layout(), owned, seed);
+  // Orthogonal matrices need the whole matrix (Gram-Schmidt): made on the host and the owned
+  // part copied into place. They are a family's recurrent D x D matrices, small next to the rest.
+  if (context.is_cuda()) {
+    std::vector<InitPiece> generated;
+    for (const InitPiece& piece : pieces) {
+      if (piece.kind != InitKind::orthogonal) generated.push_back(piece);
+    }
+    core::Buffer table(slab.device(), std::max<std::size_t>(generated.size(), 1) * sizeof(InitPiece));
+    core::copy_bytes(table.data(), generated.data(), generated.size() * sizeof(InitPiece), context.stream());
+    launch_initialize(static_cast<const InitPiece*>(table.data()), static_cast<int>(generated.size()),
+                      static_cast<float*>(slab.master().data()), owned.begin, context.stream());
+    for (const InitPiece& piece : pieces) {
+      if (piece.kind != InitKind::orthogonal) continue;
+      const std::vector<float> matrix = orthogonal(piece.rows, piece.cols, piece.seed, piece.scale);
+      core::copy_bytes(static_cast<float*>(slab.master().data()) + (piece.begin - owned.begin),
+                       matrix.data() + (piece.begin - piece.tensor_offset),
+                       static_cast<std::size_t>(piece.end - piece.begin) * sizeof(float), context.stream());
+      context.synchronize();  // `matrix` is pageable host memory about to be freed
+    }
+    context.synchronize();
+  } else {
+    float* master = static_cast<float*>(slab.master().data());
+    for (const InitPiece& piece : pieces) {
+      float* out = master + (piece.begin - owned.begin);
+      if (piece.kind == InitKind::orthogonal) {
+        const std::vector<float> matrix = orthogonal(piece.rows, piece.cols, piece.seed, piece.scale);
+        std::copy(matrix.begin() + (piece.begin - piece.tensor_offset), matrix.begin() + (piece.end - piece.tensor_offset), out);
+        continue;
       }
-      out[g - begin] = v;
+#pragma omp parallel for schedule(static)
+      for (std::int64_t g = piece.begin; g < piece.end; ++g) out[g - piece.begin] = init_value(piece, g);
     }
   }
-  core::copy_bytes(slab.master().data(), host.data(), host.size() * sizeof(float), context.stream());
-  context.synchronize();
   slab.write_mirror(context);
   context.synchronize();
 }
