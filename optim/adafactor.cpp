@@ -29,7 +29,7 @@ Adafactor::Adafactor(const OptimizerConfig& config, Slab& slab, const core::Devi
                      std::int64_t chunk_elements)
     : Optimizer(config, slab, context, chunk_elements),
       plan_(make_adafactor_plan(slab.layout(), slab.segments(), chunk_elements)) {
-  for (const auto& t : slab.layout().tensors()) {
+  for (const auto& t : slab.layout().parameters()) {
     if (t.spec.factored && t.spec.shape[1] > 0 && t.spec.shape[0] > std::numeric_limits<std::int32_t>::max()) {
       throw core::Error("adafactor: factored tensor '" + t.spec.name + "' has too many rows");
     }
@@ -68,7 +68,7 @@ std::vector<StateBuffer> Adafactor::state_buffers() {
   // R and C of a factored tensor belong to the whole tensor (every rank holding part of it keeps
   // the same copy); v of a non-factored segment is packed.
   std::vector<StatePiece> row_col, v;
-  const auto& tensors = slab_.layout().tensors();
+  const auto& tensors = slab_.layout().parameters();
   for (std::size_t i = 0; i < plan_.segments.size(); ++i) {
     const AdafactorSegment& info = plan_.segments[i];
     const Segment& seg = slab_.segments()[i];

@@ -9,7 +9,7 @@ namespace optim {
 AdafactorPlan make_adafactor_plan(const SlabLayout& layout, const std::vector<Segment>& segments,
                                   std::int64_t chunk_elements) {
   AdafactorPlan plan;
-  const auto& tensors = layout.tensors();
+  const auto& tensors = layout.parameters();
 
   // Rank-independent layouts: statistics and row/column state for every tensor of the model.
   std::vector<std::int64_t> row_stats(tensors.size(), -1), row_state(tensors.size(), -1);

@@ -138,7 +138,7 @@ AdamW8bitPlan plan_adamw8bit(const SlabLayout& layout, const std::vector<Segment
   AdamW8bitPlan plan;
   plan.owned_elements = owned.size();
   plan.owned_blocks = owned.size() / kQuantBlock;
-  const auto& tensors = layout.tensors();
+  const auto& tensors = layout.parameters();
   for (std::size_t si = 0; si < segments.size(); ++si) {
     const Segment& seg = segments[si];
     if (tensors[static_cast<std::size_t>(seg.tensor)].numel >= min_8bit_size) {

@@ -9,7 +9,7 @@ namespace optim {
 
 std::vector<Segment> make_segments(const SlabLayout& layout, Range range) {
   std::vector<Segment> segments;
-  const auto& tensors = layout.tensors();
+  const auto& tensors = layout.parameters();
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const SlabTensor& t = tensors[i];
     const Range part = t.range().intersect(range);

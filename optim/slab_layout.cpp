@@ -11,6 +11,49 @@ namespace {
 std::int64_t round_up(std::int64_t x, std::int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
 }  // namespace
 
+void SlabLayout::add_parameters(const SlabTensor& stored, std::unordered_set<std::string>& names) {
+  const ParamSpec& spec = stored.spec;
+  if (spec.parts.empty()) {
+    parameters_.push_back(stored);
+    return;
+  }
+  if (spec.shape.size() != 2) {
+    throw core::Error("slab layout: parameter '" + spec.name + "' has parts but shape " + core::shape_str(spec.shape) +
+                      " (parts are row blocks of a 2-D tensor)");
+  }
+  const std::int64_t cols = spec.shape[1];
+  std::int64_t rows = 0;
+  bool aligned = true;
+  for (const ParamPart& part : spec.parts) {
+    if (part.rows <= 0 || part.name.empty() || !names.insert(part.name).second) {
+      throw core::Error("slab layout: parameter '" + spec.name + "' has a part with no rows, no name or a duplicate name ('" +
+                        part.name + "')");
+    }
+    if (rows * cols % kTensorAlignment != 0) aligned = false;
+    rows += part.rows;
+  }
+  if (rows != spec.shape[0]) {
+    throw core::Error("slab layout: the parts of '" + spec.name + "' have " + std::to_string(rows) + " rows, the tensor " +
+                      std::to_string(spec.shape[0]));
+  }
+  if (!aligned) {
+    unsplit_.push_back(spec.name);
+    parameters_.push_back(stored);
+    return;
+  }
+  std::int64_t row = 0;
+  for (const ParamPart& part : spec.parts) {
+    SlabTensor logical = stored;
+    logical.spec.name = part.name;
+    logical.spec.shape = {part.rows, cols};
+    logical.spec.parts.clear();
+    logical.offset = stored.offset + row * cols;
+    logical.numel = part.rows * cols;
+    parameters_.push_back(std::move(logical));
+    row += part.rows;
+  }
+}
+
 Range Range::intersect(const Range& r) const {
   const std::int64_t b = std::max(begin, r.begin);
   const std::int64_t e = std::min(end, r.end);
@@ -38,8 +81,10 @@ SlabLayout::SlabLayout(std::vector<ParamSpec> specs, int world_size) : world_siz
     SlabTensor t;
     t.numel = core::shape_numel(spec.shape);
     t.offset = cursor;
+    t.stored = static_cast<int>(tensors_.size());
     t.spec = std::move(spec);
     cursor = round_up(cursor + t.numel, kTensorAlignment);
+    add_parameters(t, names);
     tensors_.push_back(std::move(t));
   }
   used_ = cursor;

@@ -295,10 +295,16 @@ json layout_json(const optim::SlabLayout& layout) {
   for (const optim::SlabTensor& t : layout.tensors()) {
     tensors.push_back({{"name", t.spec.name}, {"shape", t.spec.shape}, {"offset", t.offset}, {"numel", t.numel}});
   }
+  // The logical tensors the optimizer state is laid out by (parts of fused tensors separate).
+  json parameters = json::array();
+  for (const optim::SlabTensor& t : layout.parameters()) {
+    parameters.push_back({{"name", t.spec.name}, {"offset", t.offset}, {"numel", t.numel}});
+  }
   return {{"world_size", layout.world_size()},
           {"used_elements", layout.used_elements()},
           {"total_elements", layout.total_elements()},
-          {"tensors", tensors}};
+          {"tensors", tensors},
+          {"parameters", parameters}};
 }
 
 json optimizer_json(const optim::OptimizerConfig& c) {
@@ -375,6 +381,16 @@ void check_layout(const fs::path& manifest_path, const json& saved, const optim:
                std::to_string(offset) + " in the checkpoint but " + t.spec.name + " " + core::shape_str(t.spec.shape) +
                " at element " + std::to_string(t.offset) + " in the configured model");
     }
+  }
+  if (saved.contains("parameters")) {
+    const json& parameters = saved.at("parameters");
+    bool same = parameters.size() == layout.parameters().size();
+    for (std::size_t i = 0; same && i < parameters.size(); ++i) {
+      const optim::SlabTensor& t = layout.parameters()[i];
+      same = parameters[i].at("name").get<std::string>() == t.spec.name &&
+             parameters[i].at("offset").get<std::int64_t>() == t.offset;
+    }
+    if (!same) mismatch("its optimizer tensors (the parts of fused tensors) differ from the configured model's");
   }
   if (saved.at("used_elements").get<std::int64_t>() != layout.used_elements()) {
     mismatch("the slab holds " + saved.at("used_elements").dump() + " elements in the checkpoint, " +
@@ -730,6 +746,15 @@ VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::Sla
     if (saved_type != optimizer_type) {
       throw core::InputError(manifest_path.string() + ": the checkpoint holds " + saved_type +
                              " optimizer state but the run uses optimizer.type " + optimizer_type);
+    }
+    // Written before fused tensors (q/k/v, gate/up) were separate tensors to the optimizers:
+    // AdamW's state is elementwise and carries over; Adafactor's statistics and adamw8bit's
+    // per-tensor choice of 8-bit state were made over the fused matrices.
+    if (!m.at("layout").contains("parameters") && layout.has_parts() && saved_type != "adamw") {
+      throw core::InputError(manifest_path.string() + ": this checkpoint's " + saved_type +
+                             " state treats q/k/v and gate/up as one tensor each, which this version keeps "
+                             "separate; resume it with the version that wrote it, or start a new run from its "
+                             "weights with model.init_from: " + directory.string());
     }
     for (const json& entry : m.at("files")) verify_buffer_file(directory, entry, file_contents);
     out.progress.step = m.at("step").get<std::int64_t>();

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <random>
+#include <optional>
 #include <thread>
 
 #include <fcntl.h>
@@ -20,6 +20,7 @@
 #include "comm/single_rank.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "models/generation.h"
 #include "optim/initialize.h"
 #include "optim/optimizer.h"
 #include "trainer/checkpoint.h"
@@ -172,32 +173,57 @@ double validation_loss(ModelRunner& runner, const text::TokenShard& val, std::in
   return sums[0] / sums[1];
 }
 
-// A generated continuation of `prompt` (byte tokenizer): temperature 0.8 sampling, seeded, through
-// the model's decoder; empty when the family has none on this backend.
-std::string sample_text(const models::ModelSpec& spec, optim::Slab& slab, const core::DeviceContext& context,
-                        const float* full_weights, const std::string& prompt, std::int64_t tokens, std::uint64_t seed) {
+// A generated continuation of `prompt` through the model's decoder (KV cache) and the run's
+// tokenizer: temperature 0.8, seeded, ids chosen on the backend; it ends at "<|endoftext|>" when
+// the tokenizer has one. The continuation as text (special tokens left out; ids the tokenizer
+// does not know as U+FFFD), or nothing when the family has no decoder on this backend
+// or the prompt leaves no room.
+std::optional<std::string> sample_text(const models::ModelSpec& spec, optim::Slab& slab,
+                                       const core::DeviceContext& context, const float* full_weights,
+                                       text::Tokenizer& tokenizer, const std::string& prompt, std::int64_t tokens,
+                                       std::uint64_t seed) {
   std::vector<std::int32_t> ids;
-  for (unsigned char ch : prompt) ids.push_back(ch);
-  if (ids.empty()) ids.push_back('\n');
-  const std::int64_t capacity = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()) + tokens, spec.max_sequence_length());
-  if (static_cast<std::int64_t>(ids.size()) >= capacity) return {};
-  auto decoder = spec.decoder(slab, context, {.max_tokens = capacity, .full_weights = full_weights});
-  if (!decoder) return {};
-  decoder->prefill(ids);
-  std::mt19937_64 rng(seed);
-  std::vector<float> logits(static_cast<std::size_t>(spec.vocab_size()));
-  std::string out;
-  for (std::int64_t i = 0; i < tokens && decoder->position() < capacity; ++i) {
-    core::copy_bytes(logits.data(), decoder->logits(), logits.size() * sizeof(float), context.stream());
-    context.synchronize();
-    const float top = *std::max_element(logits.begin(), logits.end());
-    std::vector<double> p(logits.size());
-    for (std::size_t v = 0; v < logits.size(); ++v) p[v] = std::exp((logits[v] - top) / 0.8);
-    std::discrete_distribution<int> pick(p.begin(), p.end());
-    const int next = pick(rng);
-    out.push_back(static_cast<char>(next));
-    if (decoder->position() < capacity) decoder->step(next);
+  for (const std::uint32_t id : tokenizer.encode(prompt.empty() ? std::string("\n") : prompt)) {
+    ids.push_back(static_cast<std::int32_t>(id));
   }
+  const std::int64_t capacity = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()) + tokens, spec.max_sequence_length());
+  if (ids.empty() || static_cast<std::int64_t>(ids.size()) >= capacity) return std::nullopt;
+  auto decoder = spec.decoder(slab, context, {.max_tokens = capacity, .full_weights = full_weights});
+  if (!decoder) return std::nullopt;
+  models::GenerationOptions options;
+  options.max_new_tokens = capacity - static_cast<std::int64_t>(ids.size());
+  options.sampling.temperature = 0.8f;
+  options.seed = seed;
+  if (const auto* bpe = dynamic_cast<const text::BpeTokenizer*>(&tokenizer)) {
+    if (const std::int64_t eos = bpe->added_token_id("<|endoftext|>"); eos >= 0) {
+      options.stop_ids.push_back(static_cast<std::int32_t>(eos));
+    }
+  }
+  const models::GenerationResult result = models::generate(*decoder, context, spec.vocab_size(), ids, options);
+  std::vector<std::uint32_t> known;  // runs of ids the tokenizer knows, decoded together
+  std::string out;
+  const auto flush = [&] {
+    out += tokenizer.decode_text(known);
+    known.clear();
+  };
+  for (const std::int32_t id : result.ids) {
+    const auto u = static_cast<std::uint32_t>(id);
+    bool ok = u < tokenizer.vocab_size();
+    if (ok) {
+      try {
+        (void)tokenizer.decode(std::span<const std::uint32_t>(&u, 1));
+      } catch (const core::InputError&) {
+        ok = false;
+      }
+    }
+    if (ok) {
+      known.push_back(u);
+    } else {
+      flush();
+      out += "\xEF\xBF\xBD";  // U+FFFD
+    }
+  }
+  flush();
   return out;
 }
 
@@ -249,6 +275,12 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
   comm::Communicator& comm = *communicator;
   // The checkpoint to resume from is verified before anything is written.
   optim::SlabLayout layout(spec->parameters(), world);
+  for (const std::string& name : layout.unsplit()) {
+    if (comm.rank() == 0) {
+      spdlog::warn("{}: its parts start off the 64-element alignment at this shape; the optimizer treats it "
+                      "as one tensor", name);
+    }
+  }
   const std::optional<VerifiedCheckpoint> resume_from = select_checkpoint(config, layout, &comm);
   const StopSignals stop_signals;
   const std::int64_t seq = config.data.seq_len, micro = config.training.micro_batch_size;
@@ -270,6 +302,14 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
                              " (expected at least the tokenizer's vocabulary)");
     }
   }
+  // The run's tokenizer for the samples, loaded at the first one.
+  std::unique_ptr<text::Tokenizer> tokenizer_for_samples;
+  const auto sample_tokenizer = [&]() -> text::Tokenizer& {
+    if (!tokenizer_for_samples) {
+      tokenizer_for_samples = text::make_tokenizer(config.data.tokenizer.empty() ? "byte" : config.data.tokenizer);
+    }
+    return *tokenizer_for_samples;
+  };
   const std::int64_t global_batch = global_batch_sequences(config, world);
   if (resume_from) {
     const TrainingProgress& saved = resume_from->progress;
@@ -472,12 +512,14 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
       interval_steps = 0;
     }
     if (config.eval.every > 0 && step % config.eval.every == 0) evaluate(step);
-    if (lead && config.sample.every > 0 && step % config.sample.every == 0 && config.data.tokenizer == "byte") {
-      const std::string text = config.sample.prompt +
-          sample_text(*spec, slab, context, weight_sync.full_weights(), config.sample.prompt, config.sample.tokens,
-                      config.run.seed + step);
-      spdlog::info("sample at step {}: {}", step, text);
-      record({{"step", step}, {"sample", text}});
+    if (lead && config.sample.every > 0 && step % config.sample.every == 0) {
+      const auto continuation = sample_text(*spec, slab, context, weight_sync.full_weights(), sample_tokenizer(),
+                                            config.sample.prompt, config.sample.tokens, config.run.seed + step);
+      if (continuation) {
+        const std::string text = config.sample.prompt + *continuation;
+        spdlog::info("sample at step {}: {}", step, text);
+        record({{"step", step}, {"sample", text}});
+      }
     }
     if (stop || (step == config.training.max_steps && config.checkpoint.at_end) ||
         (config.checkpoint.every > 0 && step % config.checkpoint.every == 0)) {
@@ -505,9 +547,10 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
   spdlog::info("done: {} steps, {} tokens in {:.1f} s ({:.0f} tok/s), final loss {:.4f}{}", summary.steps, summary.tokens,
                summary.seconds, static_cast<double>(summary.tokens) / summary.seconds, summary.final_loss,
                summary.final_val_loss >= 0 ? fmt::format(", validation loss {:.4f}", summary.final_val_loss) : "");
-  if (lead && config.data.tokenizer == "byte") {
-    const std::string text = sample_text(*spec, slab, context, weight_sync.full_weights(), config.sample.prompt, config.sample.tokens, config.run.seed);
-    std::printf("\n--- sample ---\n%s%s\n--------------\n", config.sample.prompt.c_str(), text.c_str());
+  if (lead) {
+    const auto text = sample_text(*spec, slab, context, weight_sync.full_weights(), sample_tokenizer(),
+                                  config.sample.prompt, config.sample.tokens, config.run.seed);
+    if (text) std::printf("\n--- sample ---\n%s%s\n--------------\n", config.sample.prompt.c_str(), text->c_str());
   }
   comm.barrier("end of training");
   return summary;

@@ -91,11 +91,13 @@ std::vector<optim::ParamSpec> parameter_specs(const Qwen3Config& c) {
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     norm(layer(i) + "input_norm", c.hidden_size);
     matrix(layer(i) + "qkv", c.qkv_size(), c.hidden_size);
+    p.back().parts = {{layer(i) + "q", c.q_size()}, {layer(i) + "k", c.kv_size()}, {layer(i) + "v", c.kv_size()}};
     norm(layer(i) + "q_norm", c.head_dim);
     norm(layer(i) + "k_norm", c.head_dim);
     matrix(layer(i) + "o_proj", c.hidden_size, c.q_size());
     norm(layer(i) + "post_norm", c.hidden_size);
     matrix(layer(i) + "gate_up", 2 * c.intermediate_size, c.hidden_size);
+    p.back().parts = {{layer(i) + "gate", c.intermediate_size}, {layer(i) + "up", c.intermediate_size}};
     matrix(layer(i) + "down", c.hidden_size, c.intermediate_size);
   }
   norm("final_norm", c.hidden_size);

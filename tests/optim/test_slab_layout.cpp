@@ -66,6 +66,47 @@ void check_layout(const std::vector<ParamSpec>& specs, int world) {
   }
 }
 
+// Parts: stored tensors unchanged, the logical tensors back to back inside them, each seen by the
+// segment table as its own tensor on every shard; misaligned parts stay one tensor and are named.
+TEST(SlabLayout, PartsAreSeparateTensorsToTheOptimizers) {
+  std::vector<ParamSpec> specs = {
+      {.name = "norm", .shape = {7}},
+      {.name = "qkv", .shape = {48, 64}, .factored = true, .parts = {{"q", 32}, {"k", 8}, {"v", 8}}},
+      {.name = "gate_up", .shape = {6, 24}, .factored = true, .parts = {{"gate", 3}, {"up", 3}}},
+      {.name = "down", .shape = {24, 3}}};
+  for (int world : {1, 2, 3, 7}) {
+    const SlabLayout layout(specs, world);
+    ASSERT_EQ(layout.tensors().size(), 4u);
+    ASSERT_EQ(layout.parameters().size(), 6u);  // norm, q, k, v, gate_up (3 * 24 = 72: unsplit), down
+    EXPECT_EQ(layout.unsplit(), std::vector<std::string>{"gate_up"});
+    const auto& qkv = layout.tensor("qkv");
+    const auto& p = layout.parameters();
+    EXPECT_EQ(p[1].spec.name, "q");
+    EXPECT_EQ(p[1].offset, qkv.offset);
+    EXPECT_EQ(p[2].offset, qkv.offset + 32 * 64);
+    EXPECT_EQ(p[3].offset, qkv.offset + 40 * 64);
+    EXPECT_EQ(p[3].spec.shape, (core::Shape{8, 64}));
+    EXPECT_TRUE(p[2].spec.factored);
+    EXPECT_EQ(p[2].stored, 1);
+    EXPECT_EQ(p[4].spec.name, "gate_up");
+    std::vector<std::int64_t> covered(p.size(), 0);
+    for (int r = 0; r < world; ++r) {
+      for (const auto& seg : optim::make_segments(layout, layout.shard(r))) {
+        const auto& t = p[static_cast<std::size_t>(seg.tensor)];
+        EXPECT_TRUE(t.range().contains({seg.offset, seg.offset + seg.length}));
+        EXPECT_EQ(seg.tensor_offset, t.offset);
+        if (t.spec.factored) EXPECT_EQ(seg.rows, t.spec.shape[0]);
+        covered[static_cast<std::size_t>(seg.tensor)] += seg.length;
+      }
+    }
+    for (std::size_t i = 0; i < p.size(); ++i) EXPECT_EQ(covered[i], p[i].numel) << p[i].spec.name;
+  }
+  specs[1].parts[2].rows = 9;
+  EXPECT_THROW(SlabLayout(specs, 1), core::Error);
+  specs[1].parts[2] = {"q", 8};
+  EXPECT_THROW(SlabLayout(specs, 1), core::Error);
+}
+
 TEST(SlabLayout, InvariantsOverWorldSizesAndRandomTensorLists) {
   std::mt19937_64 rng(test::fresh_seed());
   for (int trial = 0; trial < 40; ++trial) {
