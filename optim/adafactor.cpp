@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "optim/update_epilogue.h"
 
 namespace optim {
 
@@ -348,7 +349,7 @@ void Adafactor::update_cpu(const AdafactorStepParams& p, double lr) {
   const auto& segments = slab_.segments();
   if (skip) {
     for (const Segment& seg : segments) std::fill(grad + seg.offset, grad + seg.offset + seg.length, 0.0f);
-    ++s.skipped;
+    finish_update(s, true);
     return;
   }
   const float clip = clip_coefficient(s.grad_sq_sum, p.max_norm);
@@ -376,8 +377,7 @@ void Adafactor::update_cpu(const AdafactorStepParams& p, double lr) {
       const std::int64_t local = el - owned_begin;
       const float u = adafactor_u(adafactor_grad(grad[el], clip), v);
       adafactor_apply(e, master[local], e.use_beta1 ? exp_avg + local : nullptr, u);
-      mirror[el] = bf16 ? core::float_to_bf16(master[local]) : core::float_to_fp16(master[local]);
-      grad[el] = 0.0f;
+      write_back(master[local], grad[el], mirror[el], bf16);
     };
     if (item.kind == kTileItem) {
       const float* R = row_col + info.row_state;
@@ -395,7 +395,7 @@ void Adafactor::update_cpu(const AdafactorStepParams& p, double lr) {
       }
     }
   }
-  ++s.step;
+  finish_update(s, false);
 }
 
 }  // namespace optim

@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "optim/adafactor.h"
 #include "optim/block_reduce.cuh"
-#include "optim/mirror_store.cuh"
+#include "optim/update_epilogue.cuh"
 
 namespace optim {
 
@@ -351,23 +351,6 @@ u_statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
 
 // ---- phase 3 -----------------------------------------------------------------------------
 
-// The mirror's element type is known at run time only (one kernel serves both).
-__device__ __forceinline__ void store_mirror4_as(void* mirror, core::DType dtype, std::int64_t i, float4 w) {
-  if (dtype == core::DType::bf16) {
-    store_mirror4(static_cast<__nv_bfloat16*>(mirror) + i, w);
-  } else {
-    store_mirror4(static_cast<__half*>(mirror) + i, w);
-  }
-}
-
-__device__ __forceinline__ void store_mirror_as(void* mirror, core::DType dtype, std::int64_t i, float w) {
-  if (dtype == core::DType::bf16) {
-    store_mirror(static_cast<__nv_bfloat16*>(mirror) + i, w);
-  } else {
-    store_mirror(static_cast<__half*>(mirror) + i, w);
-  }
-}
-
 __global__ void __launch_bounds__(kThreads)
 update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
   __shared__ AdafactorElementParams shared_e;
@@ -383,6 +366,7 @@ update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
     const Segment seg = v.segments[item.segment];
     const AdafactorSegment info = v.info[item.segment];
     const AdafactorElementParams e = shared_e;
+    const AnyMirror mirror{v.mirror, v.mirror_dtype};
     if (item.kind == kTileItem && vector_tile(seg) && !st.skip) {
       const float* R = v.row_col_state + info.row_state;
       const float* C = R + seg.rows;  // not 16-byte aligned: read as scalars
@@ -415,9 +399,7 @@ update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
             adafactor_apply(e, w[k].z, &m.z, adafactor_u(adafactor_grad(g[k].z, st.clip), adafactor_factored_v(e, row, col.z)));
             adafactor_apply(e, w[k].w, &m.w, adafactor_u(adafactor_grad(g[k].w, st.clip), adafactor_factored_v(e, row, col.w)));
             if (m4) m4[i4] = m;
-            __stcs(w4 + i4, w[k]);
-            __stcs(g4 + i4, zero4);
-            store_mirror4_as(v.mirror, v.mirror_dtype, item.first + 4 * i4, w[k]);
+            write_back4(w4 + i4, g4 + i4, mirror + (item.first + 4 * i4), w[k]);
           }
         }
       }
@@ -446,10 +428,10 @@ update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
               const float u = adafactor_u(adafactor_grad(g[k], st.clip),
                                           adafactor_factored_v(e, R[item.row0 + r0 + k], col));
               adafactor_apply(e, w[k], e.use_beta1 ? v.exp_avg + local : nullptr, u);
-              v.master[local] = w[k];
-              store_mirror_as(v.mirror, v.mirror_dtype, el, w[k]);
+              write_back(v.master + local, v.grad + el, mirror + el, w[k]);
+            } else {
+              v.grad[el] = 0.0f;
             }
-            v.grad[el] = 0.0f;
           }
         }
       }
@@ -461,27 +443,15 @@ update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
           const float u = adafactor_u(adafactor_grad(v.grad[el], st.clip), second_moment);
           float w = v.master[local];
           adafactor_apply(e, w, e.use_beta1 ? v.exp_avg + local : nullptr, u);
-          v.master[local] = w;
-          store_mirror_as(v.mirror, v.mirror_dtype, el, w);
+          write_back(v.master + local, v.grad + el, mirror + el, w);
+        } else {
+          v.grad[el] = 0.0f;
         }
-        v.grad[el] = 0.0f;
       }
     }
   }
 
-  // The last block to finish advances the step counters; every block has read them by then.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&v.scalars->update_arrivals, 1u) == gridDim.x - 1) {
-      if (st.skip) {
-        ++v.scalars->skipped;
-      } else {
-        ++v.scalars->step;
-      }
-      v.scalars->update_arrivals = 0;
-    }
-  }
+  finish_update(v.scalars, st.skip);
 }
 
 unsigned int grid_of(std::int64_t count) { return static_cast<unsigned int>(count > 0 ? count : 1); }

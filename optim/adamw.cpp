@@ -1,6 +1,7 @@
 #include "optim/adamw.h"
 
 #include "core/half.h"
+#include "optim/update_epilogue.h"
 
 namespace optim {
 
@@ -64,16 +65,13 @@ void AdamW::update_cpu(const AdamWStepParams& params) {
       if (!skip) {
         const std::int64_t local = i - owned_begin;
         adamw_element(master[local], m[local], v[local], grad[i], e);
-        mirror[i] = bf16 ? core::float_to_bf16(master[local]) : core::float_to_fp16(master[local]);
+        write_back(master[local], grad[i], mirror[i], bf16);
+      } else {
+        grad[i] = 0.0f;
       }
-      grad[i] = 0.0f;
     }
   }
-  if (skip) {
-    ++s.skipped;
-  } else {
-    ++s.step;
-  }
+  finish_update(s, skip);
 }
 
 }  // namespace optim

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "optim/adamw.h"
-#include "optim/mirror_store.cuh"
+#include "optim/update_epilogue.cuh"
 
 namespace optim {
 
@@ -50,10 +50,8 @@ adamw_update_kernel(float* __restrict__ master, float* __restrict__ exp_avg, flo
     Half* out = mirror + chunk.offset;
     const int vectors = chunk.length >> 2;
     float4* g4 = reinterpret_cast<float4*>(g);
-    const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
     if (shared_skip) {
-      for (int i = threadIdx.x; i < vectors; i += kUpdateThreads) __stcs(g4 + i, zero4);
-      for (int i = (vectors << 2) + threadIdx.x; i < chunk.length; i += kUpdateThreads) g[i] = 0.0f;
+      zero_gradients(g, chunk.length, kUpdateThreads);
     } else {
       float4* w4 = reinterpret_cast<float4*>(w);
       float4* m4 = reinterpret_cast<float4*>(m);
@@ -67,33 +65,19 @@ adamw_update_kernel(float* __restrict__ master, float* __restrict__ exp_avg, flo
         adamw_element(wi.y, mi.y, vi.y, gi.y, e);
         adamw_element(wi.z, mi.z, vi.z, gi.z, e);
         adamw_element(wi.w, mi.w, vi.w, gi.w, e);
-        __stcs(w4 + i, wi);
         __stcs(m4 + i, mi);
         __stcs(v4 + i, vi);
-        __stcs(g4 + i, zero4);
-        store_mirror4(out + 4 * i, wi);
+        write_back4(w4 + i, g4 + i, out + 4 * i, wi);
       }
       for (int i = (vectors << 2) + threadIdx.x; i < chunk.length; i += kUpdateThreads) {
-        adamw_element(w[i], m[i], v[i], g[i], e);
-        store_mirror(out + i, w[i]);
-        g[i] = 0.0f;
+        float wi = w[i];
+        adamw_element(wi, m[i], v[i], g[i], e);
+        write_back(w + i, g + i, out + i, wi);
       }
     }
   }
 
-  // The last block to finish advances the step counters; every block has read them by then.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&scalars->update_arrivals, 1u) == gridDim.x - 1) {
-      if (shared_skip) {
-        ++scalars->skipped;
-      } else {
-        ++scalars->step;
-      }
-      scalars->update_arrivals = 0;
-    }
-  }
+  finish_update(scalars, shared_skip);
 }
 
 }  // namespace

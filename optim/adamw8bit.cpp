@@ -12,6 +12,7 @@
 #include "core/half.h"
 #include "optim/adamw.h"
 #include "optim/quantization.h"
+#include "optim/update_epilogue.h"
 
 namespace optim {
 
@@ -96,8 +97,7 @@ struct QuantisedChunkCpu {
         float mi = Codec::decode_m(q_m[l], old_scale_m);
         float vi = Codec::decode_v(q_v[l], old_scale_v);
         adamw_element_quantised(master[l], mi, vi, grad[i], params[owner[e]]);
-        mirror[i] = bf16 ? core::float_to_bf16(master[l]) : core::float_to_fp16(master[l]);
-        grad[i] = 0.0f;
+        write_back(master[l], grad[i], mirror[i], bf16);
         m[e] = mi;
         v[e] = vi;
         max_m = std::fmax(max_m, std::fabs(mi));
@@ -265,9 +265,10 @@ void AdamW8bit::update_cpu(const AdamWStepParams& params) {
         if (!skip) {
           const std::int64_t local = i - owned_begin;
           adamw_element(master[local], m[k], v[k], grad[i], e);
-          mirror[i] = bf16 ? core::float_to_bf16(master[local]) : core::float_to_fp16(master[local]);
+          write_back(master[local], grad[i], mirror[i], bf16);
+        } else {
+          grad[i] = 0.0f;
         }
-        grad[i] = 0.0f;
       }
       continue;
     }
@@ -290,11 +291,7 @@ void AdamW8bit::update_cpu(const AdamWStepParams& params) {
       run(std::integral_constant<Quantization, Quantization::linear>{});
     }
   }
-  if (skip) {
-    ++s.skipped;
-  } else {
-    ++s.step;
-  }
+  finish_update(s, skip);
 }
 
 }  // namespace optim

@@ -16,7 +16,7 @@
 
 #include "core/error.h"
 #include "optim/adamw8bit.h"
-#include "optim/mirror_store.cuh"
+#include "optim/update_epilogue.cuh"
 #include "optim/quantization.h"
 
 namespace optim {
@@ -57,18 +57,6 @@ __device__ __forceinline__ void store4(float* p, float4 x, unsigned mask) {
   if (mask & 2u) p[1] = x.y;
   if (mask & 4u) p[2] = x.z;
   if (mask & 8u) p[3] = x.w;
-}
-
-template <typename Half>
-__device__ __forceinline__ void store_mirror_masked(Half* p, float4 w, unsigned mask) {
-  if (mask == 0xFu) {
-    store_mirror4(p, w);
-    return;
-  }
-  if (mask & 1u) store_mirror(p + 0, w.x);
-  if (mask & 2u) store_mirror(p + 1, w.y);
-  if (mask & 4u) store_mirror(p + 2, w.z);
-  if (mask & 8u) store_mirror(p + 3, w.w);
 }
 
 // Maximum over the warp of non-negative floats: their bit patterns order like the floats, so one
@@ -420,26 +408,13 @@ __device__ __forceinline__ void update_block(const LocalBuffers<Half>& L, std::i
   }
   const float4 w0 = make_float4(w[0], w[1], w[2], w[3]);
   const float4 w1 = make_float4(w[4], w[5], w[6], w[7]);
-  const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
   const LanePointers<Half> p = lane_pointers(L, local);
   if (Whole) {
-    __stcs(reinterpret_cast<float4*>(p.master), w0);
-    __stcs(reinterpret_cast<float4*>(p.master + 128), w1);
-    __stcs(reinterpret_cast<float4*>(p.grad), zero4);
-    __stcs(reinterpret_cast<float4*>(p.grad + 128), zero4);
-    store_mirror4(p.mirror, w0);
-    store_mirror4(p.mirror + 128, w1);
+    write_back4(reinterpret_cast<float4*>(p.master), reinterpret_cast<float4*>(p.grad), p.mirror, w0);
+    write_back4(reinterpret_cast<float4*>(p.master + 128), reinterpret_cast<float4*>(p.grad + 128), p.mirror + 128, w1);
   } else {
-    if (mask0 != 0u) {
-      store4(p.master, w0, mask0);
-      store4(p.grad, zero4, mask0);
-      store_mirror_masked(p.mirror, w0, mask0);
-    }
-    if (mask1 != 0u) {
-      store4(p.master + 128, w1, mask1);
-      store4(p.grad + 128, zero4, mask1);
-      store_mirror_masked(p.mirror + 128, w1, mask1);
-    }
+    write_back4_masked(p.master, p.grad, p.mirror, w0, mask0);
+    write_back4_masked(p.master + 128, p.grad + 128, p.mirror + 128, w1, mask1);
   }
 
   // Block maxima over the quantised elements (non-members read as 0); max is order-free, so the
@@ -567,10 +542,8 @@ __device__ __forceinline__ void update_fp32_chunk(const AdamW8bitBuffers& b, Hal
   const int vectors = n >> 2;
   float* g = b.grad + chunk.offset;
   float4* g4 = reinterpret_cast<float4*>(g);
-  const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
   if (skip) {
-    for (int i = threadIdx.x; i < vectors; i += kUpdateThreads) __stcs(g4 + i, zero4);
-    for (int i = (vectors << 2) + threadIdx.x; i < n; i += kUpdateThreads) g[i] = 0.0f;
+    zero_gradients(g, n, kUpdateThreads);
     return;
   }
   float* w = b.master + (chunk.offset - b.owned_begin);
@@ -589,16 +562,14 @@ __device__ __forceinline__ void update_fp32_chunk(const AdamW8bitBuffers& b, Hal
     adamw_element(wi.y, mi.y, vi.y, gi.y, e);
     adamw_element(wi.z, mi.z, vi.z, gi.z, e);
     adamw_element(wi.w, mi.w, vi.w, gi.w, e);
-    __stcs(w4 + i, wi);
     m4[i] = mi;
     v4[i] = vi;
-    __stcs(g4 + i, zero4);
-    store_mirror4(out + 4 * i, wi);
+    write_back4(w4 + i, g4 + i, out + 4 * i, wi);
   }
   for (int i = (vectors << 2) + threadIdx.x; i < n; i += kUpdateThreads) {
-    adamw_element(w[i], m[i], v[i], g[i], e);
-    store_mirror(out + i, w[i]);
-    g[i] = 0.0f;
+    float wi = w[i];
+    adamw_element(wi, m[i], v[i], g[i], e);
+    write_back(w + i, g + i, out + i, wi);
   }
 }
 
@@ -650,19 +621,7 @@ adamw8bit_update_kernel(AdamW8bitBuffers b, const AdamW8bitChunk* __restrict__ c
     }
   }
 
-  // The last block to finish advances the step counters; every block has read them by then.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&scalars->update_arrivals, 1u) == gridDim.x - 1) {
-      if (skip) {
-        ++scalars->skipped;
-      } else {
-        ++scalars->step;
-      }
-      scalars->update_arrivals = 0;
-    }
-  }
+  finish_update(scalars, skip);
 }
 
 template <Quantization Q>

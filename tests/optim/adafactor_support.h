@@ -108,15 +108,6 @@ struct ShardedRun {
   }
 };
 
-inline std::vector<float> tensor_grads(std::mt19937_64& rng, const optim::SlabLayout& layout, float scale) {
-  std::vector<float> g(static_cast<std::size_t>(layout.total_elements()), 0.0f);
-  for (const auto& t : layout.tensors()) {
-    const auto values = test::random_normal(rng, static_cast<std::size_t>(t.numel), scale);
-    std::copy(values.begin(), values.end(), g.begin() + t.offset);
-  }
-  return g;
-}
-
 inline void check_shards_match_unsharded(core::Device device) {
   std::mt19937_64 rng(test::fresh_seed());
   for (int trial = 0; trial < 6; ++trial) {
@@ -130,7 +121,7 @@ inline void check_shards_match_unsharded(core::Device device) {
       const optim::SlabLayout layout(specs, world);
       auto master = test::random_normal(rng, static_cast<std::size_t>(layout.total_elements()));
       for (int step = 0; step < 3; ++step) {
-        const auto g = tensor_grads(rng, layout, step == 1 ? 3.0f : 0.1f);
+        const auto g = test::random_grads(rng, layout, step == 1 ? 3.0f : 0.1f);
         if (step == 0) {
           single.load(std::vector<float>(master.begin(), master.begin() + single.slabs[0]->owned().size()),
                       std::vector<float>(g.begin(), g.begin() + single.slabs[0]->full().size()));

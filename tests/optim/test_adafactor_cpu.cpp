@@ -19,7 +19,6 @@ using optim::OptimizerConfig;
 using optim::ParamSpec;
 using test::adafactor_config;
 using test::factor_2d;
-using test::tensor_grads;
 
 float max_abs(const std::vector<float>& x) {
   float m = 0;
@@ -117,7 +116,7 @@ TEST(AdafactorCpu, OddShapes) {
   std::mt19937_64 rng(test::fresh_seed());
   test::from_host(slab.master(), test::random_normal(rng, slab.master().bytes() / 4));
   for (int step = 0; step < 3; ++step) {
-    test::from_host(slab.grad(), tensor_grads(rng, slab.layout(), 0.5f));
+    test::from_host(slab.grad(), test::random_grads(rng, slab.layout(), 0.5f));
     opt.step(1e-2);
   }
   EXPECT_EQ(opt.report().step, 3);

@@ -22,7 +22,6 @@ namespace {
 using optim::OptimizerConfig;
 using optim::ParamSpec;
 using test::factor_2d;
-using test::tensor_grads;
 
 struct AdafactorRun {
   core::DeviceContext context;
@@ -65,7 +64,7 @@ TEST(AdafactorGpu, MatchesReferenceOverRandomTensorLists) {
     test::from_host(gpu.slab.master(), master);
     test::from_host(cpu.slab.master(), master);
     for (int step = 0; step < 3; ++step) {
-      auto g = tensor_grads(rng, layout, step == 1 ? 3.0f : 0.05f);
+      auto g = test::random_grads(rng, layout, step == 1 ? 3.0f : 0.05f);
       if (trial % 4 == 3 && step == 1 && !gpu.slab.segments().empty()) {
         const auto& seg = gpu.slab.segments()[rng() % gpu.slab.segments().size()];
         g[static_cast<std::size_t>(seg.offset)] = INFINITY;
@@ -154,7 +153,7 @@ TEST(AdafactorGpu, LaunchCountDoesNotGrowWithTensorsAndGraphReplayEqualsEager) {
   cudaGraphExec_t exec = nullptr;
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int step = 0; step < 4; ++step) {
-    const auto g = tensor_grads(rng, layout, 0.3f);
+    const auto g = test::random_grads(rng, layout, 0.3f);
     test::from_host(eager.slab.grad(), g);
     test::from_host(graphed.slab.grad(), g);
     eager.opt.step(1e-2);

@@ -66,15 +66,6 @@ void random_master(std::mt19937_64& rng, optim::Slab& slab) {
   test::from_host(slab.master(), test::random_normal(rng, slab.master().bytes() / 4));
 }
 
-// Random gradients for the tensor elements of the whole slab, 0 in the padding.
-std::vector<float> random_grads(std::mt19937_64& rng, const optim::SlabLayout& layout, float scale) {
-  std::vector<float> g(static_cast<std::size_t>(layout.total_elements()), 0.0f);
-  std::normal_distribution<float> dist(0.0f, scale);
-  for (const auto& t : layout.tensors()) {
-    for (std::int64_t i = 0; i < t.numel; ++i) g[static_cast<std::size_t>(t.offset + i)] = dist(rng);
-  }
-  return g;
-}
 
 // Exact code values and the pair of codes that brackets a magnitude (brute force, all codes).
 template <typename Unit>
@@ -372,7 +363,7 @@ TEST(AdamW8bitCpu, StateKindFollowsMinSize) {
     random_master(rng, run.slab);
     test::from_host(slab32.master(), run.master());
     for (int step = 0; step < 4; ++step) {
-      const auto g = random_grads(rng, layout, 0.3f);
+      const auto g = test::random_grads(rng, layout, 0.3f);
       test::from_host(run.slab.grad(), g);
       test::from_host(slab32.grad(), g);
       run.opt.step(c.lr);
@@ -408,11 +399,11 @@ double deviation_from_fp32(Quantization q, std::uint64_t seed, int steps) {
   const auto w0 = run.master();
   test::from_host(slab32.master(), w0);
   // Per-element mean gradient with a wide range of magnitudes, plus noise.
-  auto mean = random_grads(rng, layout, 1.0f);
+  auto mean = test::random_grads(rng, layout, 1.0f);
   std::uniform_real_distribution<float> log_scale(-2.0f, 0.0f);
   for (float& x : mean) x *= std::pow(10.0f, log_scale(rng));
   for (int step = 0; step < steps; ++step) {
-    auto g = random_grads(rng, layout, 0.01f);
+    auto g = test::random_grads(rng, layout, 0.01f);
     for (std::size_t i = 0; i < g.size(); ++i) g[i] += mean[i];
     test::from_host(run.slab.grad(), g);
     test::from_host(slab32.grad(), g);
@@ -450,7 +441,7 @@ TEST(AdamW8bitCpu, SkipStepPolicyLeavesWeightsAndStateAndZeroesGrads) {
   random_master(rng, run.slab);
   test::from_host(fresh.slab.master(), run.master());
   // One finite step first so that the state is not all zero.
-  auto g = random_grads(rng, layout, 0.1f);
+  auto g = test::random_grads(rng, layout, 0.1f);
   test::from_host(run.slab.grad(), g);
   run.opt.step(c.lr);
   const auto w = run.master();
@@ -458,7 +449,7 @@ TEST(AdamW8bitCpu, SkipStepPolicyLeavesWeightsAndStateAndZeroesGrads) {
   const auto sm = run.scale_m(), sv = run.scale_v();
   const auto small_m = test::to_host<float>(run.opt.small_m());
 
-  g = random_grads(rng, layout, 0.1f);
+  g = test::random_grads(rng, layout, 0.1f);
   g[static_cast<std::size_t>(rng() % 9000)] = NAN;
   test::from_host(run.slab.grad(), g);
   run.opt.step(c.lr);
@@ -485,11 +476,11 @@ TEST(AdamW8bitCpu, SkippedStepDoesNotAdvanceTheRoundingSeed) {
   Run8 run(layout, c), fresh(layout, c);
   random_master(rng, run.slab);
   test::from_host(fresh.slab.master(), run.master());
-  auto bad = random_grads(rng, layout, 0.1f);
+  auto bad = test::random_grads(rng, layout, 0.1f);
   bad[3] = INFINITY;
   test::from_host(run.slab.grad(), bad);
   run.opt.step(c.lr);
-  const auto g = random_grads(rng, layout, 0.1f);
+  const auto g = test::random_grads(rng, layout, 0.1f);
   test::from_host(run.slab.grad(), g);
   test::from_host(fresh.slab.grad(), g);
   run.opt.step(c.lr);
@@ -509,7 +500,7 @@ TEST(AdamW8bitCpu, ZeroElementPolicyEqualsZeroGradients) {
     random_master(rng, run.slab);
     test::from_host(clean.slab.master(), run.master());
     for (int step = 0; step < 3; ++step) {
-      auto g = random_grads(rng, layout, 0.2f);
+      auto g = test::random_grads(rng, layout, 0.2f);
       auto g_clean = g;
       for (std::size_t pos : {std::size_t{5}, std::size_t{4000}, static_cast<std::size_t>(layout.tensors()[1].offset + 7)}) {
         g[pos] = step % 2 ? NAN : -INFINITY;
@@ -639,7 +630,7 @@ TEST(AdamW8bitCpu, CodesDoNotDependOnWorldSize) {
   const auto w0 = test::random_normal(rng, static_cast<std::size_t>(single.total_elements()));
   test::from_host(one.slab.master(), w0);
   std::vector<std::vector<float>> grads;
-  for (int step = 0; step < 3; ++step) grads.push_back(random_grads(rng, single, 0.1f));
+  for (int step = 0; step < 3; ++step) grads.push_back(test::random_grads(rng, single, 0.1f));
   for (const auto& g : grads) {
     test::from_host(one.slab.grad(), g);
     one.opt.step(c.lr);

@@ -54,14 +54,6 @@ void load(Run8& run, const HostState& s) {
   test::from_host(run.opt.small_v(), s.small_v);
 }
 
-std::vector<float> random_grads(std::mt19937_64& rng, const optim::SlabLayout& layout, float scale) {
-  std::vector<float> g(static_cast<std::size_t>(layout.total_elements()), 0.0f);
-  std::normal_distribution<float> dist(0.0f, scale);
-  for (const auto& t : layout.tensors()) {
-    for (std::int64_t i = 0; i < t.numel; ++i) g[static_cast<std::size_t>(t.offset + i)] = dist(rng);
-  }
-  return g;
-}
 
 // Identical bytes; on failure names the first differing index instead of printing the vectors.
 template <typename T>
@@ -166,7 +158,7 @@ TEST(AdamW8bitGpu, MatchesReferenceOverRandomTensorLists) {
     const auto& plan = gpu.opt.plan();
     HostState s;
     s.master = test::random_normal(rng, owned);
-    s.grad = random_grads(rng, layout, 0.05f);
+    s.grad = test::random_grads(rng, layout, 0.05f);
     // A random starting state: any code, positive scales (linear v codes are non-negative).
     s.q_m.resize(owned);
     s.q_v.resize(owned);
@@ -188,12 +180,8 @@ TEST(AdamW8bitGpu, MatchesReferenceOverRandomTensorLists) {
     test::from_host(cpu.slab.mirror(), mirror);
     for (int step = 0; step < 3; ++step) {
       if (step > 0) {
-        auto g = random_grads(rng, layout, step == 1 ? 2.0f : 0.01f);
-        if (trial % 3 == 2 && step == 1 && !gpu.slab.segments().empty()) {
-          const auto& seg = gpu.slab.segments()[rng() % gpu.slab.segments().size()];
-          g[static_cast<std::size_t>(seg.offset + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(seg.length)))] =
-              (rng() % 2) ? NAN : -INFINITY;
-        }
+        auto g = test::random_grads(rng, layout, step == 1 ? 2.0f : 0.01f);
+        if (trial % 3 == 2 && step == 1) test::poison_one_gradient(rng, gpu.slab.segments(), g);
         test::from_host(gpu.slab.grad(), g);
         test::from_host(cpu.slab.grad(), g);
       }
@@ -312,7 +300,7 @@ TEST(AdamW8bitGpu, GraphReplayEqualsEagerAndUsesTwoKernels) {
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
     for (int step = 0; step < 4; ++step) {
-      const auto g = random_grads(rng, layout, step == 2 ? 5.0f : 0.1f);
+      const auto g = test::random_grads(rng, layout, step == 2 ? 5.0f : 0.1f);
       test::from_host(eager.slab.grad(), g);
       test::from_host(graphed.slab.grad(), g);
       eager.opt.step(3e-4);

@@ -42,14 +42,6 @@ void load(OptimizerRun& run, const HostState& s) {
 }
 
 // Random gradients for every tensor element (padding stays 0, as in training).
-std::vector<float> random_grads(std::mt19937_64& rng, const optim::SlabLayout& layout, float scale) {
-  std::vector<float> g(static_cast<std::size_t>(layout.total_elements()), 0.0f);
-  std::normal_distribution<float> dist(0.0f, scale);
-  for (const auto& t : layout.tensors()) {
-    for (std::int64_t i = 0; i < t.numel; ++i) g[static_cast<std::size_t>(t.offset + i)] = dist(rng);
-  }
-  return g;
-}
 
 void expect_same_step(OptimizerRun& gpu, OptimizerRun& cpu, const std::string& where) {
   const auto rg = gpu.adamw.report();
@@ -119,17 +111,13 @@ TEST(AdamWGpu, MatchesReferenceOverRandomTensorLists) {
     s.m = test::random_normal(rng, owned, 0.01f);
     s.v = test::random_normal(rng, owned, 1e-4f);
     for (float& x : s.v) x = x * x;
-    s.grad = random_grads(rng, layout, 0.05f);
+    s.grad = test::random_grads(rng, layout, 0.05f);
     load(gpu, s);
     load(cpu, s);
     for (int step = 0; step < 3; ++step) {
       if (step > 0) {
-        auto g = random_grads(rng, layout, step == 1 ? 2.0f : 0.01f);
-        if (trial % 3 == 2 && step == 1 && !gpu.slab.segments().empty()) {
-          const auto& seg = gpu.slab.segments()[rng() % gpu.slab.segments().size()];
-          g[static_cast<std::size_t>(seg.offset + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(seg.length)))] =
-              (rng() % 2) ? NAN : -INFINITY;
-        }
+        auto g = test::random_grads(rng, layout, step == 1 ? 2.0f : 0.01f);
+        if (trial % 3 == 2 && step == 1) test::poison_one_gradient(rng, gpu.slab.segments(), g);
         test::from_host(gpu.slab.grad(), g);
         test::from_host(cpu.slab.grad(), g);
       }
@@ -152,7 +140,7 @@ TEST(AdamWGpu, GraphReplayEqualsEagerAndUsesTwoKernels) {
   OptimizerRun graphed(core::Device::cuda(0), layout, config, {}, optim::Optimizer::kDefaultChunkElements);
   const auto n = static_cast<std::size_t>(layout.total_elements());
   HostState s{test::random_normal(rng, n), std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f),
-              random_grads(rng, layout, 0.1f)};
+              test::random_grads(rng, layout, 0.1f)};
   load(eager, s);
   load(graphed, s);
 
@@ -163,7 +151,7 @@ TEST(AdamWGpu, GraphReplayEqualsEagerAndUsesTwoKernels) {
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
   for (int step = 0; step < 4; ++step) {
-    const auto g = random_grads(rng, layout, step == 2 ? 5.0f : 0.1f);
+    const auto g = test::random_grads(rng, layout, step == 2 ? 5.0f : 0.1f);
     test::from_host(eager.slab.grad(), g);
     test::from_host(graphed.slab.grad(), g);
     eager.adamw.step(3e-4);
@@ -186,7 +174,7 @@ TEST(AdamWGpu, GradStatsAreDeterministic) {
   const optim::SlabLayout layout(test::random_specs(rng, 50, 200000), 1);
   OptimizerConfig config;
   OptimizerRun a(core::Device::cuda(0), layout, config, {}, 1024);
-  const auto g = random_grads(rng, layout, 1.0f);
+  const auto g = test::random_grads(rng, layout, 1.0f);
   double first = 0;
   for (int rep = 0; rep < 5; ++rep) {
     test::from_host(a.slab.grad(), g);

@@ -27,6 +27,23 @@ std::vector<float> random_normal(std::mt19937_64& rng, std::size_t n, float scal
   return out;
 }
 
+std::vector<float> random_grads(std::mt19937_64& rng, const optim::SlabLayout& layout, float scale) {
+  std::vector<float> g(static_cast<std::size_t>(layout.total_elements()), 0.0f);
+  std::normal_distribution<float> dist(0.0f, scale);
+  for (const auto& t : layout.tensors()) {
+    for (std::int64_t i = 0; i < t.numel; ++i) g[static_cast<std::size_t>(t.offset + i)] = dist(rng);
+  }
+  return g;
+}
+
+void poison_one_gradient(std::mt19937_64& rng, const std::vector<optim::Segment>& segments, std::vector<float>& grads) {
+  if (segments.empty()) return;
+  const optim::Segment& seg = segments[rng() % segments.size()];
+  if (seg.length == 0) return;
+  const auto at = seg.offset + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(seg.length));
+  grads[static_cast<std::size_t>(at)] = (rng() % 2) ? NAN : -INFINITY;
+}
+
 std::vector<optim::ParamSpec> random_specs(std::mt19937_64& rng, int count, std::int64_t max_numel) {
   static const std::int64_t awkward[] = {0, 1, 2, 3, 5, 7, 63, 64, 65, 127, 255, 256, 257, 1000, 1023, 4097};
   std::vector<optim::ParamSpec> specs;

@@ -15,6 +15,7 @@
 #include "core/buffer.h"
 #include "core/device.h"
 #include "optim/param_spec.h"
+#include "optim/segments.h"
 
 namespace test {
 
@@ -28,6 +29,13 @@ std::vector<float> random_normal(std::mt19937_64& rng, std::size_t n, float scal
 // A random list of parameters with awkward sizes: empty, one element, primes, non-multiples of
 // 4/64/256, 1-D and 2-D, some without decay, some with lr scales.
 std::vector<optim::ParamSpec> random_specs(std::mt19937_64& rng, int count, std::int64_t max_numel = 5000);
+
+// Gradients from N(0, scale^2) for the tensor elements of the whole slab of `layout`, 0 in the
+// padding.
+std::vector<float> random_grads(std::mt19937_64& rng, const optim::SlabLayout& layout, float scale);
+
+// Makes one random element of a random one of `segments` NaN or -inf (the non-finite step paths).
+void poison_one_gradient(std::mt19937_64& rng, const std::vector<optim::Segment>& segments, std::vector<float>& grads);
 
 // Copies between host vectors and (host or device) buffers.
 template <typename T>
