@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "models/e29a/family.h"
 #include "models/qwen3/family.h"
 
 namespace models {
@@ -11,7 +12,7 @@ namespace models {
 namespace {
 
 std::vector<const Family*>& known() {
-  static std::vector<const Family*> list = {&qwen3::qwen3_family()};
+  static std::vector<const Family*> list = {&qwen3::qwen3_family(), &e29a::e29a_family()};
   return list;
 }
 

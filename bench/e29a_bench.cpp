@@ -1,0 +1,141 @@
+// One E29a layer's forward + backward on one GPU through the hybrid CUDA path
+// (models/e29a/layer_cuda.h), at upstream's training shapes: D = 1024, T = 512 and B = 64 with
+// N = 8 or B = 16 with N = 16. Random weights at the initialisation's scales, random input and
+// output gradient; CUDA events around the forward and the backward of each timed iteration, the
+// median after warm-up. Prints one JSON object (the figures bench/record.py joins with
+// bench/peer_e29a.py's); bench/e29a_record.sh runs both and appends to bench/results/e29a.jsonl.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/buffer.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "models/e29a/layer_cuda.h"
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// bf16 words uniform in [-bound, bound) from a counter hash (seeded by `stream`).
+core::Buffer uniform_bf16(std::int64_t count, float bound, std::uint64_t stream) {
+  std::vector<std::uint16_t> host(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) {
+    std::uint64_t z = (static_cast<std::uint64_t>(i) + (stream << 40)) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    const float u = static_cast<float>((z ^ (z >> 31)) >> 40) * 0x1p-24f * 2.0f - 1.0f;
+    host[static_cast<std::size_t>(i)] = core::float_to_bf16(bound * u);
+  }
+  core::Buffer buffer(core::Device::cuda(), host.size() * 2);
+  CUDA_CHECK(cudaMemcpy(buffer.data(), host.data(), buffer.bytes(), cudaMemcpyHostToDevice));
+  return buffer;
+}
+
+core::Buffer zeros_f32(std::int64_t count) {
+  core::Buffer buffer(core::Device::cuda(), static_cast<std::size_t>(count) * 4);
+  CUDA_CHECK(cudaMemset(buffer.data(), 0, buffer.bytes()));
+  return buffer;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"E29a layer forward + backward benchmark (hybrid CUDA path)"};
+  std::int64_t batch = 64, steps = 512, dim = 1024, slots = 8, interval = 0;
+  int warmup = 3, iterations = 10;
+  app.add_option("--batch", batch);
+  app.add_option("--steps", steps);
+  app.add_option("--dim", dim);
+  app.add_option("--slots", slots);
+  app.add_option("--checkpoint-interval", interval, "tape checkpoint every K steps (0: about sqrt(steps))");
+  app.add_option("--warmup", warmup);
+  app.add_option("--iterations", iterations);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    core::DeviceContext ctx(core::Device::cuda());
+    const cudaStream_t stream = ctx.stream();
+    const float inv = 1.0f / std::sqrt(static_cast<float>(dim));
+    // Xavier-uniform W_xz and W_write, W_h with spectral norm about 0.9 (uniform, std 0.45/sqrt(D)).
+    core::Buffer w_xz = uniform_bf16(2 * dim * dim, std::sqrt(2.0f) * inv, 1);
+    core::Buffer w_h = uniform_bf16(dim * dim, 0.45f * std::sqrt(3.0f) * inv, 2);
+    core::Buffer b_h = uniform_bf16(dim, 0.1f, 3);
+    core::Buffer w_write = uniform_bf16(dim * dim, std::sqrt(3.0f) * inv, 4);
+    core::Buffer tape0 = uniform_bf16(slots * dim, 1.0f, 5);
+    core::Buffer u = uniform_bf16(batch * steps * dim, 1.0f, 6);
+    core::Buffer dy = uniform_bf16(batch * steps * dim, 1.0f, 7);
+    core::Buffer y(core::Device::cuda(), static_cast<std::size_t>(batch * steps * dim) * 2);
+    core::Buffer du(core::Device::cuda(), static_cast<std::size_t>(batch * steps * dim) * 2);
+    core::Buffer g_xz = zeros_f32(2 * dim * dim), g_h = zeros_f32(dim * dim), g_b = zeros_f32(dim);
+    core::Buffer g_write = zeros_f32(dim * dim), g_tape0 = zeros_f32(slots * dim);
+    const models::e29a::LayerWeightsCuda weights{w_xz.as<__nv_bfloat16>(), w_h.as<__nv_bfloat16>(),
+                                                 b_h.as<__nv_bfloat16>(), w_write.as<__nv_bfloat16>(),
+                                                 tape0.as<__nv_bfloat16>()};
+    const models::e29a::LayerGradientsCuda grads{g_xz.as<float>(), g_h.as<float>(), g_b.as<float>(),
+                                                 g_write.as<float>(), g_tape0.as<float>()};
+
+    models::e29a::LayerCuda layer(ctx, dim, slots, batch, steps, interval);
+    auto acts = layer.make_activations();
+    cudaEvent_t start, mid, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&mid));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    std::vector<double> fwd, bwd, total;
+    for (int i = 0; i < warmup + iterations; ++i) {
+      CUDA_CHECK(cudaEventRecord(start, stream));
+      layer.forward(weights, u.as<__nv_bfloat16>(), batch, steps, y.as<__nv_bfloat16>(), acts);
+      CUDA_CHECK(cudaEventRecord(mid, stream));
+      layer.backward(weights, u.as<__nv_bfloat16>(), dy.as<__nv_bfloat16>(), du.as<__nv_bfloat16>(), grads, acts);
+      CUDA_CHECK(cudaEventRecord(stop, stream));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      if (i < warmup) continue;
+      float f = 0, b = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&f, start, mid));
+      CUDA_CHECK(cudaEventElapsedTime(&b, mid, stop));
+      fwd.push_back(f);
+      bwd.push_back(b);
+      total.push_back(static_cast<double>(f) + b);
+    }
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(mid));
+    CUDA_CHECK(cudaEventDestroy(stop));
+
+    const double ms = median(total);
+    // Matrix-product FLOPs per token: forward 8 D^2 (the projection 4 D^2, W_h h and W_write h
+    // 2 D^2 each), backward twice that (input and weight gradients of each product).
+    const double flops = 24.0 * static_cast<double>(batch * steps) * static_cast<double>(dim * dim);
+    nlohmann::json out = {
+        {"bench", "e29a_layer_fwd_bwd_d" + std::to_string(dim) + "_t" + std::to_string(steps) + "_b" +
+                      std::to_string(batch) + "_n" + std::to_string(slots)},
+        {"device", ctx.device_name()},
+        {"ours_ms", ms},
+        {"fwd_ms", median(fwd)},
+        {"bwd_ms", median(bwd)},
+        {"tok_s", static_cast<double>(batch * steps) / (ms * 1e-3)},
+        {"tflops", flops / (ms * 1e-3) / 1e12},
+        {"batch", batch},
+        {"steps", steps},
+        {"dim", dim},
+        {"slots", slots},
+        {"checkpoint_interval", layer.checkpoint_interval()},
+        {"activation_mib", static_cast<double>(layer.activation_bytes()) / (1 << 20)},
+        {"iterations", iterations},
+    };
+    std::printf("%s\n", out.dump().c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "e29a_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

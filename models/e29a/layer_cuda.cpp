@@ -1,0 +1,353 @@
+// The hybrid CUDA path of one E29a layer (layer_cuda.h): cuBLASLt products (gemm_cuda.h) for the
+// input projection, the per-step recurrent products and the weight gradients; the phase kernels
+// of layer_kernels.h in between. Buffers are carved from one allocation each (activations,
+// scratch) at 256-byte aligned offsets.
+#include "models/e29a/layer_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "models/e29a/gemm_cuda.h"
+#include "models/e29a/layer_kernels.h"
+
+namespace models::e29a {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+std::size_t align_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Offsets of named regions inside one allocation.
+class Carver {
+ public:
+  std::size_t take(std::size_t bytes) {
+    const std::size_t at = size_;
+    size_ = align_up(size_ + bytes);
+    return at;
+  }
+  std::size_t size() const { return size_; }
+
+ private:
+  std::size_t size_ = 0;
+};
+
+struct ActivationOffsets {
+  std::size_t xz, h, h_bf16, read, write, read_attn, write_attn, checkpoints, total;
+};
+
+ActivationOffsets activation_offsets(std::int64_t batch, std::int64_t steps, std::int64_t dim, std::int64_t slots,
+                                     std::int64_t interval) {
+  const auto b = static_cast<std::size_t>(batch), t = static_cast<std::size_t>(steps);
+  const auto d = static_cast<std::size_t>(dim), n = static_cast<std::size_t>(slots);
+  const std::size_t segments = (t + static_cast<std::size_t>(interval) - 1) / static_cast<std::size_t>(interval);
+  Carver c;
+  ActivationOffsets o{};
+  o.xz = c.take(b * t * 2 * d * sizeof(float));
+  o.h = c.take((t + 1) * b * d * sizeof(float));
+  o.h_bf16 = c.take((t + 1) * b * d * sizeof(bf16));
+  o.read = c.take(t * b * d * sizeof(float));
+  o.write = c.take(t * b * d * sizeof(float));
+  o.read_attn = c.take(t * b * n * sizeof(float));
+  o.write_attn = c.take(t * b * n * sizeof(float));
+  o.checkpoints = c.take(segments * b * n * d * sizeof(float));
+  o.total = c.size();
+  return o;
+}
+
+}  // namespace
+
+// Scratch of the forward and backward, sized for max_batch x max_steps, and the product plan.
+struct LayerCuda::Plan {
+  explicit Plan(const core::DeviceContext& context) : gemm(context) {}
+  GemmPlan gemm;
+  // fp32 copies of the recurrent weights (the per-step products run in fp32).
+  std::size_t w_h = 0, w_write = 0;
+  // Forward: the running tape [B, N, D], W_h h_{t-1} and w_t staging [B, D].
+  std::size_t tape = 0, recurrent = 0;
+  // Backward: carried dL/dH and dL/dh, per-step vectors, replayed tapes of one segment,
+  // the bf16 operands of the weight-gradient products over all rows.
+  std::size_t d_tape = 0, dh_next = 0, dh_local = 0, d_gate = 0, d_write = 0, dh_write = 0, d_pre = 0, d_bias = 0;
+  std::size_t segment = 0, d_pre_all = 0, d_write_all = 0, dxz = 0;
+};
+
+LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::int64_t slots, std::int64_t max_batch,
+                     std::int64_t max_steps, std::int64_t checkpoint_interval)
+    : context_(&context), dim_(dim), slots_(slots), max_batch_(max_batch), max_steps_(max_steps),
+      interval_(checkpoint_interval) {
+  if (!context.is_cuda()) throw core::Error("e29a LayerCuda needs a CUDA device context, got " + context.device().str());
+  if (dim < 1 || max_batch < 1 || max_steps < 1 || checkpoint_interval < 0) {
+    throw core::Error("e29a LayerCuda: dim, max_batch, max_steps must be positive and checkpoint_interval >= 0, got " +
+                      std::to_string(dim) + ", " + std::to_string(max_batch) + ", " + std::to_string(max_steps) +
+                      ", " + std::to_string(checkpoint_interval));
+  }
+  if (slots < 1 || slots > kernels::kMaxSlots) {
+    throw core::Error("e29a LayerCuda: slots must be in [1, " + std::to_string(kernels::kMaxSlots) + "], got " +
+                      std::to_string(slots));
+  }
+  if (dim > (1 << 20)) throw core::Error("e29a LayerCuda: dim " + std::to_string(dim) + " is too large");
+  if (interval_ == 0) {
+    interval_ = std::max<std::int64_t>(1, std::llround(std::sqrt(static_cast<double>(max_steps))));
+  }
+  interval_ = std::min(interval_, max_steps);
+
+  plan_ = std::make_unique<Plan>(context);
+  Plan& p = *plan_;
+  const auto b = static_cast<std::size_t>(max_batch), t = static_cast<std::size_t>(max_steps);
+  const auto d = static_cast<std::size_t>(dim), n = static_cast<std::size_t>(slots);
+  const auto k = static_cast<std::size_t>(interval_);
+  Carver c;
+  p.w_h = c.take(d * d * sizeof(float));
+  p.w_write = c.take(d * d * sizeof(float));
+  p.tape = c.take(b * n * d * sizeof(float));
+  p.recurrent = c.take(b * d * sizeof(float));
+  p.d_tape = c.take(b * n * d * sizeof(float));
+  p.dh_next = c.take(b * d * sizeof(float));
+  p.dh_local = c.take(b * d * sizeof(float));
+  p.d_gate = c.take(b * d * sizeof(float));
+  p.d_write = c.take(b * d * sizeof(float));
+  p.dh_write = c.take(b * d * sizeof(float));
+  p.d_pre = c.take(b * d * sizeof(float));
+  p.d_bias = c.take(b * d * sizeof(float));
+  p.segment = c.take(k * b * n * d * sizeof(float));
+  p.d_pre_all = c.take(t * b * d * sizeof(bf16));
+  p.d_write_all = c.take(t * b * d * sizeof(bf16));
+  p.dxz = c.take(b * t * 2 * d * sizeof(bf16));
+  scratch_ = core::Buffer(context.device(), c.size());
+  workspace_ = core::Buffer(context.device(), ops::linear_workspace_bytes());
+}
+
+LayerCuda::~LayerCuda() = default;
+LayerCuda::LayerCuda(LayerCuda&&) noexcept = default;
+
+std::size_t LayerCuda::activation_bytes() const {
+  return activation_offsets(max_batch_, max_steps_, dim_, slots_, interval_).total;
+}
+
+LayerActivationsCuda LayerCuda::make_activations() const {
+  LayerActivationsCuda a;
+  a.buffer_ = core::Buffer(context_->device(), activation_bytes());
+  return a;
+}
+
+void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int64_t batch, std::int64_t steps, bf16* y,
+                        LayerActivationsCuda& saved, const LayerStateCuda* start, const LayerStateCuda* end) {
+  if (batch < 0 || steps < 0 || batch > max_batch_ || steps > max_steps_) {
+    throw core::Error("e29a LayerCuda::forward: batch " + std::to_string(batch) + " and steps " +
+                      std::to_string(steps) + " must be within [0, " + std::to_string(max_batch_) + "] and [0, " +
+                      std::to_string(max_steps_) + "]");
+  }
+  if (saved.buffer_.bytes() < activation_bytes()) {
+    throw core::Error("e29a LayerCuda::forward: activations not made by this layer (make_activations)");
+  }
+  const cudaStream_t stream = context_->stream();
+  Plan& p = *plan_;
+  const std::int64_t B = batch, T = steps, D = dim_, N = slots_;
+  const ops::DeviceWorkspace ws{workspace_.data(), workspace_.bytes()};
+  char* act = static_cast<char*>(saved.buffer_.data());
+  char* scr = static_cast<char*>(scratch_.data());
+  // Activations are laid out for this call's batch and steps (the backward uses the same sizes).
+  const ActivationOffsets o = activation_offsets(B, T, D, N, interval_);
+  saved.batch_ = B;
+  saved.steps_ = T;
+  saved.xz_ = reinterpret_cast<float*>(act + o.xz);
+  saved.h_ = reinterpret_cast<float*>(act + o.h);
+  saved.h_bf16_ = reinterpret_cast<bf16*>(act + o.h_bf16);
+  saved.read_ = reinterpret_cast<float*>(act + o.read);
+  saved.write_ = reinterpret_cast<float*>(act + o.write);
+  saved.read_attn_ = reinterpret_cast<float*>(act + o.read_attn);
+  saved.write_attn_ = reinterpret_cast<float*>(act + o.write_attn);
+  saved.checkpoints_ = reinterpret_cast<float*>(act + o.checkpoints);
+  if (B == 0) return;
+
+  float* tape = reinterpret_cast<float*>(scr + p.tape);
+  float* recurrent = reinterpret_cast<float*>(scr + p.recurrent);
+  float* w_h = reinterpret_cast<float*>(scr + p.w_h);
+  float* w_write = reinterpret_cast<float*>(scr + p.w_write);
+
+  // Start state.
+  const std::size_t h_bytes = static_cast<std::size_t>(B * D) * sizeof(float);
+  const std::size_t tape_bytes = static_cast<std::size_t>(B * N * D) * sizeof(float);
+  if (start) {
+    CUDA_CHECK(cudaMemcpyAsync(saved.h_, start->h, h_bytes, cudaMemcpyDeviceToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(tape, start->tape, tape_bytes, cudaMemcpyDeviceToDevice, stream));
+  } else {
+    CUDA_CHECK(cudaMemsetAsync(saved.h_, 0, h_bytes, stream));
+    kernels::broadcast_tape(weights.tape0, B, N * D, tape, stream);
+  }
+  kernels::float_to_bf16(saved.h_, B * D, saved.h_bf16_, stream);
+
+  if (T > 0) {
+    // [x ; z] for every step: xz [B*T, 2D] = u [B*T, D] W_xz^T.
+    p.gemm.run(B * T, 2 * D, D, {u, CUDA_R_16BF, D, Transpose::no}, {weights.w_xz, CUDA_R_16BF, D, Transpose::yes},
+               {saved.xz_, CUDA_R_32F, 2 * D, false}, ws);
+    kernels::bf16_to_float(weights.w_h, D * D, w_h, stream);
+    kernels::bf16_to_float(weights.w_write, D * D, w_write, stream);
+  }
+
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  for (std::int64_t t = 0; t < T; ++t) {
+    float* h_prev = saved.h_ + t * B * D;
+    float* h_cur = saved.h_ + (t + 1) * B * D;
+    float* write = saved.write_ + t * B * D;
+    float* read = saved.read_ + t * B * D;
+    // W_h h_{t-1} [B, D].
+    p.gemm.run(B, D, D, {h_prev, CUDA_R_32F, D, Transpose::no}, {w_h, CUDA_R_32F, D, Transpose::yes},
+               {recurrent, CUDA_R_32F, D, false}, ws);
+    kernels::ReadStepArgs r;
+    r.batch = B;
+    r.dim = static_cast<int>(D);
+    r.slots = static_cast<int>(N);
+    r.scale = scale;
+    r.tape = tape;
+    r.h_prev = h_prev;
+    r.x = saved.xz_ + t * 2 * D;
+    r.x_stride = T * 2 * D;
+    r.recurrent = recurrent;
+    r.bias = weights.b_h;
+    r.h = h_cur;
+    r.h_bf16 = saved.h_bf16_ + (t + 1) * B * D;
+    r.read = read;
+    r.read_attn = saved.read_attn_ + t * B * N;
+    kernels::read_step(r, stream);
+    // w_t = W_write h_t [B, D].
+    p.gemm.run(B, D, D, {h_cur, CUDA_R_32F, D, Transpose::no}, {w_write, CUDA_R_32F, D, Transpose::yes},
+               {write, CUDA_R_32F, D, false}, ws);
+    kernels::WriteStepArgs w;
+    w.batch = B;
+    w.dim = static_cast<int>(D);
+    w.slots = static_cast<int>(N);
+    w.scale = scale;
+    w.tape = tape;
+    w.checkpoint = t % interval_ == 0 ? saved.checkpoints_ + (t / interval_) * B * N * D : nullptr;
+    w.write = write;
+    w.h = h_cur;
+    w.read = read;
+    w.z = saved.xz_ + t * 2 * D + D;
+    w.z_stride = T * 2 * D;
+    w.write_attn = saved.write_attn_ + t * B * N;
+    w.y = y + t * D;
+    w.y_stride = T * D;
+    kernels::write_step(w, stream);
+  }
+
+  if (end) {
+    CUDA_CHECK(cudaMemcpyAsync(end->h, saved.h_ + T * B * D, h_bytes, cudaMemcpyDeviceToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(end->tape, tape, tape_bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
+void LayerCuda::backward(const LayerWeightsCuda& weights, const bf16* u, const bf16* dy, bf16* du,
+                         const LayerGradientsCuda& grads, const LayerActivationsCuda& saved,
+                         const ScoreGradientsCuda* scores) {
+  if (saved.xz_ == nullptr) throw core::Error("e29a LayerCuda::backward: no forward was run on these activations");
+  const cudaStream_t stream = context_->stream();
+  Plan& p = *plan_;
+  const std::int64_t B = saved.batch_, T = saved.steps_, D = dim_, N = slots_;
+  if (B == 0 || T == 0) return;
+  const ops::DeviceWorkspace ws{workspace_.data(), workspace_.bytes()};
+  char* scr = static_cast<char*>(scratch_.data());
+  float* w_h = reinterpret_cast<float*>(scr + p.w_h);
+  float* w_write = reinterpret_cast<float*>(scr + p.w_write);
+  float* d_tape = reinterpret_cast<float*>(scr + p.d_tape);
+  float* dh_next = reinterpret_cast<float*>(scr + p.dh_next);
+  float* dh_local = reinterpret_cast<float*>(scr + p.dh_local);
+  float* d_gate = reinterpret_cast<float*>(scr + p.d_gate);
+  float* d_write = reinterpret_cast<float*>(scr + p.d_write);
+  float* dh_write = reinterpret_cast<float*>(scr + p.dh_write);
+  float* d_pre = reinterpret_cast<float*>(scr + p.d_pre);
+  float* d_bias = reinterpret_cast<float*>(scr + p.d_bias);
+  float* segment = reinterpret_cast<float*>(scr + p.segment);
+  bf16* d_pre_all = reinterpret_cast<bf16*>(scr + p.d_pre_all);
+  bf16* d_write_all = reinterpret_cast<bf16*>(scr + p.d_write_all);
+  bf16* dxz = reinterpret_cast<bf16*>(scr + p.dxz);
+
+  // The forward of another call may have replaced the fp32 weight copies.
+  kernels::bf16_to_float(weights.w_h, D * D, w_h, stream);
+  kernels::bf16_to_float(weights.w_write, D * D, w_write, stream);
+  CUDA_CHECK(cudaMemsetAsync(d_tape, 0, static_cast<std::size_t>(B * N * D) * sizeof(float), stream));
+  CUDA_CHECK(cudaMemsetAsync(dh_next, 0, static_cast<std::size_t>(B * D) * sizeof(float), stream));
+  CUDA_CHECK(cudaMemsetAsync(d_bias, 0, static_cast<std::size_t>(B * D) * sizeof(float), stream));
+
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const std::int64_t segments = (T + interval_ - 1) / interval_;
+  for (std::int64_t s = segments - 1; s >= 0; --s) {
+    const std::int64_t s0 = s * interval_, s1 = std::min(T, s0 + interval_);
+    // The tapes before steps s0 .. s1 - 1, from the checkpoint and the saved writes.
+    kernels::replay_tape(saved.checkpoints_ + s * B * N * D, saved.write_attn_ + s0 * B * N, saved.write_ + s0 * B * D,
+                         B, static_cast<int>(N), static_cast<int>(D), static_cast<int>(s1 - s0), segment, stream);
+    for (std::int64_t t = s1 - 1; t >= s0; --t) {
+      const float* tape = segment + (t - s0) * B * N * D;
+      const float* h_cur = saved.h_ + (t + 1) * B * D;
+      const float* read = saved.read_ + t * B * D;
+      kernels::WriteBackArgs w;
+      w.batch = B;
+      w.dim = static_cast<int>(D);
+      w.slots = static_cast<int>(N);
+      w.scale = scale;
+      w.tape = tape;
+      w.d_tape = d_tape;
+      w.write = saved.write_ + t * B * D;
+      w.write_attn = saved.write_attn_ + t * B * N;
+      w.h = h_cur;
+      w.read = read;
+      w.z = saved.xz_ + t * 2 * D + D;
+      w.z_stride = T * 2 * D;
+      w.dy = dy + t * D;
+      w.dy_stride = T * D;
+      w.dh_next = dh_next;
+      w.dh_local = dh_local;
+      w.d_gate = d_gate;
+      w.d_write = d_write;
+      w.d_write_bf16 = d_write_all + t * B * D;
+      w.dz = dxz + t * 2 * D + D;
+      w.dz_stride = T * 2 * D;
+      w.score_grad = scores && scores->write ? scores->write + t * B * N : nullptr;
+      kernels::write_back(w, stream);
+      // W_write^T dw_t: dh_write [B, D] = d_write [B, D] W_write [D, D].
+      p.gemm.run(B, D, D, {d_write, CUDA_R_32F, D, Transpose::no}, {w_write, CUDA_R_32F, D, Transpose::no},
+                 {dh_write, CUDA_R_32F, D, false}, ws);
+      kernels::ReadBackArgs r;
+      r.batch = B;
+      r.dim = static_cast<int>(D);
+      r.slots = static_cast<int>(N);
+      r.scale = scale;
+      r.tape = tape;
+      r.d_tape = d_tape;
+      r.h_prev = saved.h_ + t * B * D;
+      r.h = h_cur;
+      r.read_attn = saved.read_attn_ + t * B * N;
+      r.dh_local = dh_local;
+      r.dh_write = dh_write;
+      r.d_gate = d_gate;
+      r.dh_prev = dh_next;
+      r.d_pre = d_pre;
+      r.d_pre_bf16 = d_pre_all + t * B * D;
+      r.dx = dxz + t * 2 * D;
+      r.dx_stride = T * 2 * D;
+      r.d_bias = d_bias;
+      r.score_grad = scores && scores->read ? scores->read + t * B * N : nullptr;
+      kernels::read_back(r, stream);
+      // dh_{t-1} += W_h^T dp_t: dh_next [B, D] += d_pre [B, D] W_h [D, D].
+      p.gemm.run(B, D, D, {d_pre, CUDA_R_32F, D, Transpose::no}, {w_h, CUDA_R_32F, D, Transpose::no},
+                 {dh_next, CUDA_R_32F, D, true}, ws);
+    }
+  }
+
+  // Weight gradients over all T*B rows (time-major for the recurrent ones, token order for W_xz).
+  const std::int64_t rows = T * B;
+  p.gemm.run(D, D, rows, {d_pre_all, CUDA_R_16BF, D, Transpose::yes}, {saved.h_bf16_, CUDA_R_16BF, D, Transpose::no},
+             {grads.w_h, CUDA_R_32F, D, true}, ws);
+  p.gemm.run(D, D, rows, {d_write_all, CUDA_R_16BF, D, Transpose::yes},
+             {saved.h_bf16_ + B * D, CUDA_R_16BF, D, Transpose::no}, {grads.w_write, CUDA_R_32F, D, true}, ws);
+  p.gemm.run(2 * D, D, rows, {dxz, CUDA_R_16BF, 2 * D, Transpose::yes}, {u, CUDA_R_16BF, D, Transpose::no},
+             {grads.w_xz, CUDA_R_32F, D, true}, ws);
+  // du [B*T, D] = dxz [B*T, 2D] W_xz [2D, D].
+  p.gemm.run(rows, D, 2 * D, {dxz, CUDA_R_16BF, 2 * D, Transpose::no}, {weights.w_xz, CUDA_R_16BF, D, Transpose::no},
+             {du, CUDA_R_16BF, D, false}, ws);
+  kernels::add_batch_sum(d_bias, B, D, grads.b_h, stream);
+  kernels::add_batch_sum(d_tape, B, N * D, grads.tape0, stream);
+}
+
+}  // namespace models::e29a

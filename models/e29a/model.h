@@ -1,0 +1,75 @@
+// The E29a language model on the cpu backend in fp32 (config.h has the structure): forward to the
+// loss and backward to the slab's gradients (accumulated) through the layer reference (layer.h),
+// and the recurrent decoder, whose state per layer is the working state h [D] and the tape [N, D].
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/device.h"
+#include "models/e29a/config.h"
+#include "models/e29a/layer.h"
+#include "models/model.h"
+#include "models/ops/cross_entropy.h"
+#include "optim/slab.h"
+
+namespace models::e29a {
+
+// Slab tensor indices of a model laid out from parameter_specs(config); core::Error when missing.
+struct TensorIndex {
+  int embed = 0, final_norm = 0, head = 0;
+  std::vector<LayerTensors> layers;
+  TensorIndex(const E29aConfig& config, const optim::SlabLayout& layout);
+};
+
+class E29aCpu final : public TrainableModel {
+ public:
+  // The weights are the slab's master (covering the whole model) or `full_weights`.
+  E29aCpu(const E29aConfig& config, optim::Slab& slab, const float* full_weights);
+
+  void forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
+                        float grad_scale) override;
+  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) override;
+  const float* loss() const override { return &loss_; }
+
+ private:
+  struct LayerSaved;
+  std::span<const float> weight(int tensor) const;
+  std::span<float> grad(int tensor);
+  LayerWeights<float> layer_weights(const LayerTensors& t) const;
+  ops::CrossEntropyResult run(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch,
+                              std::int64_t seq, bool backward, double grad_scale);
+
+  E29aConfig config_;
+  optim::Slab& slab_;
+  const float* full_weights_;
+  TensorIndex index_;
+  float loss_ = 0;
+};
+
+class E29aCpuDecoder final : public Decoder {
+ public:
+  E29aCpuDecoder(const E29aConfig& config, optim::Slab& slab, const core::DeviceContext& context,
+                 const DecoderOptions& options);
+
+  void reset() override { position_ = 0; }
+  void prefill(std::span<const std::int32_t> tokens, float* all_logits = nullptr) override;
+  void step(std::int32_t token, const std::int32_t* device_token = nullptr) override;
+  const float* logits() const override { return logits_.data(); }
+  std::int64_t position() const override { return position_; }
+  std::int64_t capacity() const override { return capacity_; }
+
+ private:
+  std::span<const float> weight(int tensor) const;
+
+  E29aConfig config_;
+  optim::Slab& slab_;
+  const float* full_weights_;
+  TensorIndex index_;
+  std::int64_t capacity_ = 0, position_ = 0;
+  std::vector<LayerState<float>> state_;  // per layer: h [D], tape [N, D]
+  std::vector<float> logits_;
+};
+
+}  // namespace models::e29a

@@ -1,0 +1,423 @@
+// The E29a language model and its decoder on one GPU (model_cuda.h).
+#include "models/e29a/model_cuda.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+
+#include "core/buffer.h"
+#include "core/error.h"
+#include "models/e29a/gemm_cuda.h"
+#include "models/e29a/layer_cuda.h"
+#include "models/e29a/layer_kernels.h"
+#include "models/e29a/model.h"
+#include "models/ops/cross_entropy.h"
+#include "models/ops/embedding.h"
+#include "models/ops/linear.h"
+#include "models/ops/rmsnorm.h"
+
+namespace models::e29a {
+
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+// Carves typed arrays out of one device allocation (256-byte aligned each).
+class Arena {
+ public:
+  std::size_t reserve(std::size_t bytes) {
+    const std::size_t at = size_;
+    size_ = (size_ + bytes + 255) / 256 * 256;
+    return at;
+  }
+  std::size_t size() const { return size_; }
+
+ private:
+  std::size_t size_ = 0;
+};
+
+void check_cuda_slab(const optim::Slab& slab, const core::DeviceContext& context, const char* what) {
+  if (!context.is_cuda() || !(slab.device() == context.device())) {
+    throw core::Error(std::string(what) + ": needs a cuda slab and context");
+  }
+  if (slab.mirror_dtype() != core::DType::bf16) throw core::Error(std::string(what) + ": the slab's mirror must be bf16");
+}
+
+}  // namespace
+
+struct E29aCuda::Impl {
+  // The default sink: gradients accumulate in the slab's own gradient buffer.
+  struct SlabSink final : optim::GradientSink {
+    explicit SlabSink(optim::Slab& s) : slab(s) {}
+    std::int64_t max_range_elements() const override { return 0; }
+    float* acquire(optim::Range range) override { return slab.grad_origin() + range.begin; }
+    void release(optim::Range) override {}
+    optim::Slab& slab;
+  };
+  struct LayerSlots {
+    std::size_t x_in, normed, rstd;
+  };
+
+  E29aConfig c;
+  optim::Slab& slab;
+  SlabSink slab_sink{slab};
+  optim::GradientSink* sink = &slab_sink;
+  const core::DeviceContext& ctx;
+  cudaStream_t stream;
+  std::int64_t max_tokens;
+  TensorIndex index;
+  std::vector<optim::Range> layer_ranges;
+  ops::CrossEntropyPlan cross_entropy;
+  // The recurrent layer (shared by all layers: same sizes, used in turn) and each layer's saved
+  // activations, sized for the largest (batch, seq) seen.
+  std::unique_ptr<LayerCuda> layer;
+  std::vector<LayerActivationsCuda> acts;
+  std::int64_t layer_batch = 0, layer_steps = 0;
+
+  core::Buffer memory;
+  std::vector<LayerSlots> slots;
+  std::size_t x_final = 0, x_norm = 0, rstd_final = 0, y = 0, dx = 0, du = 0, dtmp = 0;
+  std::size_t token_losses = 0, token_lse = 0, mean_loss = 0, count = 0, invalid = 0;
+  std::size_t workspace = 0, workspace_bytes = 0, embed_workspace = 0, embed_workspace_bytes = 0;
+
+  Impl(const E29aConfig& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens)
+      : c(config), slab(s), ctx(context), stream(context.stream()), max_tokens(tokens), index(config, s.layout()),
+        cross_entropy(context) {}
+
+  template <typename T>
+  T* at(std::size_t offset) { return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset); }
+  const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
+  optim::Range range_of(int tensor) const { return slab.layout().tensors()[static_cast<std::size_t>(tensor)].range(); }
+  float* grad_in(float* base, const optim::Range& group, int tensor) const {
+    return base + (range_of(tensor).begin - group.begin);
+  }
+  ops::DeviceWorkspace ws() { return {at<char>(workspace), workspace_bytes}; }
+  ops::CrossEntropyDeviceOutputs loss_outputs() {
+    return {at<float>(token_losses), at<float>(mean_loss), at<std::int32_t>(count)};
+  }
+  LayerWeightsCuda layer_weights(const LayerTensors& t) {
+    return {w(t.w_xz), w(t.w_h), w(t.b_h), w(t.w_write), w(t.tape0)};
+  }
+
+  void ensure_layer(std::int64_t batch, std::int64_t seq) {
+    if (layer && batch <= layer_batch && seq <= layer_steps) return;
+    const std::int64_t b = std::max(batch, layer_batch), t = std::max(seq, layer_steps);
+    CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffers may still be in use
+    acts.clear();
+    layer.reset();
+    layer = std::make_unique<LayerCuda>(ctx, c.hidden_size, c.n_slots, b, t, c.checkpoint_interval);
+    for (std::size_t l = 0; l < index.layers.size(); ++l) acts.push_back(layer->make_activations());
+    layer_batch = b;
+    layer_steps = t;
+  }
+
+  void forward(const std::int32_t* ids, std::int64_t batch, std::int64_t seq) {
+    const std::int64_t n = batch * seq, d = c.hidden_size;
+    if (batch <= 0 || seq <= 0 || n > max_tokens) {
+      throw core::Error("E29aCuda: batch * seq = " + std::to_string(n) + " outside (0, " + std::to_string(max_tokens) +
+                        "]");
+    }
+    ensure_layer(batch, seq);
+    ops::embedding_forward_cuda(ids, n, w(index.embed), c.vocab_size, d, at<bf16>(slots[0].x_in),
+                                at<std::int32_t>(invalid), stream);
+    for (std::size_t l = 0; l < index.layers.size(); ++l) {
+      const LayerTensors& t = index.layers[l];
+      const LayerSlots& s = slots[l];
+      ops::rmsnorm_forward_cuda(at<bf16>(s.x_in), w(t.norm), n, d, c.rms_norm_eps, at<bf16>(s.normed),
+                                at<float>(s.rstd), stream);
+      layer->forward(layer_weights(t), at<bf16>(s.normed), batch, seq, at<bf16>(y), acts[l]);
+      const std::size_t next = l + 1 < slots.size() ? slots[l + 1].x_in : x_final;
+      kernels::add_bf16(at<bf16>(s.x_in), at<bf16>(y), n * d, at<bf16>(next), stream);
+    }
+    ops::rmsnorm_forward_cuda(at<bf16>(x_final), w(index.final_norm), n, d, c.rms_norm_eps, at<bf16>(x_norm),
+                              at<float>(rstd_final), stream);
+  }
+
+  // Gradients go to the sink range by range: the head (unlimited sink) or its row windows
+  // (limited sink, after the layers), the final norm, each layer's tensors, the embedding.
+  void backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
+                float grad_scale) {
+    const std::int64_t n = batch * seq, d = c.hidden_size, vocab = c.vocab_size;
+    optim::GradientSink& out = *sink;
+    const bool row_windows = out.max_range_elements() > 0;
+    const int head = index.head, embed = index.embed;
+    const optim::Range head_range = range_of(head), embed_range = range_of(embed);
+    float* head_grad = nullptr;
+    if (row_windows) {
+      cross_entropy.backward_hidden(at<bf16>(x_norm), w(head), targets, n, d, vocab, at<bf16>(dtmp), grad_scale,
+                                    loss_outputs(), at<float>(token_lse), ws());
+    } else {
+      head_grad = out.acquire(head_range);
+      cross_entropy.backward(at<bf16>(x_norm), w(head), targets, n, d, vocab, at<bf16>(dtmp), head_grad, grad_scale,
+                             loss_outputs(), ws());
+      if (head != embed) out.release(head_range);
+    }
+    const optim::Range norm_range = range_of(index.final_norm);
+    float* norm_grad = out.acquire(norm_range);
+    ops::rmsnorm_backward_cuda(at<bf16>(dtmp), at<bf16>(x_final), w(index.final_norm), at<float>(rstd_final), n, d,
+                               at<bf16>(dx), norm_grad, at<char>(workspace), workspace_bytes, stream);
+    out.release(norm_range);
+    for (std::size_t l = index.layers.size(); l-- > 0;) {
+      const LayerTensors& t = index.layers[l];
+      const LayerSlots& s = slots[l];
+      const optim::Range range = layer_ranges[l];
+      float* g = out.acquire(range);
+      const LayerGradientsCuda grads{grad_in(g, range, t.w_xz), grad_in(g, range, t.w_h), grad_in(g, range, t.b_h),
+                                     grad_in(g, range, t.w_write), grad_in(g, range, t.tape0)};
+      layer->backward(layer_weights(t), at<bf16>(s.normed), at<bf16>(dx), at<bf16>(du), grads, acts[l]);
+      ops::rmsnorm_backward_cuda(at<bf16>(du), at<bf16>(s.x_in), w(t.norm), at<float>(s.rstd), n, d, at<bf16>(dtmp),
+                                 grad_in(g, range, t.norm), at<char>(workspace), workspace_bytes, stream);
+      out.release(range);
+      kernels::add_bf16(at<bf16>(dx), at<bf16>(dtmp), n * d, at<bf16>(dx), stream);
+    }
+    if (!row_windows) {
+      float* embed_grad = head == embed ? head_grad : out.acquire(embed_range);
+      ops::embedding_backward_cuda(ids, n, at<bf16>(dx), vocab, d, embed_grad, at<std::int32_t>(invalid),
+                                   at<char>(embed_workspace), embed_workspace_bytes, stream);
+      out.release(embed_range);
+      return;
+    }
+    ops::embedding_backward_sort_cuda(ids, n, vocab, at<std::int32_t>(invalid), at<char>(embed_workspace),
+                                      embed_workspace_bytes, stream);
+    // Windows of a multiple of 128 rows when the limit allows (aligned logits rows for cuBLASLt).
+    std::int64_t rows = out.max_range_elements() / d;
+    if (rows >= 128) rows = rows / 128 * 128;
+    const auto for_each_window = [&](const optim::Range& tensor, auto fill) {
+      for (std::int64_t r0 = 0; r0 < vocab; r0 += rows) {
+        const std::int64_t r1 = std::min(vocab, r0 + rows);
+        const optim::Range window{tensor.begin + r0 * d, tensor.begin + r1 * d};
+        float* grad = out.acquire(window);
+        fill(r0, r1, grad);
+        out.release(window);
+      }
+    };
+    const auto scatter_embedding = [&](std::int64_t r0, std::int64_t r1, float* grad) {
+      ops::embedding_backward_scatter_cuda(n, at<bf16>(dx), vocab, d, r0, r1, grad, at<char>(embed_workspace),
+                                           embed_workspace_bytes, stream);
+    };
+    for_each_window(head_range, [&](std::int64_t r0, std::int64_t r1, float* grad) {
+      cross_entropy.backward_weight_rows(at<bf16>(x_norm), w(head), targets, at<float>(token_lse),
+                                         at<std::int32_t>(count), n, d, vocab, r0, r1, grad, grad_scale, ws());
+      if (head == embed) scatter_embedding(r0, r1, grad);
+    });
+    if (head != embed) for_each_window(embed_range, scatter_embedding);
+  }
+
+  std::int64_t largest_group() const {
+    std::int64_t largest = std::max(range_of(index.final_norm).size(), c.hidden_size);
+    for (const optim::Range& r : layer_ranges) largest = std::max(largest, r.size());
+    return largest;
+  }
+};
+
+E29aCuda::E29aCuda(const E29aConfig& config, optim::Slab& slab, const core::DeviceContext& context,
+                   std::int64_t max_tokens)
+    : impl_(std::make_unique<Impl>(config, slab, context, max_tokens)) {
+  check_cuda_slab(slab, context, "E29aCuda");
+  if (max_tokens <= 0) throw core::Error("E29aCuda: max_tokens must be > 0");
+  if (config.n_slots > kernels::kMaxSlots) {
+    throw core::InputError("E29aCuda: n_slots " + std::to_string(config.n_slots) + " is more than the cuda kernels take (" +
+                           std::to_string(kernels::kMaxSlots) + ")");
+  }
+  Impl& m = *impl_;
+  for (const LayerTensors& t : m.index.layers) {
+    // A layer's tensors are contiguous in the slab (parameter_specs), from its norm to its tape.
+    m.layer_ranges.push_back({m.range_of(t.norm).begin, m.range_of(t.tape0).end});
+  }
+  Arena a;
+  const auto n = static_cast<std::size_t>(max_tokens), d = static_cast<std::size_t>(config.hidden_size);
+  for (std::size_t l = 0; l < m.index.layers.size(); ++l) {
+    m.slots.push_back({a.reserve(n * d * 2), a.reserve(n * d * 2), a.reserve(n * 4)});
+  }
+  m.x_final = a.reserve(n * d * 2);
+  m.x_norm = a.reserve(n * d * 2);
+  m.rstd_final = a.reserve(n * 4);
+  m.y = a.reserve(n * d * 2);
+  m.dx = a.reserve(n * d * 2);
+  m.du = a.reserve(n * d * 2);
+  m.dtmp = a.reserve(n * d * 2);
+  m.token_losses = a.reserve(n * 4);
+  m.token_lse = a.reserve(n * 4);
+  m.mean_loss = a.reserve(4);
+  m.count = a.reserve(4);
+  m.invalid = a.reserve(4);
+  m.workspace_bytes = std::max({ops::linear_workspace_bytes(), ops::cross_entropy_workspace_bytes(max_tokens, config.vocab_size),
+                                ops::rmsnorm_backward_workspace_bytes(max_tokens, config.hidden_size)});
+  m.workspace = a.reserve(m.workspace_bytes);
+  m.embed_workspace_bytes = ops::embedding_backward_workspace_bytes(max_tokens, config.vocab_size, config.hidden_size);
+  m.embed_workspace = a.reserve(m.embed_workspace_bytes);
+  m.memory = core::Buffer(context.device(), a.size());
+  m.memory.fill_bytes(0, context.stream());
+}
+
+E29aCuda::~E29aCuda() = default;
+
+void E29aCuda::forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch,
+                                std::int64_t seq, float grad_scale) {
+  impl_->forward(ids, batch, seq);
+  impl_->backward(ids, targets, batch, seq, grad_scale);
+}
+
+void E29aCuda::forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) {
+  Impl& m = *impl_;
+  m.forward(ids, batch, seq);
+  m.cross_entropy.forward(m.at<bf16>(m.x_norm), m.w(m.index.head), targets, batch * seq, m.c.hidden_size,
+                          m.c.vocab_size, m.loss_outputs(), m.ws());
+}
+
+const float* E29aCuda::loss() const { return impl_->at<float>(impl_->mean_loss); }
+const std::int32_t* E29aCuda::invalid_id_flag() const { return impl_->at<std::int32_t>(impl_->invalid); }
+
+void E29aCuda::set_gradient_sink(optim::GradientSink* sink) {
+  Impl& m = *impl_;
+  if (sink == nullptr) {
+    m.sink = &m.slab_sink;
+    return;
+  }
+  const std::int64_t limit = sink->max_range_elements();
+  if (limit > 0 && limit < m.largest_group()) {
+    throw core::Error("E29aCuda: the gradient sink takes ranges of at most " + std::to_string(limit) +
+                      " elements; the backward needs " + std::to_string(m.largest_group()));
+  }
+  m.sink = sink;
+}
+
+std::int64_t E29aCuda::largest_gradient_range() const { return impl_->largest_group(); }
+
+std::size_t E29aCuda::activation_bytes() const {
+  const Impl& m = *impl_;
+  std::size_t bytes = m.memory.bytes();
+  if (m.layer) bytes += m.layer->scratch_bytes() + m.acts.size() * m.layer->activation_bytes();
+  return bytes;
+}
+
+// ---- decoder ----
+
+struct E29aCudaDecoder::Impl {
+  E29aConfig c;
+  optim::Slab& slab;
+  const core::DeviceContext& ctx;
+  cudaStream_t stream;
+  TensorIndex index;
+  std::int64_t capacity = 0, position = 0;
+  LayerCuda layer;
+  LayerActivationsCuda acts;
+  GemmPlan gemm;
+  core::Buffer memory;  // ids, x, normed, rstd, y, logits, the per-layer states, workspace
+  std::size_t ids = 0, x = 0, normed = 0, rstd = 0, y = 0, logits = 0, h = 0, tape = 0, invalid = 0, workspace = 0;
+
+  Impl(const E29aConfig& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t cap)
+      : c(config), slab(s), ctx(context), stream(context.stream()), index(config, s.layout()), capacity(cap),
+        layer(context, config.hidden_size, config.n_slots, 1, cap, config.checkpoint_interval),
+        acts(layer.make_activations()), gemm(context) {}
+
+  template <typename T>
+  T* at(std::size_t offset) { return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset); }
+  const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
+  LayerStateCuda state(std::size_t l) {
+    const std::int64_t d = c.hidden_size;
+    return {at<float>(h) + l * d, at<float>(tape) + l * c.n_slots * d};
+  }
+
+  // Runs `count` tokens already in ids[0, count) through the stack from the current state.
+  void run(std::int64_t count, float* all_logits) {
+    const std::int64_t d = c.hidden_size;
+    ops::embedding_forward_cuda(at<std::int32_t>(ids), count, w(index.embed), c.vocab_size, d, at<bf16>(x),
+                                at<std::int32_t>(invalid), stream);
+    for (std::size_t l = 0; l < index.layers.size(); ++l) {
+      const LayerTensors& t = index.layers[l];
+      ops::rmsnorm_forward_cuda(at<bf16>(x), w(t.norm), count, d, c.rms_norm_eps, at<bf16>(normed), at<float>(rstd),
+                                stream);
+      const LayerStateCuda s = state(l);
+      layer.forward({w(t.w_xz), w(t.w_h), w(t.b_h), w(t.w_write), w(t.tape0)}, at<bf16>(normed), 1, count,
+                    at<bf16>(y), acts, position > 0 ? &s : nullptr, &s);
+      kernels::add_bf16(at<bf16>(x), at<bf16>(y), count * d, at<bf16>(x), stream);
+    }
+    ops::rmsnorm_forward_cuda(at<bf16>(x), w(index.final_norm), count, d, c.rms_norm_eps, at<bf16>(normed),
+                              at<float>(rstd), stream);
+    const ops::DeviceWorkspace ws{at<char>(workspace), ops::linear_workspace_bytes()};
+    const Matrix head{w(index.head), CUDA_R_16BF, d, Transpose::yes};
+    gemm.run(1, c.vocab_size, d, {at<bf16>(normed) + (count - 1) * d, CUDA_R_16BF, d, Transpose::no}, head,
+             {at<float>(logits), CUDA_R_32F, c.vocab_size, false}, ws);
+    if (all_logits != nullptr) {
+      gemm.run(count, c.vocab_size, d, {at<bf16>(normed), CUDA_R_16BF, d, Transpose::no}, head,
+               {all_logits, CUDA_R_32F, c.vocab_size, false}, ws);
+    }
+    position += count;
+  }
+};
+
+E29aCudaDecoder::E29aCudaDecoder(const E29aConfig& config, optim::Slab& slab, const core::DeviceContext& context,
+                                 const DecoderOptions& options) {
+  check_cuda_slab(slab, context, "E29aCudaDecoder");
+  if (options.max_tokens <= 0) {
+    throw core::InputError("decoder: max_tokens (prompt + new tokens) must be positive, got " +
+                           std::to_string(options.max_tokens));
+  }
+  impl_ = std::make_unique<Impl>(config, slab, context, options.max_tokens);
+  Impl& m = *impl_;
+  Arena a;
+  const auto cap = static_cast<std::size_t>(options.max_tokens), d = static_cast<std::size_t>(config.hidden_size);
+  const auto layers = static_cast<std::size_t>(config.num_layers);
+  m.ids = a.reserve(cap * 4);
+  m.x = a.reserve(cap * d * 2);
+  m.normed = a.reserve(cap * d * 2);
+  m.rstd = a.reserve(cap * 4);
+  m.y = a.reserve(cap * d * 2);
+  m.logits = a.reserve(static_cast<std::size_t>(config.vocab_size) * 4);
+  m.h = a.reserve(layers * d * 4);
+  m.tape = a.reserve(layers * static_cast<std::size_t>(config.n_slots) * d * 4);
+  m.invalid = a.reserve(4);
+  m.workspace = a.reserve(ops::linear_workspace_bytes());
+  m.memory = core::Buffer(context.device(), a.size());
+  m.memory.fill_bytes(0, context.stream());
+}
+
+E29aCudaDecoder::~E29aCudaDecoder() = default;
+
+void E29aCudaDecoder::reset() { impl_->position = 0; }
+
+void E29aCudaDecoder::prefill(std::span<const std::int32_t> tokens, float* all_logits) {
+  Impl& m = *impl_;
+  const auto count = static_cast<std::int64_t>(tokens.size());
+  if (count == 0) return;
+  if (m.position + count > m.capacity) {
+    throw core::InputError("decoder: " + std::to_string(m.position + count) + " tokens exceed the capacity " +
+                           std::to_string(m.capacity));
+  }
+  for (const std::int32_t id : tokens) {
+    if (id < 0 || id >= m.c.vocab_size) {
+      throw core::InputError("decoder: token id " + std::to_string(id) + " outside the vocabulary [0, " +
+                             std::to_string(m.c.vocab_size) + ")");
+    }
+  }
+  CUDA_CHECK(cudaMemcpyAsync(m.at<std::int32_t>(m.ids), tokens.data(), tokens.size_bytes(), cudaMemcpyHostToDevice,
+                             m.stream));
+  m.run(count, all_logits);
+  // The host span may go away after return: the copy must have read it.
+  CUDA_CHECK(cudaStreamSynchronize(m.stream));
+}
+
+void E29aCudaDecoder::step(std::int32_t token, const std::int32_t* device_token) {
+  Impl& m = *impl_;
+  if (device_token == nullptr) {
+    prefill(std::span<const std::int32_t>(&token, 1));
+    return;
+  }
+  if (m.position + 1 > m.capacity) {
+    throw core::InputError("decoder: " + std::to_string(m.position + 1) + " tokens exceed the capacity " +
+                           std::to_string(m.capacity));
+  }
+  CUDA_CHECK(cudaMemcpyAsync(m.at<std::int32_t>(m.ids), device_token, sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
+                             m.stream));
+  m.run(1, nullptr);
+}
+
+const float* E29aCudaDecoder::logits() const { return impl_->at<float>(impl_->logits); }
+std::int64_t E29aCudaDecoder::position() const { return impl_->position; }
+std::int64_t E29aCudaDecoder::capacity() const { return impl_->capacity; }
+
+}  // namespace models::e29a

@@ -1,0 +1,541 @@
+// The E29a layer's hybrid CUDA path (models/e29a/layer_cuda.h) against the CPU reference
+// (layer.h, run in fp64 on the exact values of the same bf16 inputs and weights) on fresh random
+// inputs at the scales of the model's initialisation, over N in {8, 16, 32, 64} (and 5, 40: slot
+// counts below a kernel's capacity), D in {64, 72, 200, 1024}, T in {1, 7, 129, 512} (129 and 512
+// end in a partial checkpoint segment), B in {1, 3, 64}; the zero-tape degeneracy on the GPU;
+// bit-identical reruns and independence from the checkpoint interval; state hand-over.
+//
+// Tolerances (normwise: ||gpu - ref|| <= tol ||ref||), from where the GPU path rounds:
+//  - fp32 paths (h, r, both attentions, the end tape, the score gradients, dL/db_h, dL/dH_0): the
+//    recurrence runs in fp32 with fp32 accumulation and the input projection rounds x/z once to
+//    fp32, so the only error is fp32 rounding carried through the steps, which the recurrence can
+//    amplify: how much depends on the draw. So each case also runs the CPU reference in fp32 (double
+//    sums, one rounding per value) and measures its error against fp64, e: typically < 2e-6, but up
+//    to 9e-6 on a long D 1024 run. cuBLASLt's fp32 products and the kernels' shuffle trees round
+//    every partial sum (a value summed from D products carries a few fp32 ulps, not half of one),
+//    so allow 100x: max(2e-4, 100 e) (measured on an H100: at most 31 e).
+//  - bf16 paths (y, du, dL/dW_xz, dL/dW_h, dL/dW_write): y and du are rounded to bf16 (2^-9
+//    relative at most, about 2^-9/sqrt(3) = 1.1e-3 rms), and the weight-gradient and du products
+//    take bf16 copies of their fp32 operands (two more such roundings), so the expected error is
+//    about 1.6e-3 rms; allow 1e-2. y is also checked element by element: within one bf16 ulp of the
+//    reference (round to nearest gives half an ulp; the other half covers the fp32 error).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/buffer.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "models/e29a/layer.h"
+#include "models/e29a/layer_cuda.h"
+#include "support/test_support.h"
+
+namespace {
+
+namespace e29a = models::e29a;
+using Bits = std::vector<std::uint16_t>;
+
+constexpr double kFp32Tolerance = 2e-4;  // the floor; see fp32_tolerance()
+constexpr double kBf16Tolerance = 1e-2;
+
+// bf16 words for the GPU and their exact values for the reference.
+struct Bf16Data {
+  Bits bits;
+  std::vector<double> values;
+};
+
+Bf16Data to_bf16(const std::vector<float>& raw) {
+  Bf16Data out;
+  out.bits.resize(raw.size());
+  out.values.resize(raw.size());
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    out.bits[i] = core::float_to_bf16(raw[i]);
+    out.values[i] = core::bf16_to_float(out.bits[i]);
+  }
+  return out;
+}
+
+Bf16Data normal_bf16(std::mt19937_64& rng, std::size_t n, float scale) { return to_bf16(test::random_normal(rng, n, scale)); }
+
+Bf16Data uniform_bf16(std::mt19937_64& rng, std::size_t n, float bound) {
+  std::uniform_real_distribution<float> dist(-bound, bound);
+  std::vector<float> raw(n);
+  for (float& v : raw) v = dist(rng);
+  return to_bf16(raw);
+}
+
+// One layer's weights at the model's initial scales: W_xz and W_write Xavier uniform, W_h with
+// spectral norm about 0.9 (Gaussian, std 0.45/sqrt(D)), b_h small, a random tape whose slots
+// differ enough for the attention to be far from uniform.
+struct Weights {
+  Bf16Data w_xz, w_h, b_h, w_write, tape0;
+};
+
+Weights random_weights(std::mt19937_64& rng, std::int64_t d, std::int64_t n, float tape_scale = 1.0f) {
+  const auto dd = static_cast<std::size_t>(d * d);
+  const float inv = 1.0f / std::sqrt(static_cast<float>(d));
+  return {uniform_bf16(rng, 2 * dd, std::sqrt(2.0f) * inv), normal_bf16(rng, dd, 0.45f * inv),
+          normal_bf16(rng, static_cast<std::size_t>(d), 0.1f), uniform_bf16(rng, dd, std::sqrt(3.0f) * inv),
+          normal_bf16(rng, static_cast<std::size_t>(n * d), tape_scale)};
+}
+
+template <typename T>
+core::Buffer to_device(const std::vector<T>& values) {
+  core::Buffer buffer(core::Device::cuda(), std::max<std::size_t>(values.size(), 1) * sizeof(T));
+  if (!values.empty()) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(buffer.data(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  return buffer;
+}
+
+template <typename T>
+std::vector<T> from_device(const void* data, std::size_t count) {
+  std::vector<T> out(count);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  if (count) CUDA_CHECK(cudaMemcpy(out.data(), data, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+// NaN everywhere (0xFF bytes), so an element a kernel forgets fails.
+core::Buffer poisoned(std::size_t bytes) {
+  core::Buffer buffer(core::Device::cuda(), std::max<std::size_t>(bytes, 1));
+  buffer.fill_bytes(0xFF);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return buffer;
+}
+
+std::vector<double> bf16_values(const Bits& bits) {
+  std::vector<double> out(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) out[i] = core::bf16_to_float(bits[i]);
+  return out;
+}
+
+template <typename T>
+std::vector<double> widen(const std::vector<T>& v) {
+  return {v.begin(), v.end()};
+}
+
+// The largest relative error each tolerance class saw in the current case (printed per case, so a
+// run shows the margins).
+struct Worst {
+  double error = 0.0;
+  std::string name;
+};
+Worst g_worst_fp32, g_worst_bf16;
+
+// ||actual - expected|| <= rtol ||expected|| and every element finite.
+::testing::AssertionResult normwise_close(std::string_view name, const std::vector<double>& actual,
+                                          const std::vector<double>& expected, double rtol) {
+  if (actual.size() != expected.size()) {
+    return ::testing::AssertionFailure() << name << ": size " << actual.size() << " != " << expected.size();
+  }
+  double diff = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    if (!std::isfinite(actual[i])) return ::testing::AssertionFailure() << name << ": element " << i << " is " << actual[i];
+    diff += (actual[i] - expected[i]) * (actual[i] - expected[i]);
+    norm += expected[i] * expected[i];
+  }
+  const double relative = norm > 0.0 ? std::sqrt(diff / norm) : (diff > 0.0 ? INFINITY : 0.0);
+  Worst& worst = rtol == kBf16Tolerance ? g_worst_bf16 : g_worst_fp32;
+  if (relative > worst.error) worst = {relative, std::string(name)};
+  if (std::sqrt(diff) <= rtol * std::sqrt(norm)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << name << ": relative normwise error " << std::sqrt(diff / norm) << " > "
+                                       << rtol << " (norm " << std::sqrt(norm) << ")";
+}
+
+double bf16_ulp(double value) {
+  if (value == 0.0) return 0.0;
+  int exponent = 0;
+  std::frexp(std::fabs(value), &exponent);
+  return std::ldexp(1.0, exponent - 8);
+}
+
+::testing::AssertionResult within_one_bf16_ulp(std::string_view name, const std::vector<double>& actual,
+                                               const std::vector<double>& expected, double atol) {
+  std::size_t bad = 0, worst = 0;
+  double worst_err = -1.0;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    const double err = std::fabs(actual[i] - expected[i]);
+    if (!(err <= bf16_ulp(expected[i]) + atol)) {
+      ++bad;
+      if (!(err <= worst_err)) {
+        worst_err = err;
+        worst = i;
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << name << ": " << bad << " of " << actual.size()
+                                       << " elements beyond one bf16 ulp; worst at " << worst << ": " << actual[worst]
+                                       << " vs " << expected[worst];
+}
+
+template <typename T>
+::testing::AssertionResult bit_identical(std::string_view name, const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << name << ": sizes differ";
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return ::testing::AssertionFailure() << name << ": differs at " << i;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct Case {
+  std::int64_t slots, dim, steps, batch;
+};
+
+std::string describe(const Case& c) {
+  std::ostringstream os;
+  os << "N " << c.slots << " D " << c.dim << " T " << c.steps << " B " << c.batch;
+  return os.str();
+}
+
+// The layer's weights and gradients on the device.
+struct DeviceLayer {
+  core::Buffer w_xz, w_h, b_h, w_write, tape0;
+  core::Buffer g_xz, g_h, g_b, g_write, g_tape0;
+
+  DeviceLayer(const Weights& w, const std::vector<float>& grad_init_xz, const std::vector<float>& grad_init_h,
+              const std::vector<float>& grad_init_b, const std::vector<float>& grad_init_write,
+              const std::vector<float>& grad_init_tape0)
+      : w_xz(to_device(w.w_xz.bits)), w_h(to_device(w.w_h.bits)), b_h(to_device(w.b_h.bits)),
+        w_write(to_device(w.w_write.bits)), tape0(to_device(w.tape0.bits)), g_xz(to_device(grad_init_xz)),
+        g_h(to_device(grad_init_h)), g_b(to_device(grad_init_b)), g_write(to_device(grad_init_write)),
+        g_tape0(to_device(grad_init_tape0)) {}
+
+  e29a::LayerWeightsCuda weights() const {
+    return {w_xz.as<__nv_bfloat16>(), w_h.as<__nv_bfloat16>(), b_h.as<__nv_bfloat16>(), w_write.as<__nv_bfloat16>(),
+            tape0.as<__nv_bfloat16>()};
+  }
+  e29a::LayerGradientsCuda grads() {
+    return {g_xz.as<float>(), g_h.as<float>(), g_b.as<float>(), g_write.as<float>(), g_tape0.as<float>()};
+  }
+};
+
+// Everything one GPU forward + backward produces, on the host.
+struct GpuResult {
+  std::vector<std::uint16_t> y, du;
+  std::vector<float> g_xz, g_h, g_b, g_write, g_tape0;
+  std::vector<float> h, read_attn, write_attn, score_read, score_write, end_h, end_tape;
+};
+
+GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weights& w, const Bits& u, const Bits& dy,
+                  const std::vector<float>& grad_init, std::int64_t interval = 0) {
+  const std::int64_t B = c.batch, T = c.steps, D = c.dim, N = c.slots;
+  auto slice = [&](std::size_t offset, std::size_t count) {
+    return std::vector<float>(grad_init.begin() + offset, grad_init.begin() + offset + count);
+  };
+  const auto dd = static_cast<std::size_t>(D * D);
+  DeviceLayer layer(w, slice(0, 2 * dd), slice(2 * dd, dd), slice(3 * dd, D), slice(3 * dd + D, dd),
+                    slice(4 * dd + D, N * D));
+  e29a::LayerCuda cuda(context, D, N, B, T, interval);
+  auto acts = cuda.make_activations();
+  core::Buffer u_d = to_device(u), dy_d = to_device(dy);
+  const std::size_t tokens = static_cast<std::size_t>(B * T * D);
+  core::Buffer y_d = poisoned(tokens * 2), du_d = poisoned(tokens * 2);
+  core::Buffer end_h = poisoned(B * D * 4), end_tape = poisoned(B * N * D * 4);
+  core::Buffer score_r = poisoned(T * B * N * 4), score_w = poisoned(T * B * N * 4);
+  const e29a::LayerStateCuda end{end_h.as<float>(), end_tape.as<float>()};
+  const e29a::ScoreGradientsCuda scores{score_r.as<float>(), score_w.as<float>()};
+  cuda.forward(layer.weights(), u_d.as<__nv_bfloat16>(), B, T, y_d.as<__nv_bfloat16>(), acts, nullptr, &end);
+  cuda.backward(layer.weights(), u_d.as<__nv_bfloat16>(), dy_d.as<__nv_bfloat16>(), du_d.as<__nv_bfloat16>(),
+                layer.grads(), acts, &scores);
+  context.synchronize();
+  GpuResult r;
+  r.y = from_device<std::uint16_t>(y_d.data(), tokens);
+  r.du = from_device<std::uint16_t>(du_d.data(), tokens);
+  r.g_xz = from_device<float>(layer.g_xz.data(), 2 * dd);
+  r.g_h = from_device<float>(layer.g_h.data(), dd);
+  r.g_b = from_device<float>(layer.g_b.data(), D);
+  r.g_write = from_device<float>(layer.g_write.data(), dd);
+  r.g_tape0 = from_device<float>(layer.g_tape0.data(), N * D);
+  r.h = from_device<float>(acts.h(), (T + 1) * B * D);
+  r.read_attn = from_device<float>(acts.read_attn(), T * B * N);
+  r.write_attn = from_device<float>(acts.write_attn(), T * B * N);
+  r.score_read = from_device<float>(score_r.data(), T * B * N);
+  r.score_write = from_device<float>(score_w.data(), T * B * N);
+  r.end_h = from_device<float>(end_h.data(), B * D);
+  r.end_tape = from_device<float>(end_tape.data(), B * N * D);
+  return r;
+}
+
+// The fp64 reference on the same values.
+struct Reference {
+  std::vector<double> y, du, g_xz, g_h, g_b, g_write, g_tape0;
+  e29a::LayerActivations<double> acts;
+  e29a::LayerScoreGradients<double> scores;
+  e29a::LayerState<double> end;
+};
+
+Reference run_reference(const Case& c, const Weights& w, const std::vector<double>& u, const std::vector<double>& dy) {
+  const std::int64_t B = c.batch, T = c.steps, D = c.dim, N = c.slots;
+  const e29a::LayerShape shape{B, T, D, N};
+  const e29a::LayerWeights<double> view{w.w_xz.values, w.w_h.values, w.b_h.values, w.w_write.values, w.tape0.values};
+  Reference r;
+  r.y.resize(static_cast<std::size_t>(B * T * D));
+  r.du.resize(r.y.size());
+  r.g_xz.assign(static_cast<std::size_t>(2 * D * D), 0.0);
+  r.g_h.assign(static_cast<std::size_t>(D * D), 0.0);
+  r.g_b.assign(static_cast<std::size_t>(D), 0.0);
+  r.g_write.assign(static_cast<std::size_t>(D * D), 0.0);
+  r.g_tape0.assign(static_cast<std::size_t>(N * D), 0.0);
+  e29a::layer_forward_cpu<double>(shape, view, u, r.y, &r.acts, nullptr, &r.end);
+  e29a::layer_backward_cpu<double>(view, r.acts, u, dy, r.du, {r.g_xz, r.g_h, r.g_b, r.g_write, r.g_tape0},
+                                   &r.scores);
+  return r;
+}
+
+// gpu - init, the gradient the backward added.
+std::vector<double> added(const std::vector<float>& after, const std::vector<float>& init, std::size_t offset) {
+  std::vector<double> out(after.size());
+  for (std::size_t i = 0; i < after.size(); ++i) out[i] = double(after[i]) - double(init[offset + i]);
+  return out;
+}
+
+double relative_error(const std::vector<float>& actual, const std::vector<double>& expected) {
+  double diff = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    diff += (actual[i] - expected[i]) * (actual[i] - expected[i]);
+    norm += expected[i] * expected[i];
+  }
+  return norm > 0.0 ? std::sqrt(diff / norm) : 0.0;
+}
+
+// The case's fp32 tolerance: the fp32 CPU reference's largest error on the fp32 paths, times 100
+// (at least kFp32Tolerance), so a draw whose recurrence amplifies rounding gets the room it needs.
+double fp32_tolerance(const Case& c, const Weights& w, const std::vector<double>& u, const std::vector<double>& dy,
+                      const Reference& r) {
+  const std::int64_t B = c.batch, T = c.steps, D = c.dim, N = c.slots;
+  auto narrow = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+  const std::vector<float> w_xz = narrow(w.w_xz.values), w_h = narrow(w.w_h.values), b_h = narrow(w.b_h.values),
+                           w_write = narrow(w.w_write.values), tape0 = narrow(w.tape0.values), u32 = narrow(u),
+                           dy32 = narrow(dy);
+  const e29a::LayerWeights<float> view{w_xz, w_h, b_h, w_write, tape0};
+  std::vector<float> y(u32.size()), du(u32.size()), g_xz(static_cast<std::size_t>(2 * D * D)),
+      g_h(static_cast<std::size_t>(D * D)), g_b(static_cast<std::size_t>(D)), g_write(g_h.size()),
+      g_tape0(static_cast<std::size_t>(N * D));
+  e29a::LayerActivations<float> acts;
+  e29a::LayerScoreGradients<float> scores;
+  e29a::LayerState<float> end;
+  e29a::layer_forward_cpu<float>({B, T, D, N}, view, u32, y, &acts, nullptr, &end);
+  e29a::layer_backward_cpu<float>(view, acts, u32, dy32, du, {g_xz, g_h, g_b, g_write, g_tape0}, &scores);
+  const double e = std::max({relative_error(acts.h, r.acts.h), relative_error(acts.read_attn, r.acts.read_attn),
+                             relative_error(acts.write_attn, r.acts.write_attn), relative_error(end.tape, r.end.tape),
+                             relative_error(scores.read, r.scores.read), relative_error(scores.write, r.scores.write),
+                             relative_error(g_b, r.g_b), relative_error(g_tape0, r.g_tape0)});
+  return std::max(kFp32Tolerance, 100.0 * e);
+}
+
+void compare(const Case& c, const GpuResult& g, const Reference& r, const std::vector<float>& grad_init,
+             double fp32_tol = kFp32Tolerance) {
+  const auto dd = static_cast<std::size_t>(c.dim * c.dim);
+  g_worst_fp32 = {};
+  g_worst_bf16 = {};
+  const std::vector<double> y = bf16_values(g.y);
+  double y_rms = 0.0;
+  for (const double v : r.y) y_rms += v * v;
+  y_rms = std::sqrt(y_rms / std::max<std::size_t>(r.y.size(), 1));
+  EXPECT_TRUE(within_one_bf16_ulp("y", y, r.y, 1e-5 * y_rms));
+  EXPECT_TRUE(normwise_close("y", y, r.y, kBf16Tolerance));
+  EXPECT_TRUE(normwise_close("h", widen(g.h), r.acts.h, fp32_tol));
+  EXPECT_TRUE(normwise_close("read attention", widen(g.read_attn), r.acts.read_attn, fp32_tol));
+  EXPECT_TRUE(normwise_close("write attention", widen(g.write_attn), r.acts.write_attn, fp32_tol));
+  EXPECT_TRUE(normwise_close("end h", widen(g.end_h), r.end.h, fp32_tol));
+  EXPECT_TRUE(normwise_close("end tape", widen(g.end_tape), r.end.tape, fp32_tol));
+  EXPECT_TRUE(normwise_close("read score gradients", widen(g.score_read), r.scores.read, fp32_tol));
+  EXPECT_TRUE(normwise_close("write score gradients", widen(g.score_write), r.scores.write, fp32_tol));
+  EXPECT_TRUE(normwise_close("dL/db_h", added(g.g_b, grad_init, 3 * dd), r.g_b, fp32_tol));
+  EXPECT_TRUE(normwise_close("dL/dH_0", added(g.g_tape0, grad_init, 4 * dd + c.dim), r.g_tape0, fp32_tol));
+  EXPECT_TRUE(normwise_close("du", bf16_values(g.du), r.du, kBf16Tolerance));
+  EXPECT_TRUE(normwise_close("dL/dW_xz", added(g.g_xz, grad_init, 0), r.g_xz, kBf16Tolerance));
+  EXPECT_TRUE(normwise_close("dL/dW_h", added(g.g_h, grad_init, 2 * dd), r.g_h, kBf16Tolerance));
+  EXPECT_TRUE(normwise_close("dL/dW_write", added(g.g_write, grad_init, 3 * dd + c.dim), r.g_write, kBf16Tolerance));
+  std::printf("[ errors   ] %s: fp32 paths worst %.3g (%s; tolerance %.3g), bf16 paths worst %.3g (%s)\n",
+              describe(c).c_str(), g_worst_fp32.error, g_worst_fp32.name.c_str(), fp32_tol, g_worst_bf16.error, g_worst_bf16.name.c_str());
+}
+
+std::size_t gradient_count(const Case& c) { return static_cast<std::size_t>(4 * c.dim * c.dim + c.dim + c.slots * c.dim); }
+
+TEST(E29aGpu, MatchesReference) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  core::DeviceContext context(core::Device::cuda());
+  // Each value of N, D, T and B appears at least once; the CPU reference's cost (B T D (D + N))
+  // keeps D = 1024 to short or narrow runs.
+  const Case cases[] = {
+      {8, 64, 1, 1},     {16, 72, 512, 3}, {32, 200, 7, 64}, {64, 64, 129, 64}, {8, 1024, 129, 3},
+      {64, 1024, 7, 1},  {16, 200, 129, 3}, {32, 72, 512, 1}, {5, 72, 7, 3},    {40, 200, 7, 3},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const Weights w = random_weights(rng, c.dim, c.slots);
+    const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
+    const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
+    const std::vector<float> grad_init = test::random_normal(rng, gradient_count(c), 0.5f);
+    const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init);
+    const Reference r = run_reference(c, w, u.values, dy.values);
+    compare(c, g, r, grad_init, fp32_tolerance(c, w, u.values, dy.values, r));
+  }
+}
+
+// The backward replays the tape from checkpoints with the forward's arithmetic, so every result is
+// bit-identical whatever the checkpoint interval, and run to run.
+TEST(E29aGpu, BitIdenticalAcrossRunsAndCheckpointIntervals) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  core::DeviceContext context(core::Device::cuda());
+  const Case c{16, 200, 37, 5};
+  const Weights w = random_weights(rng, c.dim, c.slots);
+  const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
+  const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
+  const std::vector<float> grad_init = test::random_normal(rng, gradient_count(c), 0.5f);
+  const GpuResult base = run_gpu(context, c, w, u.bits, dy.bits, grad_init);
+  for (const std::int64_t interval : {std::int64_t{0}, std::int64_t{1}, std::int64_t{5}, std::int64_t{36},
+                                      std::int64_t{37}, std::int64_t{1000}}) {
+    SCOPED_TRACE("interval " + std::to_string(interval));
+    const GpuResult again = run_gpu(context, c, w, u.bits, dy.bits, grad_init, interval);
+    EXPECT_TRUE(bit_identical("y", again.y, base.y));
+    EXPECT_TRUE(bit_identical("du", again.du, base.du));
+    EXPECT_TRUE(bit_identical("dW_xz", again.g_xz, base.g_xz));
+    EXPECT_TRUE(bit_identical("dW_h", again.g_h, base.g_h));
+    EXPECT_TRUE(bit_identical("db_h", again.g_b, base.g_b));
+    EXPECT_TRUE(bit_identical("dW_write", again.g_write, base.g_write));
+    EXPECT_TRUE(bit_identical("dH_0", again.g_tape0, base.g_tape0));
+    EXPECT_TRUE(bit_identical("score gradients", again.score_write, base.score_write));
+  }
+}
+
+// At the benchmark's size (no reference: too slow on a CPU): finite and bit-identical run to run.
+TEST(E29aGpu, BenchmarkShapeIsFiniteAndDeterministic) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  core::DeviceContext context(core::Device::cuda());
+  const Case c{8, 1024, 512, 64};
+  const Weights w = random_weights(rng, c.dim, c.slots);
+  const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
+  const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
+  const std::vector<float> grad_init(gradient_count(c), 0.0f);
+  const GpuResult a = run_gpu(context, c, w, u.bits, dy.bits, grad_init);
+  const GpuResult b = run_gpu(context, c, w, u.bits, dy.bits, grad_init);
+  for (const float v : a.g_tape0) ASSERT_TRUE(std::isfinite(v));
+  for (const float v : a.g_h) ASSERT_TRUE(std::isfinite(v));
+  for (const auto v : a.du) ASSERT_TRUE(std::isfinite(core::bf16_to_float(v)));
+  EXPECT_TRUE(bit_identical("y", a.y, b.y));
+  EXPECT_TRUE(bit_identical("du", a.du, b.du));
+  EXPECT_TRUE(bit_identical("dW_h", a.g_h, b.g_h));
+  EXPECT_TRUE(bit_identical("dW_xz", a.g_xz, b.g_xz));
+  EXPECT_TRUE(bit_identical("dH_0", a.g_tape0, b.g_tape0));
+}
+
+// A zero tape (upstream's start) on the GPU: every slot stays equal, both attentions are exactly
+// uniform, the score gradients are exactly zero and every slot of dL/dH_0 is the same.
+TEST(E29aGpu, ZeroTapeDegeneracy) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  core::DeviceContext context(core::Device::cuda());
+  for (const Case c : {Case{8, 72, 19, 3}, Case{64, 200, 7, 2}, Case{40, 64, 9, 1}}) {
+    SCOPED_TRACE(describe(c));
+    Weights w = random_weights(rng, c.dim, c.slots);
+    std::fill(w.tape0.bits.begin(), w.tape0.bits.end(), std::uint16_t{0});
+    std::fill(w.tape0.values.begin(), w.tape0.values.end(), 0.0);
+    const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
+    const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
+    const std::vector<float> grad_init(gradient_count(c), 0.0f);
+    const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init);
+    const float uniform = 1.0f / static_cast<float>(c.slots);
+    for (const float a : g.read_attn) ASSERT_EQ(a, uniform);
+    for (const float a : g.write_attn) ASSERT_EQ(a, uniform);
+    for (const float s : g.score_read) ASSERT_EQ(s, 0.0f);
+    for (const float s : g.score_write) ASSERT_EQ(s, 0.0f);
+    const auto D = static_cast<std::size_t>(c.dim);
+    for (std::int64_t b = 0; b < c.batch; ++b) {
+      const float* tape = g.end_tape.data() + b * c.slots * c.dim;
+      for (std::int64_t n = 1; n < c.slots; ++n) {
+        ASSERT_EQ(std::memcmp(tape, tape + n * D, D * sizeof(float)), 0) << "sequence " << b << " slot " << n;
+      }
+    }
+    bool nonzero = false;
+    for (std::int64_t n = 0; n < c.slots; ++n) {
+      ASSERT_EQ(std::memcmp(g.g_tape0.data(), g.g_tape0.data() + n * D, D * sizeof(float)), 0) << "slot " << n;
+    }
+    for (std::size_t d = 0; d < D; ++d) nonzero = nonzero || g.g_tape0[d] != 0.0f;
+    EXPECT_TRUE(nonzero) << "dL/dH_0 should still be non-zero (the read value and the write keep it)";
+    // And the values match the reference.
+    const Reference r = run_reference(c, w, u.values, dy.values);
+    compare(c, g, r, grad_init);
+  }
+}
+
+// A forward over T steps equals two forwards over T1 and T - T1 handing the state over.
+TEST(E29aGpu, StateCarriesAcrossCalls) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  core::DeviceContext context(core::Device::cuda());
+  const std::int64_t B = 3, T = 23, T1 = 9, D = 72, N = 16;
+  const Weights w = random_weights(rng, D, N);
+  const Bf16Data u = normal_bf16(rng, static_cast<std::size_t>(B * T * D), 1.0f);
+  auto slice = [&](std::size_t n) { return std::vector<float>(n, 0.0f); };
+  const auto dd = static_cast<std::size_t>(D * D);
+  DeviceLayer layer(w, slice(2 * dd), slice(dd), slice(D), slice(dd), slice(N * D));
+  e29a::LayerCuda cuda(context, D, N, B, T);
+  auto acts = cuda.make_activations();
+  core::Buffer u_d = to_device(u.bits);
+  core::Buffer y_full = poisoned(B * T * D * 2);
+  core::Buffer end_h = poisoned(B * D * 4), end_tape = poisoned(B * N * D * 4);
+  const e29a::LayerStateCuda end{end_h.as<float>(), end_tape.as<float>()};
+  cuda.forward(layer.weights(), u_d.as<__nv_bfloat16>(), B, T, y_full.as<__nv_bfloat16>(), acts, nullptr, &end);
+  const auto y_ref = bf16_values(from_device<std::uint16_t>(y_full.data(), B * T * D));
+  const auto end_h_ref = widen(from_device<float>(end_h.data(), B * D));
+  const auto end_tape_ref = widen(from_device<float>(end_tape.data(), B * N * D));
+
+  // The two halves: [B, T1, D] and [B, T - T1, D] slices of u.
+  auto part = [&](std::int64_t t0, std::int64_t len) {
+    Bits out(static_cast<std::size_t>(B * len * D));
+    for (std::int64_t b = 0; b < B; ++b) {
+      std::copy_n(u.bits.begin() + (b * T + t0) * D, len * D, out.begin() + b * len * D);
+    }
+    return out;
+  };
+  core::Buffer u1 = to_device(part(0, T1)), u2 = to_device(part(T1, T - T1));
+  core::Buffer y1 = poisoned(B * T1 * D * 2), y2 = poisoned(B * (T - T1) * D * 2);
+  core::Buffer mid_h = poisoned(B * D * 4), mid_tape = poisoned(B * N * D * 4);
+  core::Buffer fin_h = poisoned(B * D * 4), fin_tape = poisoned(B * N * D * 4);
+  const e29a::LayerStateCuda mid{mid_h.as<float>(), mid_tape.as<float>()};
+  const e29a::LayerStateCuda fin{fin_h.as<float>(), fin_tape.as<float>()};
+  cuda.forward(layer.weights(), u1.as<__nv_bfloat16>(), B, T1, y1.as<__nv_bfloat16>(), acts, nullptr, &mid);
+  cuda.forward(layer.weights(), u2.as<__nv_bfloat16>(), B, T - T1, y2.as<__nv_bfloat16>(), acts, &mid, &fin);
+  const auto y1h = bf16_values(from_device<std::uint16_t>(y1.data(), B * T1 * D));
+  const auto y2h = bf16_values(from_device<std::uint16_t>(y2.data(), B * (T - T1) * D));
+  std::vector<double> joined(static_cast<std::size_t>(B * T * D));
+  for (std::int64_t b = 0; b < B; ++b) {
+    std::copy_n(y1h.begin() + b * T1 * D, T1 * D, joined.begin() + b * T * D);
+    std::copy_n(y2h.begin() + b * (T - T1) * D, (T - T1) * D, joined.begin() + (b * T + T1) * D);
+  }
+  // The input projection over a different number of rows may sum in another order (fp32 rounding
+  // of x/z), which may move a bf16 output by one ulp.
+  EXPECT_TRUE(within_one_bf16_ulp("y", joined, y_ref, 0.0));
+  EXPECT_TRUE(normwise_close("end h", widen(from_device<float>(fin_h.data(), B * D)), end_h_ref, 1e-5));
+  EXPECT_TRUE(normwise_close("end tape", widen(from_device<float>(fin_tape.data(), B * N * D)), end_tape_ref, 1e-5));
+}
+
+TEST(E29aGpu, RejectsBadShapes) {
+  REQUIRE_GPU();
+  core::DeviceContext context(core::Device::cuda());
+  EXPECT_THROW(e29a::LayerCuda(context, 64, 65, 1, 1), core::Error);
+  EXPECT_THROW(e29a::LayerCuda(context, 64, 0, 1, 1), core::Error);
+  EXPECT_THROW(e29a::LayerCuda(context, 0, 8, 1, 1), core::Error);
+  e29a::LayerCuda cuda(context, 64, 8, 2, 4);
+  auto acts = cuda.make_activations();
+  EXPECT_THROW(cuda.forward({}, nullptr, 3, 4, nullptr, acts), core::Error);
+  EXPECT_THROW(cuda.forward({}, nullptr, 2, 5, nullptr, acts), core::Error);
+}
+
+}  // namespace
