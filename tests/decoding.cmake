@@ -3,9 +3,19 @@ llmtrain_test(test_decoder_cpu cpu models/test_decoder_cpu.cpp)
 target_link_libraries(test_decoder_cpu PRIVATE models)
 llmtrain_test(test_sampling cpu models/test_sampling.cpp)
 target_link_libraries(test_sampling PRIVATE models)
-#llmtrain_test(test_decoder_bpe cpu models/test_decoder_bpe.cpp)
-#target_link_libraries(test_decoder_bpe PRIVATE text_data)
-#llmtrain_test(test_decoder_gpu gpu models/test_decoder_gpu.cpp)
-#target_link_libraries(test_decoder_gpu PRIVATE models)
-#llmtrain_test(test_sampling_gpu gpu models/test_sampling_gpu.cpp)
-#target_link_libraries(test_sampling_gpu PRIVATE models)
+llmtrain_test(test_decoder_bpe cpu models/test_decoder_bpe.cpp)
+target_link_libraries(test_decoder_bpe PRIVATE text_data)
+# GPU suites with a time limit per test (a hung kernel fails the test instead of stalling the run;
+# tests/models/gpu_watchdog.h also ends the process from inside).
+foreach(name test_decoder_gpu test_sampling_gpu)
+  add_executable(${name} models/${name}.cpp)
+  target_link_libraries(${name} PRIVATE test_support GTest::gtest_main models)
+  target_compile_definitions(${name} PRIVATE LLMTRAIN_FIXTURES_DIR="${CMAKE_CURRENT_SOURCE_DIR}/fixtures")
+  gtest_discover_tests(${name} PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "SKIPPED" TIMEOUT 180
+                       DISCOVERY_TIMEOUT 60)
+endforeach()
+# build/generate: greedy ids equal transformers' on the fixture folders, exit 2 on bad input, and
+# samples and generation from byte-level and BPE training runs (tests/models/run_generate.sh).
+add_test(NAME Generate.CpuFixturesAndRuns COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/models/run_generate.sh
+         ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
+set_tests_properties(Generate.CpuFixturesAndRuns PROPERTIES LABELS cpu TIMEOUT 600)

@@ -232,9 +232,6 @@ Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab,
     throw core::InputError("qwen3 decoder: head_dim " + std::to_string(config.head_dim) +
                            " not supported on cuda (64 or 128)");
   }
-  if (config.num_heads % config.num_kv_heads != 0 || config.num_heads / config.num_kv_heads > 8) {
-    throw core::InputError("qwen3 decoder: num_heads / num_kv_heads must be an integer of at most 8 on cuda");
-  }
   if (settings.max_prefill_chunk <= 0) throw core::Error("Qwen3CudaDecoder: max_prefill_chunk must be positive");
   const auto& layout = slab.layout();
   auto find = [&](const std::string& name) {
@@ -254,8 +251,10 @@ Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab,
   m.chunk = std::min(m.capacity, settings.max_prefill_chunk);
   const int sms = std::max(1, context.multiprocessor_count());
   // Enough (kv head, key range) blocks to fill the GPU about four times over at long contexts.
-  m.splits = static_cast<int>(std::clamp<std::int64_t>((4 * sms + config.num_kv_heads - 1) / config.num_kv_heads, 1, 128));
-  m.matvec_blocks = 8 * sms;
+  m.splits = settings.attention_splits > 0
+                 ? std::min(settings.attention_splits, 65535)
+                 : static_cast<int>(std::clamp<std::int64_t>((4 * sms + config.num_kv_heads - 1) / config.num_kv_heads, 1, 128));
+  m.matvec_blocks = settings.matvec_blocks > 0 ? settings.matvec_blocks : 8 * sms;
 
   const auto kv = static_cast<std::size_t>(config.kv_size());
   m.cache_bytes = 2 * static_cast<std::size_t>(config.num_layers) * static_cast<std::size_t>(m.capacity) * kv * 2;

@@ -177,12 +177,13 @@ __device__ __forceinline__ SplitRange split_range(std::int64_t length, int split
   return {length, chunk, (length + chunk - 1) / chunk};
 }
 
-// One (kv head, split, query) per block: HD / 8 lanes own a key (8 dims each, 16-byte loads);
-// the block's key groups run an online softmax (log2 domain) over their keys, then merge.
+// One (G query heads of a kv head, split, query) per block: HD / 8 lanes own a key (8 dims each,
+// 16-byte loads); the block's key groups run an online softmax (log2 domain) over their keys,
+// then merge.
 template <int HD, int G>
 __global__ void __launch_bounds__(kAttentionThreads)
 attention_partial_kernel(const bf16* __restrict__ q, std::int64_t q_stride, const bf16* __restrict__ k_cache,
-                         const bf16* __restrict__ v_cache, int heads, int kv_heads,
+                         const bf16* __restrict__ v_cache, int heads, int kv_heads, int heads_per_kv,
                          const std::int32_t* __restrict__ position, int splits, float scale_log2,
                          float* __restrict__ partial_o, float2* __restrict__ partial_ml) {
   constexpr int kLanes = HD / 8;
@@ -190,7 +191,10 @@ attention_partial_kernel(const bf16* __restrict__ q, std::int64_t q_stride, cons
   __shared__ float shared_m[kGroups][G], shared_l[kGroups][G];
   __shared__ __align__(16) float shared_o[kGroups][G][HD];
 
-  const int kv_head = blockIdx.x, split = blockIdx.y;
+  // Block x: query heads [head0, head0 + G) of kv head kv_head (heads_per_kv / G blocks per kv head).
+  const int blocks_per_kv = heads_per_kv / G;
+  const int kv_head = blockIdx.x / blocks_per_kv, head0 = kv_head * heads_per_kv + (blockIdx.x % blocks_per_kv) * G;
+  const int split = blockIdx.y;
   const std::int64_t query = blockIdx.z;
   const SplitRange range = split_range(*position + query + 1, splits);
   if (split >= range.active) return;
@@ -201,7 +205,7 @@ attention_partial_kernel(const bf16* __restrict__ q, std::int64_t q_stride, cons
   float qf[G][8];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    load_bf16<8>(q + query * q_stride + (kv_head * G + g) * HD + lane * 8, qf[g]);
+    load_bf16<8>(q + query * q_stride + (head0 + g) * HD + lane * 8, qf[g]);
 #pragma unroll
     for (int k = 0; k < 8; ++k) qf[g][k] *= scale_log2;
   }
@@ -215,17 +219,27 @@ attention_partial_kernel(const bf16* __restrict__ q, std::int64_t q_stride, cons
   }
   const bf16* k_base = k_cache + kv_head * HD + lane * 8;
   const bf16* v_base = v_cache + kv_head * HD + lane * 8;
+  // Every thread runs the same number of iterations: the shuffles of group_sum span the whole
+  // warp (several key groups), so a group past the end still takes part, with its update skipped.
 #pragma unroll 2
-  for (std::int64_t j = begin + group; j < end; j += kGroups) {
+  for (std::int64_t first = begin; first < end; first += kGroups) {
+    const std::int64_t j = first + group;
+    const bool valid = j < end;
     float kf[8], vf[8];
-    load_bf16<8>(k_base + j * kv_stride, kf);
-    load_bf16<8>(v_base + j * kv_stride, vf);
+    if (valid) {
+      load_bf16<8>(k_base + j * kv_stride, kf);
+      load_bf16<8>(v_base + j * kv_stride, vf);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) kf[k] = vf[k] = 0.0f;
+    }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       float s = 0.0f;
 #pragma unroll
       for (int k = 0; k < 8; ++k) s = fmaf(qf[g][k], kf[k], s);
       s = ops::gpu::group_sum<kLanes>(s);
+      if (!valid) continue;
       const float m_new = fmaxf(m[g], s);
       const float correction = exp2f(m[g] - m_new);
       const float p = exp2f(s - m_new);
@@ -245,7 +259,7 @@ attention_partial_kernel(const bf16* __restrict__ q, std::int64_t q_stride, cons
     }
   }
   __syncthreads();
-  const std::int64_t row = (query * heads + kv_head * G) * splits + split;  // of head g: row + g * splits
+  const std::int64_t row = (query * heads + head0) * splits + split;  // of head g: row + g * splits
   for (int t = threadIdx.x; t < G * HD; t += kAttentionThreads) {
     const int g = t / HD, d = t % HD;
     float best = -INFINITY;
@@ -285,12 +299,14 @@ template <int HD, int G>
 void launch_attention(const bf16* q, std::int64_t q_stride, const bf16* k_cache, const bf16* v_cache, int heads,
                       int kv_heads, const std::int32_t* position, std::int64_t queries, int splits, float* partial,
                       bf16* att, cudaStream_t stream) {
+  const int group = heads / kv_heads;
   float* partial_o = partial;
   auto* partial_ml = reinterpret_cast<float2*>(partial + queries * heads * splits * HD);
   const float scale_log2 = 1.4426950408889634f / sqrtf(static_cast<float>(HD));
-  const dim3 grid(static_cast<unsigned>(kv_heads), static_cast<unsigned>(splits), static_cast<unsigned>(queries));
+  const dim3 grid(static_cast<unsigned>(kv_heads * (group / G)), static_cast<unsigned>(splits),
+                  static_cast<unsigned>(queries));
   attention_partial_kernel<HD, G><<<grid, kAttentionThreads, 0, stream>>>(
-      q, q_stride, k_cache, v_cache, heads, kv_heads, position, splits, scale_log2, partial_o, partial_ml);
+      q, q_stride, k_cache, v_cache, heads, kv_heads, group, position, splits, scale_log2, partial_o, partial_ml);
   CUDA_CHECK_LAUNCH("attention_partial_kernel");
   attention_combine_kernel<HD><<<dim3(static_cast<unsigned>(heads), static_cast<unsigned>(queries)), HD, 0, stream>>>(
       partial_o, partial_ml, heads, position, splits, att);
@@ -316,7 +332,7 @@ void dispatch_group(int group, const bf16* q, std::int64_t q_stride, const bf16*
     LLMTRAIN_GROUP_CASE(7)
     LLMTRAIN_GROUP_CASE(8)
 #undef LLMTRAIN_GROUP_CASE
-    default: throw core::Error("decode attention: query heads per kv head must be 1..8, got " + std::to_string(group));
+    default: throw core::Error("decode attention: query heads per block must be 1..8, got " + std::to_string(group));
   }
 }
 
@@ -386,7 +402,16 @@ void cached_attention(const bf16* q, std::int64_t q_stride, const bf16* k_cache,
   if (splits < 1 || splits > 65535 || queries > 65535) throw core::Error("decode attention: splits or queries out of range");
   if (heads % kv_heads != 0) throw core::Error("decode attention: heads must be a multiple of kv_heads");
   if (q_stride % 8 != 0 || !ops::gpu::aligned_16(q)) throw core::Error("decode attention: q rows must be 16-byte aligned");
-  const int group = heads / kv_heads;
+  // Query heads per block: the largest divisor of the group that is at most 8 (the keys are read
+  // once per block, so larger is better).
+  const int per_kv = heads / kv_heads;
+  int group = 1;
+  for (int g = 8; g > 1; --g) {
+    if (per_kv % g == 0) {
+      group = g;
+      break;
+    }
+  }
   if (head_dim == 64) {
     dispatch_group<64>(group, q, q_stride, k_cache, v_cache, heads, kv_heads, position, queries, splits, partial, att,
                        stream);

@@ -35,13 +35,15 @@ namespace models::qwen3 {
 
 struct CudaDecoderSettings {
   bool cuda_graph = true;                // replay step() as a captured graph (false: launch each kernel)
-  std::int64_t max_prefill_chunk = 1024;  // tokens per prefill pass (bounds the activation memory)
+  std::int64_t max_prefill_chunk = 4096;  // tokens per prefill pass (bounds the activation memory)
+  int attention_splits = 0;  // key ranges per (kv head, query) of a step's attention; 0: from the GPU's size
+  int matvec_blocks = 0;     // grid bound of the step's matrix-vector products; 0: from the GPU's size
 };
 
 class Qwen3CudaDecoder final : public Decoder {
  public:
   // `slab`: laid out from parameter_specs(config), on the context's cuda device, bf16 mirror
-  // spanning the whole model. head_dim 64 or 128, num_heads / num_kv_heads <= 8 (core::InputError).
+  // spanning the whole model. head_dim 64 or 128 (core::InputError otherwise).
   Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
                    const DecoderOptions& options, CudaDecoderSettings settings = {});
   ~Qwen3CudaDecoder() override;

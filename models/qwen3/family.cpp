@@ -3,8 +3,9 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "core/half.h"
 #include "models/model_config.h"
+#include "models/qwen3/decoder.h"
+#include "models/qwen3/decoder_cuda.h"
 #include "models/qwen3/model.h"
 
 namespace models::qwen3 {
@@ -66,76 +67,6 @@ class CpuModel final : public TrainableModel {
  private:
   Qwen3Model model_;
   float loss_ = 0;
-};
-
-// Generation by a full forward pass over the whole prefix per token: the fallback where no
-// KV-cache decoder serves the backend.
-class FullForwardDecoder final : public Decoder {
- public:
-  FullForwardDecoder(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
-                     const DecoderOptions& options)
-      : config_(config), context_(context), capacity_(options.max_tokens),
-        logits_(context.device(), static_cast<std::size_t>(config.vocab_size) * sizeof(float)) {
-    if (context.is_cuda()) {
-      cuda_ = std::make_unique<Qwen3Cuda>(config, slab, context, capacity_, Recompute::none);
-      ids_device_ = core::Buffer(context.device(), static_cast<std::size_t>(capacity_) * 4);
-      bf16_logits_ = core::Buffer(context.device(), static_cast<std::size_t>(capacity_ * config.vocab_size) * 2);
-    } else {
-      cpu_ = std::make_unique<Qwen3Model>(config, slab, const_cast<float*>(options.full_weights));
-    }
-  }
-  void reset() override { ids_.clear(); }
-  void prefill(std::span<const std::int32_t> tokens, float* all_logits) override {
-    if (position() + static_cast<std::int64_t>(tokens.size()) > capacity_) {
-      throw core::InputError("decoder: " + std::to_string(position() + tokens.size()) + " tokens exceed its capacity of " +
-                             std::to_string(capacity_));
-    }
-    const std::size_t first = ids_.size();
-    ids_.insert(ids_.end(), tokens.begin(), tokens.end());
-    run(first, all_logits);
-  }
-  void step(std::int32_t token, const std::int32_t* device_token) override {
-    if (device_token != nullptr) {
-      core::copy_bytes(&token, device_token, 4, context_.stream());
-      context_.synchronize();
-    }
-    prefill(std::span<const std::int32_t>(&token, 1), nullptr);
-  }
-  const float* logits() const override { return logits_.as<float>(); }
-  std::int64_t position() const override { return static_cast<std::int64_t>(ids_.size()); }
-  std::int64_t capacity() const override { return capacity_; }
-
- private:
-  // Logits of every position; rows from `first` on go to all_logits, the last to logits_.
-  void run(std::size_t first, float* all_logits) {
-    const auto n = static_cast<std::int64_t>(ids_.size()), vocab = config_.vocab_size;
-    std::vector<float> rows(static_cast<std::size_t>(n * vocab));
-    if (cpu_) {
-      cpu_->logits(ids_, 1, n, rows);
-    } else {
-      core::copy_bytes(ids_device_.data(), ids_.data(), ids_.size() * 4, context_.stream());
-      cuda_->logits(ids_device_.as<std::int32_t>(), 1, n, bf16_logits_.as<std::uint16_t>());
-      std::vector<std::uint16_t> half(rows.size());
-      core::copy_bytes(half.data(), bf16_logits_.data(), half.size() * 2, context_.stream());
-      context_.synchronize();
-      for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = core::bf16_to_float(half[i]);
-    }
-    const std::size_t row = static_cast<std::size_t>(vocab) * sizeof(float);
-    if (all_logits != nullptr) {
-      core::copy_bytes(all_logits, rows.data() + first * static_cast<std::size_t>(vocab), (ids_.size() - first) * row,
-                       context_.stream());
-    }
-    core::copy_bytes(logits_.data(), rows.data() + (n - 1) * vocab, row, context_.stream());
-    context_.synchronize();
-  }
-
-  Qwen3Config config_;
-  const core::DeviceContext& context_;
-  std::int64_t capacity_;
-  std::unique_ptr<Qwen3Model> cpu_;
-  std::unique_ptr<Qwen3Cuda> cuda_;
-  core::Buffer logits_, ids_device_, bf16_logits_;
-  std::vector<std::int32_t> ids_;
 };
 
 class Qwen3Spec final : public ModelSpec {
@@ -207,7 +138,8 @@ class Qwen3Spec final : public ModelSpec {
   }
   std::unique_ptr<Decoder> decoder(optim::Slab& slab, const core::DeviceContext& context,
                                    const DecoderOptions& options) const override {
-    return std::make_unique<FullForwardDecoder>(config_, slab, context, options);
+    if (context.is_cuda()) return std::make_unique<Qwen3CudaDecoder>(config_, slab, context, options);
+    return std::make_unique<Qwen3CpuDecoder>(config_, slab, context, options);
   }
 
  private:
@@ -258,7 +190,8 @@ class Qwen3Family final : public Family {
         return FieldError{"rope_parameters." + key, "only the default rotary embedding is supported, got " + describe_value(value)};
       }
     }
-    if (j.value("use_sliding_window", false) == true) {
+    const auto set = [&](const char* key) { return j.contains(key) && !j[key].is_null() && j[key] != false; };
+    if (set("use_sliding_window")) {
       return FieldError{"use_sliding_window", "sliding-window attention is not supported (expected false)"};
     }
     if (j.contains("layer_types") && j["layer_types"].is_array()) {
@@ -266,7 +199,7 @@ class Qwen3Family final : public Family {
         if (t != "full_attention") return FieldError{"layer_types", "only full_attention layers are supported, got " + describe_value(t)};
       }
     }
-    if (j.value("attention_bias", false) == true) return FieldError{"attention_bias", "attention biases are not supported (expected false)"};
+    if (set("attention_bias")) return FieldError{"attention_bias", "attention biases are not supported (expected false)"};
     if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
       return FieldError{"hidden_act", "expected 'silu', got " + describe_value(j["hidden_act"])};
     }

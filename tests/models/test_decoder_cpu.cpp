@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "models/generation.h"
 #include "models/qwen3/decoder.h"
+#include "models/qwen3/family.h"
 #include "models/qwen3/hf_import.h"
 #include "models/qwen3/model.h"
 #include "models/qwen3/safetensors.h"
@@ -245,6 +246,22 @@ TEST(DecoderCpu, GenerationIsSeededAndStopsOnStopIds) {
   // More than the capacity is refused before any work.
   options.max_new_tokens = 38;
   EXPECT_THROW(models::generate(decoder, m.cpu, m.config.vocab_size, prompt, options), core::InputError);
+}
+
+TEST(DecoderCpu, FamilyHookGivesTheKvCacheDecoder) {
+  Model m = Model::fixture_model("untied");
+  const auto spec = q3::qwen3_family().spec(q3::shape_from_config(m.config));
+  const auto decoder = spec->decoder(*m.slab, m.cpu, {.max_tokens = 9});
+  ASSERT_NE(dynamic_cast<q3::Qwen3CpuDecoder*>(decoder.get()), nullptr);
+  EXPECT_EQ(decoder->capacity(), 9);
+  // The hook's decoder gives the full forward's logits.
+  const auto ids = fixture_ids("untied");
+  const std::vector<std::int32_t> prompt(ids.begin(), ids.begin() + 9);
+  const auto full = m.full_logits(prompt);
+  decoder->prefill({prompt.data(), 4});
+  for (std::size_t t = 4; t < prompt.size(); ++t) decoder->step(prompt[t]);
+  const auto vocab = static_cast<std::size_t>(m.config.vocab_size);
+  EXPECT_LE(normwise(decoder->logits(), &full[8 * vocab], vocab), 1e-5);
 }
 
 }  // namespace

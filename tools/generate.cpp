@@ -1,0 +1,227 @@
+// generate PATH (--prompt TEXT | --prompt-ids 1,2,3) [options]: text from a model, batch 1.
+// PATH is a Hugging Face folder (config.json + safetensors) or a training checkpoint (a step
+// directory, or a run directory meaning its newest complete step). The prompt is prefilled in one
+// pass and the new tokens come one at a time from the family's decoder (KV cache), chosen on the
+// backend (greedy by default; temperature, top-k, top-p and a seed otherwise). Text goes through
+// the model's tokenizer: the folder's tokenizer.json, the run's data.tokenizer for a checkpoint,
+// else bytes; --tokenizer overrides it. stdout gets the prompt and its continuation as text (or,
+// with --ids, every id comma-separated); stderr gets the prefill and decode speeds. Generation
+// ends early at an end-of-sequence id of config.json / generation_config.json (--ignore-eos: never).
+// Exit status: 0, 2 for bad input (named), 1 otherwise.
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "models/generation.h"
+#include "optim/slab.h"
+#include "text/tokenizer.h"
+#include "trainer/pretrained.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::int32_t> parse_ids(const std::string& list) {
+  std::vector<std::int32_t> ids;
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    std::string item = list.substr(at, comma - at);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    std::int64_t value = 0;
+    const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (item.empty() || error != std::errc() || end != item.data() + item.size() || value < 0 || value > INT32_MAX) {
+      throw core::InputError("--prompt-ids: expected non-negative integers separated by commas, got '" + item + "'");
+    }
+    ids.push_back(static_cast<std::int32_t>(value));
+    at = comma + 1;
+  }
+  return ids;
+}
+
+// End-of-sequence ids of a folder's config.json / generation_config.json (an integer or a list).
+void add_eos(const nlohmann::json& config, std::vector<std::int32_t>& out) {
+  if (!config.is_object() || !config.contains("eos_token_id")) return;
+  const auto& eos = config["eos_token_id"];
+  const auto add = [&](const nlohmann::json& v) {
+    if (v.is_number_integer() && v.get<std::int64_t>() >= 0 && v.get<std::int64_t>() <= INT32_MAX) {
+      out.push_back(v.get<std::int32_t>());
+    }
+  };
+  if (eos.is_array()) {
+    for (const auto& v : eos) add(v);
+  } else {
+    add(eos);
+  }
+}
+
+// The tokenizer to use: --tokenizer, else what the source recorded, else bytes.
+std::unique_ptr<text::Tokenizer> pick_tokenizer(const std::string& requested, const std::string& recorded,
+                                                const std::string& path) {
+  if (!requested.empty()) return text::make_tokenizer(requested);
+  if (recorded.empty() || recorded == "byte") return std::make_unique<text::ByteTokenizer>();
+  if (!fs::is_regular_file(recorded)) {
+    throw core::InputError(path + ": its tokenizer " + recorded + " is not there (paths are relative to the directory "
+                           "the run started in); give one with --tokenizer PATH/tokenizer.json or --tokenizer byte");
+  }
+  return text::make_tokenizer(recorded);
+}
+
+// Text of `ids`; ids the tokenizer does not know (a model vocabulary larger than the tokenizer's)
+// become U+FFFD.
+std::string display_text(const text::Tokenizer& tokenizer, const std::vector<std::int32_t>& ids, bool skip_special) {
+  std::vector<std::uint32_t> run;
+  std::string out;
+  const auto flush = [&] {
+    out += tokenizer.decode_text(run, skip_special);
+    run.clear();
+  };
+  for (const std::int32_t id : ids) {
+    const std::uint32_t u = static_cast<std::uint32_t>(id);
+    bool known = u < tokenizer.vocab_size();
+    if (known) {
+      try {
+        (void)tokenizer.decode(std::span<const std::uint32_t>(&u, 1));
+      } catch (const core::InputError&) {
+        known = false;
+      }
+    }
+    if (known) {
+      run.push_back(u);
+    } else {
+      flush();
+      out += "\xEF\xBF\xBD";
+    }
+  }
+  flush();
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Generate text from a Hugging Face folder or a training checkpoint (batch 1, KV cache)"};
+  std::string path, prompt, prompt_ids, device, tokenizer_spec;
+  bool have_prompt = false;
+  models::GenerationOptions options;
+  options.max_new_tokens = 128;
+  bool print_ids = false, skip_special = true, ignore_eos = false;
+  app.add_option("path", path, "Hugging Face folder, checkpoint step directory or run directory")->required();
+  auto* text_option = app.add_option("--prompt", prompt, "prompt text (encoded with the model's tokenizer)");
+  auto* ids_option = app.add_option("--prompt-ids", prompt_ids, "prompt as token ids, e.g. 1,2,3");
+  text_option->excludes(ids_option);
+  app.add_option("--max-new-tokens", options.max_new_tokens, "tokens to generate (default 128)");
+  app.add_option("--temperature", options.sampling.temperature, "0 = greedy (default); > 0 samples");
+  app.add_option("--top-k", options.sampling.top_k, "keep the k most likely tokens (0 = off)");
+  app.add_option("--top-p", options.sampling.top_p, "keep the smallest set with this probability (1 = off)");
+  app.add_option("--seed", options.seed, "seed of the sampling draws (default 0)");
+  app.add_option("--device", device, "cpu or cuda (default: cuda when a GPU is present)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--tokenizer", tokenizer_spec, "byte or a tokenizer.json, instead of the model's own");
+  app.add_flag("--ids", print_ids, "print the ids (prompt and new, comma-separated) instead of text");
+  app.add_flag("--skip-special-tokens,!--keep-special-tokens", skip_special,
+               "leave special tokens out of the text (default on)");
+  app.add_flag("--ignore-eos", ignore_eos, "do not stop at the model's end-of-sequence ids");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  have_prompt = text_option->count() > 0;
+  try {
+    if (!have_prompt && ids_option->count() == 0) throw core::InputError("give --prompt TEXT or --prompt-ids 1,2,3");
+    if (!fs::exists(path)) throw core::InputError(path + ": no such file or directory");
+    if (device.empty()) device = core::cuda_device_count() > 0 ? "cuda" : "cpu";
+    if (device == "cuda" && core::cuda_device_count() == 0) {
+      throw core::InputError("--device cuda: no CUDA device is available (use --device cpu)");
+    }
+    models::ops::check_sampling(options.sampling);
+    if (options.max_new_tokens < 0) throw core::InputError("--max-new-tokens must be >= 0");
+
+    const trainer::PretrainedWeights weights = trainer::load_pretrained(path);
+    const models::ModelSpec& spec = *weights.spec;
+    const std::unique_ptr<text::Tokenizer> tokenizer = pick_tokenizer(tokenizer_spec, weights.tokenizer, path);
+    std::vector<std::int32_t> ids;
+    if (have_prompt) {
+      for (const std::uint32_t id : tokenizer->encode(prompt)) ids.push_back(static_cast<std::int32_t>(id));
+    } else {
+      ids = parse_ids(prompt_ids);
+    }
+    if (ids.empty()) throw core::InputError("the prompt is empty");
+    for (const std::int32_t id : ids) {
+      if (id >= spec.vocab_size()) {
+        throw core::InputError("prompt id " + std::to_string(id) + " is outside the model's vocabulary of " +
+                               std::to_string(spec.vocab_size()));
+      }
+    }
+    const std::int64_t needed = static_cast<std::int64_t>(ids.size()) + options.max_new_tokens;
+    if (needed > spec.max_sequence_length()) {
+      throw core::InputError("prompt (" + std::to_string(ids.size()) + " tokens) + --max-new-tokens (" +
+                             std::to_string(options.max_new_tokens) + ") exceed the model's " +
+                             std::to_string(spec.max_sequence_length()) + " positions");
+    }
+    if (!ignore_eos) {
+      add_eos(weights.carried_hf_config, options.stop_ids);
+      if (!trainer::is_checkpoint_path(path)) {
+        std::ifstream generation(fs::path(path) / "generation_config.json");
+        if (generation) add_eos(nlohmann::json::parse(generation, nullptr, false), options.stop_ids);
+      }
+    }
+
+    const core::DeviceContext context(device == "cuda" ? core::Device::cuda(0) : core::Device::cpu());
+    optim::Slab slab(weights.layout, context);
+    core::copy_bytes(slab.master().data(), weights.master.data(), weights.master.size() * sizeof(float),
+                     context.stream());
+    context.synchronize();
+    if (context.is_cuda()) slab.write_mirror(context);
+    const auto decoder = spec.decoder(slab, context, {.max_tokens = needed});
+    if (!decoder) throw core::InputError(spec.family() + " has no decoder on " + device);
+
+    models::GenerationResult result;
+    if (options.max_new_tokens > 0) {
+      result = models::generate(*decoder, context, spec.vocab_size(), ids, options);
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      decoder->prefill(ids);
+      context.synchronize();
+      result.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    std::vector<std::int32_t> all = ids;
+    all.insert(all.end(), result.ids.begin(), result.ids.end());
+    if (print_ids) {
+      std::string line;
+      for (std::size_t i = 0; i < all.size(); ++i) line += (i ? "," : "") + std::to_string(all[i]);
+      std::printf("%s\n", line.c_str());
+    } else {
+      std::printf("%s\n", display_text(*tokenizer, all, skip_special).c_str());
+    }
+    std::fflush(stdout);
+    const double new_tokens = static_cast<double>(result.ids.size());
+    std::fprintf(stderr, "prefill: %zu tokens in %.2f ms (%.0f tok/s) | decode: %zu tokens in %.3f s (%.1f tok/s)%s | %s\n",
+                 ids.size(), result.prefill_seconds * 1e3, static_cast<double>(ids.size()) / result.prefill_seconds,
+                 result.ids.size(), result.decode_seconds,
+                 result.decode_seconds > 0 ? new_tokens / result.decode_seconds : 0.0,
+                 result.stopped ? ", stopped at an end-of-sequence id" : "", device.c_str());
+    return 0;
+  } catch (const core::InputError& e) {
+    std::fprintf(stderr, "generate: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "generate: %s\n", e.what());
+    return 1;
+  }
+}
