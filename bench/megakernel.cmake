@@ -1,0 +1,4 @@
+# Batch-1 decoding with the Qwen3 decode megakernel against the measured bandwidth floor.
+add_executable(megakernel_bench megakernel_bench.cpp)
+target_link_libraries(megakernel_bench PRIVATE models CLI11::CLI11 nlohmann_json::nlohmann_json)
+target_include_directories(megakernel_bench PRIVATE ${PROJECT_SOURCE_DIR})

@@ -1,0 +1,1277 @@
+// The Qwen3 batch-1 decode megakernel: one persistent, co-resident grid decodes one or many tokens
+// (the whole stack, lm_head and argmax included) with no grid-wide barrier.
+//
+// Each block runs its list of units (decode_megakernel_plan.h) for every token. Warp 0 is the
+// producer: one thread walks the same list and streams each unit's weight rows (or KV-cache rows)
+// into a ring of shared-memory pages with bulk copies completing on mbarriers, never waiting for
+// activations, so the next units' weights load while the consumers wait or compute. The other
+// warps are consumers: per unit they wait for its input (tagged words of this token), compute from
+// the pages, write tagged outputs and bump the phase's counter.
+//
+// Synchronisation between blocks (docs/megakernel.md has the argument in full):
+// - Activations are 64-bit words (fp32 value, epoch + 1), written and read as single 64-bit
+//   relaxed gpu-scope accesses (L2, never a stale L1 line). A reader spins until every word it
+//   needs carries this token's tag; no fence sits on the critical path.
+// - Counters are hints: the consumer leader polls its phase counter before reading (one word
+//   instead of a whole vector), relaxed, since the tags decide.
+// - The KV cache is plain bf16. Every thread that stored cache rows fences, the block meets at a
+//   barrier, and one thread release-adds the layer's cache counter; a producer acquires that
+//   counter (every append of the earlier tokens) and fences the async proxy before streaming
+//   cache rows.
+// - Attention chunks of one kv head arrive on an atomic counter; the last one merges them (in
+//   chunk order) from their tagged partials, so o_proj reads one merged vector.
+// - Buffers are per layer and every unit of token t completes before the argmax of t, on which
+//   token t + 1's first units wait, so nothing is overwritten while it is still being read.
+// - Every spin has a deadline: on timeout the kernel records where it stood and all blocks leave.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "core/error.h"
+#include "models/qwen3/decode_megakernel_plan.h"
+
+namespace models::qwen3::megakernel {
+namespace {
+
+constexpr int kMaxThreads = 32 * (kMaxConsumerWarps + 1);
+
+// The kernel's device code exists for sm_90 and later only (bulk copies, mbarrier transactions).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+constexpr int kGatherBatch = 8;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---------------------------------------------------------------- PTX wrappers
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, std::uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Whether the phase of `bar` with this parity has completed (acquire, CTA scope).
+__device__ __forceinline__ bool mbar_test(std::uint64_t* bar, std::uint32_t parity) {
+  std::uint32_t done;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+      "selp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+__device__ __forceinline__ std::uint64_t evict_first_policy() {
+  std::uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// Bulk copy global -> shared (the copy engine), completing `bytes` of the mbarrier's transaction.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint32_t bytes, std::uint64_t* bar,
+                                          std::uint64_t policy, bool hint) {
+  if (hint) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::
+            "r"(smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+  }
+}
+
+__device__ __forceinline__ std::uint32_t ld_relaxed_u32(const std::uint32_t* p) {
+  std::uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ std::uint32_t ld_acquire_u32(const std::uint32_t* p) {
+  std::uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ std::uint64_t ld_tagged(const std::uint64_t* p) {
+  std::uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_tagged(std::uint64_t* p, float value, std::uint32_t tag) {
+  const std::uint64_t v = (static_cast<std::uint64_t>(tag) << 32) | __float_as_uint(value);
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void st_tagged_u32(std::uint64_t* p, std::uint32_t value, std::uint32_t tag) {
+  const std::uint64_t v = (static_cast<std::uint64_t>(tag) << 32) | value;
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ std::uint32_t tag_of(std::uint64_t v) { return static_cast<std::uint32_t>(v >> 32); }
+__device__ __forceinline__ float value_of(std::uint64_t v) { return __uint_as_float(static_cast<std::uint32_t>(v)); }
+
+__device__ __forceinline__ void red_add_relaxed(std::uint32_t* p, std::uint32_t v) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ std::uint32_t atom_add_relaxed(std::uint32_t* p, std::uint32_t v) {
+  std::uint32_t old;
+  asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
+__device__ __forceinline__ void red_add_release(std::uint32_t* p, std::uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ std::uint64_t globaltimer() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Named barrier 1 over the consumer warps (the producer warp never joins it).
+__device__ __forceinline__ void consumer_sync(int threads) {
+  asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+}
+
+// Barrier over the consumer warps that also tells every thread whether any thread passed true.
+__device__ __forceinline__ bool consumer_any(bool pred, int threads) {
+  std::uint32_t result;
+  asm volatile(
+      "{\n\t.reg .pred p, q;\n\t"
+      "setp.ne.u32 p, %1, 0;\n\t"
+      "bar.red.or.pred q, 1, %2, p;\n\t"
+      "selp.u32 %0, 1, 0, q;\n\t}"
+      : "=r"(result)
+      : "r"(static_cast<std::uint32_t>(pred)), "r"(threads)
+      : "memory");
+  return result != 0;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float bf16_bits_to_float(std::uint16_t bits) {
+  return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
+}
+
+__device__ __forceinline__ std::uint16_t float_to_bf16_bits(float v) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+// 8 bf16 weights (one 16-byte word) times 8 fp32 inputs, accumulated in order.
+__device__ __forceinline__ float fma8(const uint4& w, const float4& x0, const float4& x1, float s) {
+  s = fmaf(__uint_as_float(w.x << 16), x0.x, s);
+  s = fmaf(__uint_as_float(w.x & 0xffff0000u), x0.y, s);
+  s = fmaf(__uint_as_float(w.y << 16), x0.z, s);
+  s = fmaf(__uint_as_float(w.y & 0xffff0000u), x0.w, s);
+  s = fmaf(__uint_as_float(w.z << 16), x1.x, s);
+  s = fmaf(__uint_as_float(w.z & 0xffff0000u), x1.y, s);
+  s = fmaf(__uint_as_float(w.w << 16), x1.z, s);
+  s = fmaf(__uint_as_float(w.w & 0xffff0000u), x1.w, s);
+  return s;
+}
+
+// E consecutive bf16 values (8 or 4 aligned bytes) as floats.
+template <int E>
+__device__ __forceinline__ void load_bf16(const std::uint16_t* src, float (&out)[E]) {
+  if constexpr (E == 4) {
+    const uint2 w = *reinterpret_cast<const uint2*>(src);
+    out[0] = __uint_as_float(w.x << 16);
+    out[1] = __uint_as_float(w.x & 0xffff0000u);
+    out[2] = __uint_as_float(w.y << 16);
+    out[3] = __uint_as_float(w.y & 0xffff0000u);
+  } else {
+    static_assert(E == 2);
+    const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(src);
+    out[0] = __uint_as_float(w << 16);
+    out[1] = __uint_as_float(w & 0xffff0000u);
+  }
+}
+
+// ---------------------------------------------------------------- waiting with a deadline
+
+struct Where {
+  int kind;
+  int layer;
+  int token;
+};
+
+// Spin bookkeeping: every 256 spins, checks whether another block aborted and whether this wait
+// passed the deadline (then records it and makes every block leave).
+struct Waiter {
+  const Params& p;
+  Where where;
+  int what;
+  std::uint64_t deadline = 0;
+  std::uint32_t spins = 0;
+
+  __device__ Waiter(const Params& params, Where w, int what_) : p(params), where(w), what(what_) {}
+
+  __device__ bool again(std::uint32_t want, std::uint32_t seen) {
+    if ((++spins & 255u) != 0) return true;
+    if (ld_relaxed_u32(reinterpret_cast<const std::uint32_t*>(&p.abort->flag)) != 0) return false;
+    const std::uint64_t now = globaltimer();
+    if (deadline == 0) {
+      deadline = now + static_cast<std::uint64_t>(p.timeout_ns);
+      return true;
+    }
+    if (now < deadline) return true;
+    if (atomicCAS(&p.abort->flag, 0, 1) == 0) {
+      p.abort->block = static_cast<int>(blockIdx.x);
+      p.abort->kind = where.kind;
+      p.abort->layer = where.layer;
+      p.abort->token = where.token;
+      p.abort->what = what;
+      p.abort->want = want;
+      p.abort->seen = seen;
+      __threadfence();
+    }
+    return false;
+  }
+};
+
+// The page ring as both sides walk it: slot and phase parity of the next page.
+struct Ring {
+  int slot = 0;
+  std::uint32_t phase = 0;
+  __device__ void advance(int pages) {
+    if (++slot == pages) {
+      slot = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// ---------------------------------------------------------------- producer
+
+__device__ const std::uint16_t* matrix_of(const Params& p, const Unit& u) {
+  if (u.kind == UnitKind::lm_head) return p.head;
+  const LayerWeights& w = p.layers[u.layer];
+  switch (u.kind) {
+    case UnitKind::qkv: return w.qkv;
+    case UnitKind::o_proj: return w.o_proj;
+    case UnitKind::gate_up: return w.gate_up;
+    default: return w.down;
+  }
+}
+
+// After an abort: waits (briefly) until the copies of the last pages issued have landed, so none
+// writes shared memory after the block has left.
+__device__ void drain(std::uint64_t* full, const Ring& ring, int pages, std::int64_t issued) {
+  Ring r = ring;
+  for (std::int64_t k = 0; k < pages && k < issued; ++k) {
+    if (--r.slot < 0) {
+      r.slot = pages - 1;
+      r.phase ^= 1u;
+    }
+    const std::uint64_t until = globaltimer() + 10000000;  // 10 ms
+    while (!mbar_test(full + r.slot, r.phase) && globaltimer() < until) {
+    }
+  }
+}
+
+// One thread streams every page of the block's units, in the consumers' order.
+__device__ void run_producer(const Params& p, unsigned char* smem, std::uint64_t* full, std::uint64_t* empty) {
+  const Dims& d = p.dims;
+  const Geometry& g = p.geo;
+  const Unit* units = p.units + p.block_begin[blockIdx.x];
+  const int unit_count = p.block_begin[blockIdx.x + 1] - p.block_begin[blockIdx.x];
+  const std::uint64_t policy = evict_first_policy();
+  const bool hint = p.evict_first != 0;
+  Ring ring;
+  std::int64_t issued = 0;
+  for (int t = 0; t < p.tokens; ++t) {
+    const std::int64_t position = p.position + t;
+    const std::uint32_t epoch = p.epoch + static_cast<std::uint32_t>(t);
+    int visible_layer = -1;
+    for (int i = 0; i < unit_count; ++i) {
+      const Unit u = units[i];
+      const int pages = unit_pages(u, position, g, d);
+      if (pages == 0) continue;
+      if (u.kind == UnitKind::attention && visible_layer != u.layer) {
+        // Cache rows of earlier tokens: wait until every append of this layer by an earlier token
+        // was released (kv_heads per token), then order the async proxy after those stores.
+        const std::uint32_t* appended = p.counters + kCounterStride * p.counter_index.cache(u.layer);
+        const std::uint32_t want = static_cast<std::uint32_t>(d.kv_heads) * epoch;
+        Waiter w(p, {-1, u.layer, t}, wait_cache);
+        std::uint32_t seen;
+        while ((seen = ld_acquire_u32(appended)) < want) {
+          if (!w.again(want, seen)) return drain(full, ring, g.pages, issued);
+        }
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        visible_layer = u.layer;
+      }
+      for (int k = 0; k < pages; ++k) {
+        {
+          Waiter w(p, {-1, u.layer, t}, wait_page_empty);
+          while (!mbar_test(empty + ring.slot, ring.phase ^ 1u)) {
+            if (!w.again(ring.phase ^ 1u, 0)) return drain(full, ring, g.pages, issued);
+          }
+        }
+        unsigned char* dst = smem + static_cast<std::size_t>(ring.slot) * g.page_bytes;
+        std::uint64_t* bar = full + ring.slot;
+        const Span s = page_span(u, position, k, g, d);
+        if (u.kind == UnitKind::attention) {
+          const std::int64_t row = ((static_cast<std::int64_t>(u.layer) * d.kv_heads + u.a) * p.capacity + s.first) *
+                                   d.head_dim;
+          const std::uint32_t bytes = static_cast<std::uint32_t>(s.count) * d.head_dim * 2;
+          mbar_arrive_expect_tx(bar, 2 * bytes);
+          bulk_copy(dst, p.k_cache + row, bytes, bar, policy, hint);
+          bulk_copy(dst + positions_per_page(g, d) * d.head_dim * 2, p.v_cache + row, bytes, bar, policy, hint);
+        } else {
+          const int length = row_length(u.kind, d);
+          const std::uint16_t* w = matrix_of(p, u);
+          const std::int64_t row = u.a + s.first;
+          const std::uint32_t bytes = static_cast<std::uint32_t>(s.count) * length * 2;
+          if (u.kind == UnitKind::gate_up) {
+            mbar_arrive_expect_tx(bar, 2 * bytes);
+            bulk_copy(dst, w + row * length, bytes, bar, policy, hint);
+            bulk_copy(dst + bytes, w + (d.ffn + row) * length, bytes, bar, policy, hint);
+          } else {
+            mbar_arrive_expect_tx(bar, bytes);
+            bulk_copy(dst, w + row * length, bytes, bar, policy, hint);
+          }
+        }
+        ring.advance(g.pages);
+        ++issued;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- consumers
+
+struct Consumer {
+  const Params& p;
+  unsigned char* smem;
+  std::uint64_t* full;
+  std::uint64_t* empty;
+  int tid, warp, lane, threads, warps;
+  Ring ring;
+  bool ok = true;
+  // Shared-memory areas.
+  float* vec_a;   // input vector, elements 8c..8c+3 at [4c..4c+3]
+  float* vec_b;   // elements 8c+4..8c+7 at [4c..4c+3]
+  float* scratch; // attention scratch (aliases the vector)
+  float* red;     // [warps] block reductions
+  float* best_v;  // [warps]
+  int* best_i;    // [warps]
+  int* bcast;     // [4]
+  float* merge;   // [merge_floats]
+  float* rows;    // [max unit rows] residual rows
+  // The token being decoded.
+  int t = 0;
+  std::int64_t position = 0;
+  std::uint32_t epoch = 0;
+  std::uint32_t tag = 0;  // epoch + 1: what this token's outputs carry
+
+  __device__ Consumer(const Params& params, unsigned char* s, std::uint64_t* f, std::uint64_t* e)
+      : p(params), smem(s), full(f), empty(e) {
+    tid = static_cast<int>(threadIdx.x) - 32;
+    warp = tid / 32;
+    lane = tid % 32;
+    warps = p.geo.consumer_warps;
+    threads = warps * 32;
+    vec_a = reinterpret_cast<float*>(smem + p.smem_vec);
+    vec_b = vec_a + p.vec_floats / 2;
+    scratch = vec_a;
+    red = reinterpret_cast<float*>(smem + p.smem_small);
+    best_v = red + warps;
+    best_i = reinterpret_cast<int*>(best_v + warps);
+    bcast = best_i + warps;
+    merge = reinterpret_cast<float*>(bcast + 4);
+    rows = merge + p.merge_floats;
+  }
+
+  __device__ void begin_token(int token) {
+    t = token;
+    position = p.position + token;
+    epoch = p.epoch + static_cast<std::uint32_t>(token);
+    tag = epoch + 1;
+  }
+
+  __device__ std::uint32_t* counter(int index) const { return p.counters + kCounterStride * index; }
+
+  __device__ void vec_set(int j, float v) {
+    const int c = j >> 3, o = j & 7;
+    (o < 4 ? vec_a : vec_b)[4 * c + (o & 3)] = v;
+  }
+  __device__ float vec_get(int j) const {
+    const int c = j >> 3, o = j & 7;
+    return (o < 4 ? vec_a : vec_b)[4 * c + (o & 3)];
+  }
+
+  // The leader polls a phase counter (a hint: the tags decide), then all consumers go on.
+  __device__ void wait_counter(int index, std::uint32_t want, Where where) {
+    if (p.hint_wait != 0 && tid == 0 && ok) {
+      const std::uint32_t* c = counter(index);
+      Waiter w(p, where, WaitWhat::wait_counter);
+      std::uint32_t seen;
+      while ((seen = ld_relaxed_u32(c)) < want) {
+        if (!w.again(want, seen)) {
+          ok = false;
+          break;
+        }
+      }
+    }
+    consumer_sync(threads);
+  }
+
+  // A tagged word of this token (spins until it carries `tag`).
+  __device__ std::uint64_t await_word(const std::uint64_t* src, std::uint64_t v, std::uint32_t want, Where where) {
+    if (tag_of(v) == want) return v;
+    Waiter w(p, where, wait_tagged);
+    while (tag_of(v) != want) {
+      if (!ok || !w.again(want, tag_of(v))) {
+        ok = false;
+        break;
+      }
+      v = ld_tagged(src);
+    }
+    return v;
+  }
+
+  // For j < n: use(j, value of the word at address_of(j)) once it carries this token's tag.
+  // Element j goes to consumer thread j % threads; loads are issued kGatherBatch at a time before
+  // any wait.
+  template <class AddressOf, class Use>
+  __device__ void gather_words(int n, Where where, AddressOf address_of, Use use) {
+    for (int start = tid; start < n; start += kGatherBatch * threads) {
+      std::uint64_t v[kGatherBatch];
+#pragma unroll
+      for (int i = 0; i < kGatherBatch; ++i) {
+        const int j = start + i * threads;
+        v[i] = j < n ? ld_tagged(address_of(j)) : 0;
+      }
+#pragma unroll
+      for (int i = 0; i < kGatherBatch; ++i) {
+        const int j = start + i * threads;
+        if (j < n) use(j, value_of(await_word(address_of(j), v[i], tag, where)));
+      }
+    }
+  }
+  // The same with addresses base + index_of(j).
+  template <class IndexOf, class Use>
+  __device__ void gather(const std::uint64_t* base, int n, Where where, IndexOf index_of, Use use) {
+    gather_words(n, where, [&](int j) { return base + index_of(j); }, use);
+  }
+
+  // Sum over the consumer threads, the same on every thread, in a fixed order.
+  __device__ float block_sum(float v) {
+    v = warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    consumer_sync(threads);
+    float s = 0.0f;
+    for (int w = 0; w < warps; ++w) s += red[w];
+    consumer_sync(threads);
+    return s;
+  }
+
+  __device__ const unsigned char* page_wait(Where where) {
+    if (ok) {
+      Waiter w(p, where, wait_page_full);
+      while (!mbar_test(full + ring.slot, ring.phase)) {
+        if (!w.again(ring.phase, 0)) {
+          ok = false;
+          break;
+        }
+      }
+    }
+    return smem + static_cast<std::size_t>(ring.slot) * p.geo.page_bytes;
+  }
+
+  __device__ void page_release() {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + ring.slot);
+    ring.advance(p.geo.pages);
+  }
+
+  // End of a unit: every consumer's writes are issued; false (on every consumer) when some wait
+  // failed, so all of them leave together.
+  __device__ bool finish() {
+    if (consumer_any(!ok, threads)) ok = false;
+    return ok;
+  }
+
+  // The id fed at this token (leader reads, all get it). Greedy: the argmax after the previous
+  // token; teacher forcing: the given id, but from the second token of a launch on only after the
+  // previous token finished (its units must be done with the buffers this token rewrites).
+  __device__ int token_id(Where where) {
+    if (tid == 0) {
+      std::uint64_t v = 0;
+      if ((p.greedy != 0 || t > 0) && ok) v = await_word(p.token, ld_tagged(p.token), epoch, where);
+      int id = p.greedy != 0 ? static_cast<int>(static_cast<std::uint32_t>(v)) : p.ids != nullptr ? p.ids[t] : p.host_id;
+      if (id < 0 || id >= p.dims.vocab) id = 0;
+      bcast[0] = id;
+    }
+    consumer_sync(threads);
+    const int id = bcast[0];
+    return id;
+  }
+
+  // x of layer l (l = 0: the token's embedding row) into the vector, RMS-normalised and scaled
+  // by `weight`. Ends with the vector complete.
+  __device__ void load_normed_input(int layer, const std::uint16_t* weight, Where where) {
+    const int d = p.dims.hidden;
+    float ss = 0.0f;
+    if (layer == 0) {
+      const int id = token_id(where);
+      const std::uint16_t* row = p.embed + static_cast<std::int64_t>(id) * d;
+      for (int j = tid; j < d; j += threads) {
+        const float v = bf16_bits_to_float(row[j]);
+        vec_set(j, v);
+        ss += v * v;
+      }
+    } else {
+      gather(p.x + static_cast<std::int64_t>(layer) * d, d, where, [](int j) { return j; },
+             [&](int j, float v) {
+               vec_set(j, v);
+               ss += v * v;
+             });
+    }
+    normalise(d, ss, weight);
+  }
+
+  // vec[j] *= rstd * weight[j] for this thread's elements j (the ones it wrote), then a barrier.
+  __device__ void normalise(int d, float ss, const std::uint16_t* weight) {
+    const float rstd = 1.0f / sqrtf(block_sum(ss) / static_cast<float>(d) + p.dims.eps);
+    for (int j = tid; j < d; j += threads) vec_set(j, vec_get(j) * rstd * bf16_bits_to_float(weight[j]));
+    consumer_sync(threads);
+  }
+
+  // Rows [u.a, u.b) of the unit's matrix (streamed in pages) times the vector: epi(row, dot) on
+  // lane 0 of the warp that computed it; gate_up: epi(row, gate dot, up dot).
+  template <class Epi>
+  __device__ void matvec(const Unit& u, Epi epi, Where where) {
+    const int length = row_length(u.kind, p.dims);
+    const bool pairs = u.kind == UnitKind::gate_up;
+    const int per_page = p.geo.page_bytes / row_bytes(u.kind, p.dims);
+    const int chunks = length / 8;
+    const float4* xa = reinterpret_cast<const float4*>(vec_a);
+    const float4* xb = reinterpret_cast<const float4*>(vec_b);
+    const int n = u.b - u.a;
+    for (int first = 0; first < n; first += per_page) {
+      const int count = min(per_page, n - first);
+      const unsigned char* page = page_wait(where);
+      const int stride = pairs ? warps : 2 * warps;
+      for (int i = warp; i < count; i += stride) {
+        // Two rows at once: gate and up, or rows i and i + warps.
+        const int second = pairs ? count + i : i + warps;
+        const bool two = pairs || second < count;
+        const uint4* row0 = reinterpret_cast<const uint4*>(page + static_cast<std::size_t>(i) * length * 2);
+        const uint4* row1 = reinterpret_cast<const uint4*>(page + static_cast<std::size_t>(two ? second : i) * length * 2);
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 4
+        for (int c = lane; c < chunks; c += 32) {
+          const float4 x0 = xa[c], x1 = xb[c];
+          s0 = fma8(row0[c], x0, x1, s0);
+          s1 = fma8(row1[c], x0, x1, s1);
+        }
+        s0 = warp_sum(s0);
+        s1 = warp_sum(s1);
+        if (lane == 0) {
+          if (pairs) {
+            epi(u.a + first + i, s0, s1);
+          } else {
+            epi(u.a + first + i, s0, 0.0f);
+            if (two) epi(u.a + first + second, s1, 0.0f);
+          }
+        }
+      }
+      page_release();
+    }
+  }
+};
+
+// ---------------------------------------------------------------- units
+
+__device__ void run_qkv(Consumer& c, const Unit& u) {
+  const Params& p = c.p;
+  const Dims& d = p.dims;
+  const int l = u.layer;
+  const Where where{static_cast<int>(u.kind), l, c.t};
+  if (l > 0) c.wait_counter(p.counter_index.down(l - 1), p.down_units * c.tag, where);
+  c.load_normed_input(l, p.layers[l].input_norm, where);
+  if (l == 0 && u.index == 0 && p.greedy != 0 && p.ids_out != nullptr && c.tid == 0) p.ids_out[c.t] = c.bcast[0];
+  std::uint64_t* out = p.qkv + static_cast<std::int64_t>(l) * d.qkv_size;
+  const std::uint32_t tag = c.tag;
+  c.matvec(u, [&](int row, float v, float) { st_tagged(out + row, v, tag); }, where);
+  if (!c.finish()) return;
+  if (c.tid == 0) {
+    for (int g = 0; g < d.kv_heads; ++g) {
+      if (qkv_rows_touch_group(u.a, u.b, g, d)) red_add_relaxed(c.counter(p.counter_index.group(l, g)), 1);
+    }
+  }
+}
+
+// Attention of kv head u.a's query heads over chunk u.b of the sequence: online softmax per warp
+// over its positions, merged across warps into (max, sum, unnormalised output) per head. G: the
+// most query heads per kv head it handles (registers hold G accumulators).
+template <int E, int G>
+__device__ void run_attention(Consumer& c, const Unit& u) {
+  constexpr int hd = 32 * E;
+  constexpr int half = hd / 2;
+  const Params& p = c.p;
+  const Dims& d = p.dims;
+  const Geometry& geo = p.geo;
+  const int l = u.layer, g = u.a, chunk = u.b, group = d.group;
+  const Where where{static_cast<int>(u.kind), l, c.t};
+  const AttentionRange range = attention_range(u, c.position, geo, d);
+  if (!range.active) {
+    if (c.finish() && c.tid == 0) red_add_relaxed(c.counter(p.counter_index.attention(l)), 1);
+    return;
+  }
+  const bool writer = range.holds_current;
+
+  float* raw = c.scratch;              // [(group + 2) * hd] q heads, k, v as produced
+  float* q = raw + (group + 2) * hd;   // [group * hd] normed, rotated, scaled by log2(e)/sqrt(hd)
+  float* k_new = q + group * hd;       // [hd] this token's k (bf16-rounded)
+  float* v_new = k_new + hd;           // [hd]
+  float* warp_state = v_new + hd;      // [warps * (hd + 2)]
+  float* head_state = warp_state + c.warps * (hd + 2);  // [group * (hd + 2)] (max, sum, output) per head
+  float* weights = head_state + group * (hd + 2);        // [group * max_splits * 2] merge scratch
+
+  c.wait_counter(p.counter_index.group(l, g), static_cast<std::uint32_t>(p.group_counts[g]) * c.tag, where);
+  // The arrival count when this token began (published by the previous token's merger).
+  std::uint64_t* base_word = p.base + static_cast<std::int64_t>(l) * d.kv_heads + g;
+  const std::uint64_t base_first = c.tid == 0 ? ld_tagged(base_word) : 0;
+  const std::int64_t q0 = static_cast<std::int64_t>(g) * group * hd;
+  const std::int64_t k0 = d.q_size + static_cast<std::int64_t>(g) * hd;
+  const std::int64_t v0 = d.q_size + d.kv_size + static_cast<std::int64_t>(g) * hd;
+  c.gather(p.qkv + static_cast<std::int64_t>(l) * d.qkv_size, (group + 2) * hd, where,
+           [&](int j) -> std::int64_t {
+             if (j < group * hd) return q0 + j;
+             if (j < (group + 1) * hd) return k0 + (j - group * hd);
+             return v0 + (j - (group + 1) * hd);
+           },
+           [&](int j, float v) { raw[j] = v; });
+  consumer_sync(c.threads);
+
+  // Per-head RMSNorm and RoPE of the query heads (vectors 0..group-1) and of k (vector group).
+  const LayerWeights& lw = p.layers[l];
+  const std::int64_t cache_row = ((static_cast<std::int64_t>(l) * d.kv_heads + g) * p.capacity + c.position) * hd;
+  const float* rope = p.rope + c.position * hd;
+  const float q_scale = kLog2e / sqrtf(static_cast<float>(hd));
+  bool wrote_cache = false;
+  for (int vi = c.warp; vi <= group; vi += c.warps) {
+    const float* x = raw + vi * hd;
+    float lo[E / 2], hi[E / 2];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < E / 2; ++k) {
+      lo[k] = x[c.lane + 32 * k];
+      hi[k] = x[c.lane + 32 * k + half];
+      ss += lo[k] * lo[k] + hi[k] * hi[k];
+    }
+    const float rstd = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(hd) + d.eps);
+    const std::uint16_t* w = vi < group ? lw.q_norm : lw.k_norm;
+#pragma unroll
+    for (int k = 0; k < E / 2; ++k) {
+      const int i = c.lane + 32 * k;
+      const float a = lo[k] * rstd * bf16_bits_to_float(w[i]);
+      const float b = hi[k] * rstd * bf16_bits_to_float(w[i + half]);
+      const float cs = rope[2 * i], sn = rope[2 * i + 1];
+      const float first = a * cs - b * sn;
+      const float second = b * cs + a * sn;
+      if (vi < group) {
+        q[vi * hd + i] = first * q_scale;
+        q[vi * hd + i + half] = second * q_scale;
+      } else {
+        const std::uint16_t b0 = float_to_bf16_bits(first), b1 = float_to_bf16_bits(second);
+        k_new[i] = bf16_bits_to_float(b0);
+        k_new[i + half] = bf16_bits_to_float(b1);
+        if (writer) {
+          p.k_cache[cache_row + i] = b0;
+          p.k_cache[cache_row + i + half] = b1;
+          wrote_cache = true;
+        }
+      }
+    }
+  }
+  for (int i = c.tid; i < hd; i += c.threads) {
+    const std::uint16_t bits = float_to_bf16_bits(raw[(group + 1) * hd + i]);
+    v_new[i] = bf16_bits_to_float(bits);
+    if (writer) {
+      p.v_cache[cache_row + i] = bits;
+      wrote_cache = true;
+    }
+  }
+  consumer_sync(c.threads);
+
+  // Online softmax (base 2) per warp. A writer's warp 0 takes the current position, the other
+  // warps the cached ones.
+  // The query heads stay in shared memory (registers hold the accumulators).
+  float acc[G][E], m[G], sum[G];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    m[h] = -INFINITY;
+    sum[h] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      acc[h][e] = 0.0f;
+    }
+  }
+  auto update = [&](const float (&kf)[E], const float (&vf)[E]) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      if (h < group) {
+        float s = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) s = fmaf(q[h * hd + c.lane * E + e], kf[e], s);
+        s = warp_sum(s);
+        const float m_new = fmaxf(m[h], s);
+        const float scale = exp2f(m[h] - m_new);
+        const float pr = exp2f(s - m_new);
+        sum[h] = sum[h] * scale + pr;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[h][e] = fmaf(pr, vf[e], acc[h][e] * scale);
+        m[h] = m_new;
+      }
+    }
+  };
+  // kPositions cached positions at once per warp: independent dot products and shuffles in flight,
+  // one rescale per group of positions.
+  constexpr int kPositions = 8 / E;
+  auto update_many = [&](const float (&kf)[kPositions][E], const float (&vf)[kPositions][E], int valid) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      if (h < group) {
+        float s[kPositions];
+#pragma unroll
+        for (int i = 0; i < kPositions; ++i) {
+          s[i] = 0.0f;
+#pragma unroll
+          for (int e = 0; e < E; ++e) s[i] = fmaf(q[h * hd + c.lane * E + e], kf[i][e], s[i]);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+          for (int i = 0; i < kPositions; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], o);
+        }
+        float m_new = m[h];
+#pragma unroll
+        for (int i = 0; i < kPositions; ++i) {
+          if (i >= valid) s[i] = -INFINITY;
+          m_new = fmaxf(m_new, s[i]);
+        }
+        const float scale = exp2f(m[h] - m_new);
+        float pr[kPositions];
+        float total = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kPositions; ++i) {
+          pr[i] = exp2f(s[i] - m_new);
+          total += pr[i];
+        }
+        sum[h] = sum[h] * scale + total;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          float a = acc[h][e] * scale;
+#pragma unroll
+          for (int i = 0; i < kPositions; ++i) a = fmaf(pr[i], vf[i][e], a);
+          acc[h][e] = a;
+        }
+        m[h] = m_new;
+      }
+    }
+  };
+  const bool split_warps = writer && c.warps > 1;
+  const int first_warp = split_warps ? 1 : 0;
+  const int cache_warps = c.warps - first_warp;
+  const int per_page = positions_per_page(geo, d);
+  const int pages = unit_pages(u, c.position, geo, d);
+  for (int k = 0; k < pages; ++k) {
+    const unsigned char* page = c.page_wait(where);
+    const int count = page_span(u, c.position, k, geo, d).count;
+    if (c.warp >= first_warp) {
+      const std::uint16_t* kp = reinterpret_cast<const std::uint16_t*>(page);
+      const std::uint16_t* vp = kp + per_page * hd;
+      // Warp w takes positions [kPositions * w', kPositions * (w' + 1)) of every round.
+      for (int j0 = (c.warp - first_warp) * kPositions; j0 < count; j0 += cache_warps * kPositions) {
+        const int valid = min(kPositions, count - j0);
+        float kf[kPositions][E], vf[kPositions][E];
+#pragma unroll
+        for (int i = 0; i < kPositions; ++i) {
+          const int j = i < valid ? j0 + i : j0;
+          load_bf16<E>(kp + j * hd + c.lane * E, kf[i]);
+          load_bf16<E>(vp + j * hd + c.lane * E, vf[i]);
+        }
+        update_many(kf, vf, valid);
+      }
+    }
+    c.page_release();
+  }
+  if (writer && c.warp == 0) {
+    float kf[E], vf[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      kf[e] = k_new[c.lane * E + e];
+      vf[e] = v_new[c.lane * E + e];
+    }
+    update(kf, vf);
+  }
+
+  // This thread's cache rows, for the copy engine of any block: proxy fence, gpu fence; the
+  // barrier in finish() and one release-add of the layer's cache counter follow.
+  if (wrote_cache) {
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    __threadfence();
+  }
+  // Merge the warps: (max, sum, unnormalised output) of each query head of the group.
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    if (h < group) {
+      float* mine = warp_state + c.warp * (hd + 2);
+      if (c.lane == 0) {
+        mine[0] = m[h];
+        mine[1] = sum[h];
+      }
+#pragma unroll
+      for (int e = 0; e < E; ++e) mine[2 + c.lane * E + e] = acc[h][e];
+      consumer_sync(c.threads);
+      for (int i = c.tid; i < hd + 2; i += c.threads) {
+        float top = -INFINITY;
+        for (int w = 0; w < c.warps; ++w) top = fmaxf(top, warp_state[w * (hd + 2)]);
+        float v = top;
+        if (i > 0) {
+          v = 0.0f;
+          for (int w = 0; w < c.warps; ++w) {
+            const float mw = warp_state[w * (hd + 2)];
+            if (mw != -INFINITY) v = fmaf(warp_state[w * (hd + 2) + i], exp2f(mw - top), v);
+          }
+        }
+        head_state[h * (hd + 2) + i] = v;
+      }
+      consumer_sync(c.threads);
+    }
+  }
+  // The base count: a tagged word of the previous token (its value is needed before arriving).
+  std::uint32_t base = 0;
+  if (c.tid == 0 && c.ok) base = static_cast<std::uint32_t>(c.await_word(base_word, base_first, c.epoch, where));
+  const int splits = attention_chunking(c.position, geo, d).splits;
+  std::uint64_t* merged = p.att + static_cast<std::int64_t>(l) * d.q_size + static_cast<std::int64_t>(g) * group * hd;
+  if (splits == 1) {
+    // The only chunk: the normalised output, and the base count unchanged.
+    for (int k = c.tid; k < group * hd; k += c.threads) {
+      const int h = k / hd, i = k % hd;
+      st_tagged(merged + k, head_state[h * (hd + 2) + 2 + i] / head_state[h * (hd + 2) + 1], c.tag);
+    }
+    if (c.tid == 0) st_tagged_u32(base_word, base, c.tag);
+  } else {
+    // Publish this chunk's partials, arrive; the last of the token's chunks merges them all.
+    const std::int64_t stride = static_cast<std::int64_t>(d.heads) * (hd + 2);  // between chunks
+    std::uint64_t* part = p.part + static_cast<std::int64_t>(l) * geo.max_splits * stride +
+                          static_cast<std::int64_t>(g) * group * (hd + 2);
+    for (int k = c.tid; k < group * (hd + 2); k += c.threads) st_tagged(part + chunk * stride + k, head_state[k], c.tag);
+    consumer_sync(c.threads);
+    if (c.tid == 0) {
+      const std::uint32_t old = c.ok ? atom_add_relaxed(c.counter(p.counter_index.arrive(l, g)), 1) : 0;
+      c.bcast[1] = old + 1 == base + static_cast<std::uint32_t>(splits) ? 1 : 0;
+    }
+    consumer_sync(c.threads);
+    if (c.bcast[1] != 0) {
+      // (max, sum) of every chunk and head, then each chunk's weight per head.
+      c.gather(part, 2 * splits * group, where,
+               [&](int j) -> std::int64_t {
+                 const int pair = j >> 1, h = pair / splits, s = pair % splits;
+                 return s * stride + h * (hd + 2) + (j & 1);
+               },
+               [&](int j, float v) { weights[j] = v; });
+      consumer_sync(c.threads);
+      for (int h = c.tid; h < group; h += c.threads) {
+        float* ml = weights + 2 * h * splits;  // (max, sum) per chunk, then the weights in place
+        float top = -INFINITY;
+        for (int s = 0; s < splits; ++s) top = fmaxf(top, ml[2 * s]);
+        float total = 0.0f;
+        for (int s = 0; s < splits; ++s) total = fmaf(ml[2 * s + 1], exp2f(ml[2 * s] - top), total);
+        for (int s = 0; s < splits; ++s) ml[2 * s + 1] = exp2f(ml[2 * s] - top) / total;
+      }
+      consumer_sync(c.threads);
+      // Output element k: the chunks in order, loads issued kGatherBatch at a time.
+      for (int k = c.tid; k < group * hd; k += c.threads) {
+        const int h = k / hd, i = k % hd;
+        const std::uint64_t* src = part + h * (hd + 2) + 2 + i;
+        const float* w = weights + 2 * h * splits;
+        float v = 0.0f;
+        for (int s0 = 0; s0 < splits; s0 += kGatherBatch) {
+          std::uint64_t words[kGatherBatch];
+#pragma unroll
+          for (int b = 0; b < kGatherBatch; ++b) words[b] = s0 + b < splits ? ld_tagged(src + (s0 + b) * stride) : 0;
+#pragma unroll
+          for (int b = 0; b < kGatherBatch; ++b) {
+            if (s0 + b < splits) {
+              const float x = value_of(c.await_word(src + (s0 + b) * stride, words[b], c.tag, where));
+              v = fmaf(x, w[2 * (s0 + b) + 1], v);
+            }
+          }
+        }
+        st_tagged(merged + k, v, c.tag);
+      }
+      if (c.tid == 0) st_tagged_u32(base_word, base + static_cast<std::uint32_t>(splits), c.tag);
+    }
+  }
+  if (!c.finish()) return;
+  if (c.tid == 0) {
+    if (writer) red_add_release(c.counter(p.counter_index.cache(l)), 1);  // after the barrier in finish()
+    red_add_relaxed(c.counter(p.counter_index.attention(l)), 1);
+  }
+}
+
+// o_proj rows [u.a, u.b): x_mid = x + o_proj(attention).
+__device__ void run_o_proj(Consumer& c, const Unit& u) {
+  const Params& p = c.p;
+  const Dims& d = p.dims;
+  const int l = u.layer, n = u.b - u.a;
+  const Where where{static_cast<int>(u.kind), l, c.t};
+  c.wait_counter(p.counter_index.attention(l), static_cast<std::uint32_t>(p.attention_slots) * c.tag, where);
+  // The attention output of every head (merged over the chunks by the attention units), and the
+  // residual rows (the embedding's at layer 0), loaded together.
+  const std::uint64_t* att = p.att + static_cast<std::int64_t>(l) * d.q_size;
+  const std::uint64_t* residual = p.x + static_cast<std::int64_t>(l) * d.hidden + u.a;
+  const int words = l == 0 ? d.q_size : d.q_size + n;
+  if (l == 0) {
+    const int id = c.token_id(where);
+    const std::uint16_t* row = p.embed + static_cast<std::int64_t>(id) * d.hidden + u.a;
+    for (int i = c.tid; i < n; i += c.threads) c.rows[i] = bf16_bits_to_float(row[i]);
+  }
+  c.gather_words(words, where, [&](int j) { return j < d.q_size ? att + j : residual + (j - d.q_size); },
+                 [&](int j, float v) {
+                   if (j < d.q_size) {
+                     c.vec_set(j, v);
+                   } else {
+                     c.rows[j - d.q_size] = v;
+                   }
+                 });
+  consumer_sync(c.threads);
+  std::uint64_t* out = p.x_mid + static_cast<std::int64_t>(l) * d.hidden;
+  const std::uint32_t tag = c.tag;
+  const float* rows = c.rows;
+  const int a = u.a;
+  c.matvec(u, [&](int row, float v, float) { st_tagged(out + row, rows[row - a] + v, tag); }, where);
+  if (!c.finish()) return;
+  if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.o_proj(l)), 1);
+}
+
+__device__ void run_gate_up(Consumer& c, const Unit& u) {
+  const Params& p = c.p;
+  const Dims& d = p.dims;
+  const int l = u.layer;
+  const Where where{static_cast<int>(u.kind), l, c.t};
+  c.wait_counter(p.counter_index.o_proj(l), static_cast<std::uint32_t>(p.o_units) * c.tag, where);
+  float ss = 0.0f;
+  c.gather(p.x_mid + static_cast<std::int64_t>(l) * d.hidden, d.hidden, where, [](int j) { return j; },
+           [&](int j, float v) {
+             c.vec_set(j, v);
+             ss += v * v;
+           });
+  c.normalise(d.hidden, ss, p.layers[l].post_norm);
+  std::uint64_t* out = p.act + static_cast<std::int64_t>(l) * d.ffn;
+  const std::uint32_t tag = c.tag;
+  c.matvec(u,
+           [&](int row, float gate, float up) {
+             const float silu = gate / (1.0f + expf(-gate));
+             st_tagged(out + row, silu * up, tag);
+           },
+           where);
+  if (!c.finish()) return;
+  if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.gate_up(l)), 1);
+}
+
+__device__ void run_down(Consumer& c, const Unit& u) {
+  const Params& p = c.p;
+  const Dims& d = p.dims;
+  const int l = u.layer, n = u.b - u.a;
+  const Where where{static_cast<int>(u.kind), l, c.t};
+  c.wait_counter(p.counter_index.gate_up(l), static_cast<std::uint32_t>(p.gate_up_units) * c.tag, where);
+  // act and the residual rows, loaded together.
+  const std::uint64_t* act = p.act + static_cast<std::int64_t>(l) * d.ffn;
+  const std::uint64_t* residual = p.x_mid + static_cast<std::int64_t>(l) * d.hidden + u.a;
+  c.gather_words(d.ffn + n, where, [&](int j) { return j < d.ffn ? act + j : residual + (j - d.ffn); },
+                 [&](int j, float v) {
+                   if (j < d.ffn) {
+                     c.vec_set(j, v);
+                   } else {
+                     c.rows[j - d.ffn] = v;
+                   }
+                 });
+  consumer_sync(c.threads);
+  std::uint64_t* out = p.x + static_cast<std::int64_t>(l + 1) * d.hidden;
+  const std::uint32_t tag = c.tag;
+  const float* rows = c.rows;
+  const int a = u.a;
+  c.matvec(u, [&](int row, float v, float) { st_tagged(out + row, rows[row - a] + v, tag); }, where);
+  if (!c.finish()) return;
+  if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.down(l)), 1);
+}
+
+// lm_head rows [u.a, u.b): logits and the unit's (max, first row reaching it).
+__device__ void run_lm_head(Consumer& c, const Unit& u) {
+  const Params& p = c.p;
+  const Dims& d = p.dims;
+  const int layers = d.layers;
+  const Where where{static_cast<int>(u.kind), layers, c.t};
+  c.wait_counter(p.counter_index.down(layers - 1), static_cast<std::uint32_t>(p.down_units) * c.tag, where);
+  float ss = 0.0f;
+  c.gather(p.x + static_cast<std::int64_t>(layers) * d.hidden, d.hidden, where, [](int j) { return j; },
+           [&](int j, float v) {
+             c.vec_set(j, v);
+             ss += v * v;
+           });
+  c.normalise(d.hidden, ss, p.final_norm);
+  float* logits = p.logits != nullptr && c.t >= p.logits_first
+                      ? p.logits + (c.t - p.logits_first) * p.logits_stride
+                      : nullptr;
+  float best = -INFINITY;
+  int best_row = INT_MAX;
+  c.matvec(u,
+           [&](int row, float v, float) {
+             if (logits != nullptr) logits[row] = v;
+             if (v > best || (v == best && row < best_row)) {
+               best = v;
+               best_row = row;
+             }
+           },
+           where);
+  if (c.lane == 0) {
+    c.best_v[c.warp] = best;
+    c.best_i[c.warp] = best_row;
+  }
+  consumer_sync(c.threads);
+  if (c.tid == 0) {
+    for (int w = 1; w < c.warps; ++w) {
+      if (c.best_v[w] > best || (c.best_v[w] == best && c.best_i[w] < best_row)) {
+        best = c.best_v[w];
+        best_row = c.best_i[w];
+      }
+    }
+    st_tagged(p.lm_part + 2 * u.index, best, c.tag);
+    st_tagged_u32(p.lm_part + 2 * u.index + 1, static_cast<std::uint32_t>(best_row), c.tag);
+  }
+  if (!c.finish()) return;
+  if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.lm_head()), 1);
+}
+
+// The token's argmax over the lm_head units' partials: the next greedy id (the token word, which
+// the next token's first units wait for). The token counter counts finished tokens.
+__device__ void run_argmax(Consumer& c, const Unit& u) {
+  const Params& p = c.p;
+  const Where where{static_cast<int>(u.kind), p.dims.layers, c.t};
+  c.wait_counter(p.counter_index.lm_head(), static_cast<std::uint32_t>(p.lm_units) * c.tag, where);
+  float* values = c.merge;  // [lm_units][2]
+  c.gather(p.lm_part, 2 * p.lm_units, where, [](int j) { return j; }, [&](int j, float v) { values[j] = v; });
+  consumer_sync(c.threads);
+  if (c.tid == 0) {
+    float best = -INFINITY;
+    int best_row = INT_MAX;
+    for (int i = 0; i < p.lm_units; ++i) {
+      const float v = values[2 * i];
+      const int row = static_cast<int>(__float_as_uint(values[2 * i + 1]));
+      if (v > best || (v == best && row < best_row)) {
+        best = v;
+        best_row = row;
+      }
+    }
+    if (best_row < 0 || best_row >= p.dims.vocab) best_row = 0;  // only when every logit is NaN
+    st_tagged_u32(p.token, static_cast<std::uint32_t>(best_row), c.tag);
+  }
+  if (!c.finish()) return;
+  if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.tokens()), 1);
+}
+
+template <int E, int G>
+__device__ void run_consumer(const Params& p, unsigned char* smem, std::uint64_t* full, std::uint64_t* empty) {
+  Consumer c(p, smem, full, empty);
+  const Unit* units = p.units + p.block_begin[blockIdx.x];
+  const int unit_count = p.block_begin[blockIdx.x + 1] - p.block_begin[blockIdx.x];
+  for (int t = 0; t < p.tokens; ++t) {
+    c.begin_token(t);
+    for (int i = 0; i < unit_count; ++i) {
+      const Unit u = units[i];
+      switch (u.kind) {
+        case UnitKind::qkv: run_qkv(c, u); break;
+        case UnitKind::attention: run_attention<E, G>(c, u); break;
+        case UnitKind::o_proj: run_o_proj(c, u); break;
+        case UnitKind::gate_up: run_gate_up(c, u); break;
+        case UnitKind::down: run_down(c, u); break;
+        case UnitKind::lm_head: run_lm_head(c, u); break;
+        case UnitKind::argmax: run_argmax(c, u); break;
+      }
+      if (!c.ok) return;  // finish() made every consumer agree
+    }
+  }
+}
+
+#endif  // sm_90 device code
+
+template <int E, int G>
+__global__ void __launch_bounds__(kMaxThreads, 1) decode_megakernel(const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char smem[];
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + p.smem_barriers);
+  std::uint64_t* empty = full + p.geo.pages;
+  // A launch after an aborted one leaves at once (the host reports the first abort).
+  __shared__ int aborted;
+  if (threadIdx.x == 0) aborted = ld_relaxed_u32(reinterpret_cast<const std::uint32_t*>(&p.abort->flag)) != 0;
+  __syncthreads();
+  if (aborted) return;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.geo.pages; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, static_cast<std::uint32_t>(p.geo.consumer_warps));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    if (threadIdx.x == 0) run_producer(p, smem, full, empty);
+    return;
+  }
+  run_consumer<E, G>(p, smem, full, empty);
+#else
+  __trap();  // bulk copies and mbarrier transactions need sm_90
+#endif
+}
+
+__global__ void rope_table_kernel(float* rope, std::int64_t capacity, int head_dim, double theta) {
+  const int half = head_dim / 2;
+  const std::int64_t total = capacity * half;
+  for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t position = idx / half;
+    const int i = static_cast<int>(idx % half);
+    const double inv_freq = pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    const double angle = static_cast<double>(position) * inv_freq;
+    rope[2 * idx] = static_cast<float>(cos(angle));
+    rope[2 * idx + 1] = static_cast<float>(sin(angle));
+  }
+}
+
+__global__ void retag_kernel(std::uint64_t* word) { *word &= 0xffffffffull; }
+
+__device__ __forceinline__ std::uint64_t mix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+__global__ void fill_normal_kernel(std::uint16_t* data, std::int64_t n, std::uint64_t seed, float scale) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::uint64_t r = mix64(seed ^ mix64(static_cast<std::uint64_t>(i)));
+    const float u1 = (static_cast<float>(r >> 40) + 0.5f) * 0x1p-24f;
+    const float u2 = static_cast<float>((r >> 16) & 0xffffffu) * 0x1p-24f;
+    data[i] = __bfloat16_as_ushort(__float2bfloat16_rn(scale * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2)));
+  }
+}
+
+using KernelFn = void (*)(Params);
+
+// The instance for a shape: E = head_dim / 32; G = 2 for up to 2 query heads per kv head, else 8.
+KernelFn kernel_for(int head_dim, int group) {
+  if (head_dim != 64 && head_dim != 128) {
+    throw core::InputError("decode megakernel: head_dim " + std::to_string(head_dim) + " not supported (64 or 128)");
+  }
+  if (group < 1 || group > kMaxGroup) {
+    throw core::InputError("decode megakernel: " + std::to_string(group) + " query heads per kv head (1 to " +
+                           std::to_string(kMaxGroup) + ")");
+  }
+  if (head_dim == 64) return group <= 2 ? decode_megakernel<2, 2> : decode_megakernel<2, kMaxGroup>;
+  return group <= 2 ? decode_megakernel<4, 2> : decode_megakernel<4, kMaxGroup>;
+}
+
+// The largest dynamic shared memory of one block: the device's opt-in limit less the static part,
+// set as the instance's limit on first use, so decoders of different geometries can live side
+// by side.
+int max_dynamic_smem(KernelFn kernel) {
+  static std::mutex mutex;
+  static std::map<KernelFn, int> limits;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = limits.find(kernel);
+  if (found != limits.end()) return found->second;
+  int device = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes attributes{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  const int limit = optin - static_cast<int>(attributes.sharedSizeBytes);
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+  limits[kernel] = limit;
+  return limit;
+}
+
+}  // namespace
+
+int prepare_megakernel(int head_dim, int group, int threads, int smem_bytes) {
+  if (threads > kMaxThreads) throw core::Error("decode megakernel: at most " + std::to_string(kMaxConsumerWarps) +
+                                               " consumer warps");
+  const KernelFn kernel = kernel_for(head_dim, group);
+  if (smem_bytes > max_dynamic_smem(kernel)) return 0;
+  int blocks = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem_bytes));
+  return blocks;
+}
+
+int megakernel_max_smem(int head_dim, int group) { return max_dynamic_smem(kernel_for(head_dim, group)); }
+
+void launch_megakernel(const Params& p, void* stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(p.geo.blocks));
+  config.blockDim = dim3(static_cast<unsigned>(32 * (p.geo.consumer_warps + 1)));
+  config.dynamicSmemBytes = static_cast<std::size_t>(p.smem_bytes);
+  config.stream = static_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeCooperative;  // all blocks co-resident, or the launch fails
+  attribute.val.cooperative = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel_for(p.dims.head_dim, p.dims.group), p));
+}
+
+void fill_rope_table(float* rope, std::int64_t capacity, int head_dim, double theta, void* stream) {
+  const std::int64_t total = capacity * (head_dim / 2);
+  const int blocks = static_cast<int>(std::min<std::int64_t>(4096, (total + 255) / 256));
+  rope_table_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(rope, capacity, head_dim, theta);
+  CUDA_CHECK_LAUNCH("rope_table_kernel");
+}
+
+void retag_token_word(std::uint64_t* word, void* stream) {
+  retag_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(word);
+  CUDA_CHECK_LAUNCH("retag_kernel");
+}
+
+void fill_bf16_normal(std::uint16_t* data, std::int64_t n, std::uint64_t seed, float scale, void* stream) {
+  if (n == 0) return;
+  const int blocks = static_cast<int>(std::min<std::int64_t>(4096, (n + 255) / 256));
+  fill_normal_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(data, n, seed, scale);
+  CUDA_CHECK_LAUNCH("fill_normal_kernel");
+}
+
+}  // namespace models::qwen3::megakernel

@@ -1,0 +1,86 @@
+// The Qwen3 decoder on one GPU at batch 1 through the decode megakernel (decode_megakernel.cu):
+// one persistent launch decodes one token (step) or many (prefill, teacher forcing; greedy(),
+// each token the argmax of the previous one's logits, ids collected on the device).
+//
+// Weights are streamed straight from the slab's bf16 mirror: each unit reads a contiguous row
+// range of one row-major matrix (q/k/v and gate/up are contiguous there already), so
+// construction re-lays nothing out (zero bytes, zero time) and the decoder sees the trainer's
+// latest weights. The KV cache is bf16 [layers, kv_heads, capacity, head_dim] (keys after q/k
+// norm and RoPE), sized by DecoderOptions::max_tokens; prompts go through the kernel too
+// (teacher forcing, one launch), so no other layout is ever converted.
+// Activations between units stay fp32 (the plain decoder rounds them to bf16); the logits are fp32.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/device.h"
+#include "models/model.h"
+#include "models/qwen3/config.h"
+#include "optim/slab.h"
+
+namespace models::qwen3 {
+
+// How the kernel is laid over the GPU (bench/megakernel_bench sweeps these).
+struct MegakernelSettings {
+  int consumer_warps = 8;    // computing warps per block (one more streams weights)
+  int page_bytes = 32768;    // shared-memory page of the weight/cache ring
+  int pages = 0;             // pages in the ring; 0: as many as fit
+  int max_splits = 16;       // attention chunks per kv head at long contexts
+  int min_chunk = 128;       // positions per attention chunk, at least
+  int blocks = 0;            // persistent blocks; 0: one per multiprocessor
+  bool hint_wait = true;     // poll the phase counter before reading tagged inputs
+  bool evict_first = true;   // stream weights and cache with an L2 evict-first hint
+  double timeout_seconds = 5.0;  // a spin longer than this aborts the launch (core::Error)
+};
+
+class MegakernelDecoder final : public Decoder {
+ public:
+  // `slab`: laid out from parameter_specs(config), on the context's cuda device, bf16 mirror
+  // spanning the whole model. A Hopper or later GPU, head_dim 64 or 128, at most 8 query heads
+  // per kv head, hidden and intermediate sizes multiples of 8 (core::InputError otherwise).
+  MegakernelDecoder(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
+                    const DecoderOptions& options, MegakernelSettings settings = {});
+  ~MegakernelDecoder() override;
+
+  void reset() override;
+  void prefill(std::span<const std::int32_t> tokens, float* all_logits = nullptr) override;
+  void step(std::int32_t token, const std::int32_t* device_token = nullptr) override;
+  const float* logits() const override;
+  std::int64_t position() const override;
+  std::int64_t capacity() const override;
+
+  // Teacher forcing in one launch: appends device ids [count]; every position's logits into
+  // all_logits (device fp32 [count, vocab]) when given.
+  void append(const std::int32_t* device_ids, std::int64_t count, float* all_logits = nullptr);
+  // Appends `count` tokens in one launch, each the argmax of the logits before it (the first:
+  // of logits(), which a prefill, step or greedy call must have produced); the appended ids go
+  // to device int32 ids_out[count] when given. logits() then holds the last token's logits.
+  void greedy(std::int64_t count, std::int32_t* ids_out = nullptr);
+  // Throws core::Error naming the wait that passed its deadline, if a launch aborted
+  // (synchronises the stream). prefill() checks by itself; greedy() and step() do not wait.
+  void check() const;
+
+  // Benchmarks: `position` tokens in the cache (random rows, as if decoded) without running them.
+  void fake_context(std::int64_t position, std::uint64_t seed);
+  // Tests: the next launch waits on a word that nothing writes (it must abort at the deadline).
+  void stall_next_launch();
+
+  std::size_t cache_bytes() const;    // the KV cache
+  std::size_t scratch_bytes() const;  // everything else the decoder allocated
+  // Bytes one token streams: every weight matrix and the head (norms and the embedding row aside).
+  std::size_t weight_bytes_per_token() const;
+  // Cache bytes the token at `position` reads (keys and values of positions [0, position)).
+  std::size_t cache_bytes_read(std::int64_t position) const;
+  // "blocks x (consumer warps + 1) warps, pages x page KB, splits, min chunk".
+  std::string describe() const;
+  int blocks() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace models::qwen3
