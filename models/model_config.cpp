@@ -124,7 +124,13 @@ void check_shape(const Family& family, const Shape& shape, const std::string& wh
 
 Shape shape_from_hf(const Family& family, const nlohmann::json& config, const std::string& where, const Shape& base) {
   if (!config.is_object()) throw core::InputError(where + ": expected a JSON object");
-  if (auto error = family.check_hf(config)) throw core::InputError(where + ": " + error->key + ": " + error->message);
+  std::optional<FieldError> hf_error;
+  try {
+    hf_error = family.check_hf(config);
+  } catch (const nlohmann::json::exception& e) {  // a family's check reading a key of another type
+    throw core::InputError(where + ": unexpected value: " + e.what());
+  }
+  if (hf_error) throw core::InputError(where + ": " + hf_error->key + ": " + hf_error->message);
   Shape shape = base;
   for (const ConfigField& f : family.fields()) {
     if (f.hf_key.empty()) continue;
@@ -204,6 +210,8 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
     }
     throw core::InputError(path.string() + ":" + std::to_string(line) + ":" + std::to_string(column) +
                            ": not valid JSON: " + e.what());
+  } catch (const nlohmann::json::exception& e) {  // a number beyond double's range, say
+    throw core::InputError(path.string() + ": not valid JSON: " + e.what());
   }
 }
 

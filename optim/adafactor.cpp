@@ -79,8 +79,8 @@ std::vector<StateBuffer> Adafactor::state_buffers() {
     }
     if (info.v_state >= 0) v.push_back({{seg.offset, seg.offset + seg.length}, info.v_state, seg.length});
   }
-  std::vector<StateBuffer> s = {{"row_col", core::DType::f32, &row_col_state_, row_col, 1},
-                                {"v", core::DType::f32, &v_state_, v, 1}};
+  std::vector<StateBuffer> s = {{"row_col", core::DType::f32, &row_col_state_, row_col, 1, true},
+                                {"v", core::DType::f32, &v_state_, v, 1, true}};
   if (config_.adafactor.beta1) s.push_back({"exp_avg", core::DType::f32, &exp_avg_});
   return s;
 }

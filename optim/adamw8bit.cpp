@@ -214,10 +214,10 @@ std::vector<StateBuffer> AdamW8bit::state_buffers() {
   const std::vector<StatePiece> blocks = {{owned, 0, plan_.owned_blocks}};
   return {{"q_m", core::DType::i8, &q_m_, {}, 1},
           {"q_v", core::DType::u8, &q_v_, {}, 1},
-          {"scale_m", core::DType::f32, &scale_m_, blocks, kQuantBlock},
-          {"scale_v", core::DType::f32, &scale_v_, blocks, kQuantBlock},
-          {"small_m", core::DType::f32, &small_m_, small, 1},
-          {"small_v", core::DType::f32, &small_v_, small, 1}};
+          {"scale_m", core::DType::f32, &scale_m_, blocks, kQuantBlock, true},
+          {"scale_v", core::DType::f32, &scale_v_, blocks, kQuantBlock, true},
+          {"small_m", core::DType::f32, &small_m_, small, 1, true},
+          {"small_v", core::DType::f32, &small_v_, small, 1, true}};
 }
 
 void AdamW8bit::update(double lr) {

@@ -45,8 +45,15 @@ struct StateBuffer {
   std::string name;
   core::DType dtype;
   core::Buffer* buffer;
-  std::vector<StatePiece> pieces;  // empty: one entry per element of the owned range
+  std::vector<StatePiece> pieces;  // unless `packed`: ignored, one entry per element of the owned range
   std::int64_t elements_per_entry = 1;
+  // `pieces` lists every entry this rank holds; an empty list then means none (a rank whose shard
+  // holds no small tensor keeps no packed state), not the whole owned range.
+  bool packed = false;
+
+  std::vector<StatePiece> entries(Range owned) const {
+    return packed ? pieces : std::vector<StatePiece>{{owned, 0, owned.size() / elements_per_entry, false}};
+  }
 };
 
 // A small buffer of per-rank partial sums that must be summed across ranks between phases.

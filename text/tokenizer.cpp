@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <queue>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -98,8 +99,73 @@ std::size_t qwen2_piece_end(std::u32string_view s, std::size_t i) {
   return run_end;
 }
 
+// Pieces longer than this merge through a heap: the plain rescan is quadratic in the piece's
+// length (a megabyte without spaces took minutes), the heap O(n log n); short pieces stay on the
+// plain loop, which is faster for them.
+constexpr std::size_t kPlainMergeBytes = 64;
+
+// Applies the lowest-ranked merge present (the leftmost of equals) until none applies, as the
+// plain loop in encode_piece does: candidate pairs sit in a heap keyed (rank, position of the
+// left token), tokens in a linked list; entries whose tokens changed since are skipped.
+template <typename Merges>
+void merge_with_heap(std::vector<std::uint32_t>& ids, const Merges& merges) {
+  const std::size_t n = ids.size();
+  std::vector<std::size_t> next(n), prev(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    next[i] = i + 1;
+    prev[i] = i == 0 ? n : i - 1;  // n: none
+  }
+  struct Candidate {
+    std::uint32_t rank;
+    std::size_t left;
+    std::uint32_t left_id, right_id, merged_id;
+  };
+  const auto later = [](const Candidate& a, const Candidate& b) { return a.rank != b.rank ? a.rank > b.rank : a.left > b.left; };
+  std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> heap(later);
+  std::vector<bool> alive(n, true);
+  const auto push = [&](std::size_t left) {
+    if (left >= n || next[left] >= n) return;
+    const auto it = merges.find((std::uint64_t{ids[left]} << 32) | ids[next[left]]);
+    if (it != merges.end()) heap.push({it->second.rank, left, ids[left], ids[next[left]], it->second.merged_id});
+  };
+  for (std::size_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    const std::size_t right = next[c.left];
+    if (!alive[c.left] || right >= n || ids[c.left] != c.left_id || ids[right] != c.right_id) continue;
+    ids[c.left] = c.merged_id;
+    alive[right] = false;
+    next[c.left] = next[right];
+    if (next[right] < n) prev[next[right]] = c.left;
+    push(prev[c.left]);
+    push(c.left);
+  }
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < n; i = next[i]) ids[kept++] = ids[i];
+  ids.resize(kept);
+}
+
 [[noreturn]] void refuse(const std::filesystem::path& path, const std::string& what) {
   throw core::InputError("tokenizer '" + path.string() + "': " + what);
+}
+
+// tokenizer.json nests five levels; deeper input is refused before anything recurses over it.
+constexpr int kMaxJsonDepth = 64;
+
+// A token id of the file: an integer in [0, limit). `limit` is the file's size in bytes (a
+// vocabulary of n ids takes more than n bytes to list), so the id tables stay proportional to
+// the input; it never exceeds 2^31 (ids are int32 on the device).
+std::uint32_t checked_id(const std::filesystem::path& path, const nlohmann::json& value, std::uint64_t limit,
+                         const std::string& where) {
+  limit = std::min<std::uint64_t>(limit, std::uint64_t{1} << 31);
+  if (!value.is_number_integer() || (value.is_number_unsigned() ? value.get<std::uint64_t>() >= limit
+                                                                : value.get<std::int64_t>() < 0 ||
+                                                                      static_cast<std::uint64_t>(value.get<std::int64_t>()) >= limit)) {
+    refuse(path, where + ": id " + value.dump() + " is not an integer in [0, " + std::to_string(limit) +
+                     ") (ids are bounded by the file's size in bytes)");
+  }
+  return static_cast<std::uint32_t>(value.get<std::uint64_t>());
 }
 
 bool is_false_or_absent(const nlohmann::json& object, const char* key) {
@@ -131,9 +197,15 @@ std::string ByteTokenizer::decode(std::span<const std::uint32_t> ids) const {
 BpeTokenizer::BpeTokenizer(const std::filesystem::path& path) : path_(path) {
   std::ifstream file(path, std::ios::binary);
   if (!file) refuse(path, "cannot be opened");
+  std::error_code size_error;
+  const std::uint64_t file_bytes = std::filesystem::file_size(path, size_error);
+  if (size_error) refuse(path, "cannot read its size: " + size_error.message());
   nlohmann::json root;
   try {
-    root = nlohmann::json::parse(file);
+    root = nlohmann::json::parse(file, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > kMaxJsonDepth) refuse(path, "nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      return true;
+    });
   } catch (const nlohmann::json::exception& e) {
     refuse(path, std::string("is not valid JSON: ") + e.what());
   }
@@ -174,11 +246,15 @@ BpeTokenizer::BpeTokenizer(const std::filesystem::path& path) : path_(path) {
     vocab.reserve(vocab_json.size());
     std::uint32_t max_id = 0;
     for (const auto& [token, id_json] : vocab_json.items()) {
-      const auto id = id_json.get<std::uint32_t>();
+      const std::uint32_t id = checked_id(path, id_json, file_bytes, "model.vocab['" + token + "']");
       vocab.emplace(token, id);
       max_id = std::max(max_id, id);
     }
-    for (const auto& added : root.at("added_tokens")) max_id = std::max(max_id, added.at("id").get<std::uint32_t>());
+    std::size_t added_index = 0;
+    for (const auto& added : root.at("added_tokens")) {
+      const std::string where = "added_tokens[" + std::to_string(added_index++) + "]";
+      max_id = std::max(max_id, checked_id(path, added.at("id"), file_bytes, where));
+    }
     vocab_size_ = max_id + 1;
     id_bytes_.assign(vocab_size_, std::string());
     id_known_.assign(vocab_size_, false);
@@ -324,21 +400,25 @@ void BpeTokenizer::encode_piece(std::string_view bytes, std::vector<std::uint32_
   std::vector<std::uint32_t> ids(bytes.size());
   for (std::size_t i = 0; i < bytes.size(); ++i) ids[i] = byte_ids_[static_cast<unsigned char>(bytes[i])];
   // Apply the lowest-ranked merge present (the leftmost of equals) until none applies.
-  while (ids.size() > 1) {
-    std::uint32_t best_rank = std::numeric_limits<std::uint32_t>::max();
-    std::size_t best = 0;
-    std::uint32_t best_id = 0;
-    for (std::size_t i = 0; i + 1 < ids.size(); ++i) {
-      const auto it = merges_.find((std::uint64_t{ids[i]} << 32) | ids[i + 1]);
-      if (it != merges_.end() && it->second.rank < best_rank) {
-        best_rank = it->second.rank;
-        best = i;
-        best_id = it->second.merged_id;
+  if (ids.size() > kPlainMergeBytes) {
+    merge_with_heap(ids, merges_);
+  } else {
+    while (ids.size() > 1) {
+      std::uint32_t best_rank = std::numeric_limits<std::uint32_t>::max();
+      std::size_t best = 0;
+      std::uint32_t best_id = 0;
+      for (std::size_t i = 0; i + 1 < ids.size(); ++i) {
+        const auto it = merges_.find((std::uint64_t{ids[i]} << 32) | ids[i + 1]);
+        if (it != merges_.end() && it->second.rank < best_rank) {
+          best_rank = it->second.rank;
+          best = i;
+          best_id = it->second.merged_id;
+        }
       }
+      if (best_rank == std::numeric_limits<std::uint32_t>::max()) break;
+      ids[best] = best_id;
+      ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(best) + 1);
     }
-    if (best_rank == std::numeric_limits<std::uint32_t>::max()) break;
-    ids[best] = best_id;
-    ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(best) + 1);
   }
   out.insert(out.end(), ids.begin(), ids.end());
   if (bytes.size() <= kCachedPieceBytes) {

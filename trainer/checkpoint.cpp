@@ -6,8 +6,13 @@
 #include <bit>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
@@ -60,6 +65,20 @@ struct FileHeader {
 };
 
 std::string errno_text() { return std::strerror(errno); }
+
+// Test hook for the fault tests (tests/trainer/run_fault_campaign.sh): with
+// LLMTRAIN_TEST_KILL_IN_CHECKPOINT=R:S rank R kills itself (SIGKILL) once it has written its files
+// of the checkpoint of step S, before the manifest and DONE exist, as a crash during a save would.
+void kill_if_test_asks(int rank, std::int64_t step) {
+  const char* spec = std::getenv("LLMTRAIN_TEST_KILL_IN_CHECKPOINT");
+  int kill_rank = -1;
+  long long kill_step = -1;
+  if (spec == nullptr || std::sscanf(spec, "%d:%lld", &kill_rank, &kill_step) != 2) return;
+  if (kill_rank != rank || kill_step != step) return;
+  spdlog::warn("LLMTRAIN_TEST_KILL_IN_CHECKPOINT: rank {} kills itself in the checkpoint of step {}", rank, step);
+  spdlog::default_logger()->flush();
+  ::kill(::getpid(), SIGKILL);
+}
 
 std::string hex32(std::uint32_t value) {
   char buf[9];
@@ -332,6 +351,20 @@ json optimizer_json(const optim::OptimizerConfig& c) {
   return j;
 }
 
+// An integer field of a manifest as T. Anything else, a float included (converting one outside
+// T's range is undefined), throws json::type_error, which callers report as a malformed manifest.
+template <typename T>
+T integer(const json& value) {
+  if (value.is_number_unsigned()) {
+    const auto v = value.get<std::uint64_t>();
+    if (std::cmp_less_equal(v, std::numeric_limits<T>::max())) return static_cast<T>(v);
+  } else if (value.is_number_integer()) {
+    const auto v = value.get<std::int64_t>();
+    if (std::in_range<T>(v)) return static_cast<T>(v);
+  }
+  throw json::type_error::create(302, "expected an integer in the range of its field, got " + value.dump(), &value);
+}
+
 // Steps beyond this are refused (a run of a million steps per second would need 30 years).
 constexpr std::int64_t kMaxStep = 1'000'000'000'000'000;
 
@@ -345,6 +378,22 @@ std::int64_t step_of(const fs::path& directory) {
     step = step * 10 + (name[i] - '0');
   }
   return step;
+}
+
+// The directories of saves that never finished under `root` (step_NNNNNNNN.tmp), newest first.
+std::vector<fs::path> unfinished_writes(const fs::path& root) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() > 4 && name.ends_with(".tmp") && step_of(entry.path().parent_path() / name.substr(0, name.size() - 4)) >= 0 &&
+        entry.is_directory(ec)) {
+      out.push_back(entry.path());
+    }
+  }
+  std::sort(out.begin(), out.end(), std::greater<>());
+  return out;
 }
 
 // Checkpoint directories under `root`, newest first.
@@ -374,8 +423,9 @@ void check_layout(const fs::path& manifest_path, const json& saved, const optim:
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const optim::SlabTensor& t = layout.tensors()[i];
     const std::string name = tensors[i].at("name").get<std::string>();
-    const core::Shape shape = tensors[i].at("shape").get<core::Shape>();
-    const std::int64_t offset = tensors[i].at("offset").get<std::int64_t>();
+    core::Shape shape;
+    for (const json& d : tensors[i].at("shape")) shape.push_back(integer<std::int64_t>(d));
+    const auto offset = integer<std::int64_t>(tensors[i].at("offset"));
     if (name != t.spec.name || shape != t.spec.shape || offset != t.offset) {
       mismatch("tensor " + std::to_string(i) + " is " + name + " " + core::shape_str(shape) + " at element " +
                std::to_string(offset) + " in the checkpoint but " + t.spec.name + " " + core::shape_str(t.spec.shape) +
@@ -388,11 +438,11 @@ void check_layout(const fs::path& manifest_path, const json& saved, const optim:
     for (std::size_t i = 0; same && i < parameters.size(); ++i) {
       const optim::SlabTensor& t = layout.parameters()[i];
       same = parameters[i].at("name").get<std::string>() == t.spec.name &&
-             parameters[i].at("offset").get<std::int64_t>() == t.offset;
+             integer<std::int64_t>(parameters[i].at("offset")) == t.offset;
     }
     if (!same) mismatch("its optimizer tensors (the parts of fused tensors) differ from the configured model's");
   }
-  if (saved.at("used_elements").get<std::int64_t>() != layout.used_elements()) {
+  if (integer<std::int64_t>(saved.at("used_elements")) != layout.used_elements()) {
     mismatch("the slab holds " + saved.at("used_elements").dump() + " elements in the checkpoint, " +
              std::to_string(layout.used_elements()) + " in the configured model");
   }
@@ -404,7 +454,7 @@ void verify_buffer_file(const fs::path& directory, const json& entry, bool conte
   const fs::path path = directory / entry.at("path").get<std::string>();
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) throw core::InputError(path.string() + ": missing (listed in manifest.json)");
-  const std::uint64_t expected_bytes = entry.at("file_bytes").get<std::uint64_t>();
+  const auto expected_bytes = integer<std::uint64_t>(entry.at("file_bytes"));
   const std::uint64_t size = fs::file_size(path);
   if (size != expected_bytes) {
     throw core::InputError(path.string() + ": " + (size < expected_bytes ? "truncated" : "too long") + ": " +
@@ -432,7 +482,8 @@ void verify_buffer_file(const fs::path& directory, const json& entry, bool conte
     throw core::InputError(path.string() + ": checksum mismatch (crc32c " + hex32(crc) + ", manifest.json says " +
                            entry.at("crc32c").get<std::string>() + "): the file is corrupt");
   }
-  const auto range = entry.at("range").get<std::array<std::int64_t, 2>>();
+  const std::array<std::int64_t, 2> range = {integer<std::int64_t>(entry.at("range").at(0)),
+                                             integer<std::int64_t>(entry.at("range").at(1))};
   if (std::memcmp(header.data(), kFileMagic, 8) != 0 || std::memcmp(header.data() + 16, &range[0], 8) != 0 ||
       std::memcmp(header.data() + 24, &range[1], 8) != 0) {
     throw core::InputError(path.string() + ": the header does not match its manifest.json entry");
@@ -455,23 +506,31 @@ void gather_pieces(const VerifiedCheckpoint& checkpoint, const std::string& buff
                    std::size_t entry_bytes, std::int64_t per_entry, const std::vector<optim::StatePiece>& needed,
                    PinnedStaging& staging) {
   const fs::path manifest_path = checkpoint.directory / kManifestName;
-  const std::int64_t saved_total = checkpoint.manifest.at("layout").at("total_elements").get<std::int64_t>();
+  const auto saved_total = integer<std::int64_t>(checkpoint.manifest.at("layout").at("total_elements"));
   std::vector<std::int64_t> covered(needed.size(), 0);
   for (const json& entry : checkpoint.manifest.at("files")) {
     if (entry.at("buffer") != buffer_name) continue;
-    if (entry.at("elements_per_entry").get<std::int64_t>() != per_entry) {
+    if (integer<std::int64_t>(entry.at("elements_per_entry")) != per_entry) {
       throw core::InputError(manifest_path.string() + ": '" + buffer_name + "' has " +
                              entry.at("elements_per_entry").dump() + " elements per entry in the checkpoint, " +
                              std::to_string(per_entry) + " in the run");
     }
     const fs::path path = checkpoint.directory / entry.at("path").get<std::string>();
+    const std::uint64_t file_bytes = std::min<std::uint64_t>(integer<std::uint64_t>(entry.at("file_bytes")), std::uint64_t{1} << 62);
+    const auto file_entries = static_cast<std::int64_t>((file_bytes - std::min<std::uint64_t>(file_bytes, kFileHeaderBytes)) / entry_bytes);
     int fd = -1;
     try {
       for (const json& saved_piece : entry.at("pieces")) {
-        const optim::Range saved{saved_piece.at(0).get<std::int64_t>(), saved_piece.at(1).get<std::int64_t>()};
-        const auto file_entry = saved_piece.at(2).get<std::int64_t>();
-        const auto saved_entries = saved_piece.at(3).get<std::int64_t>();
+        const optim::Range saved{integer<std::int64_t>(saved_piece.at(0)), integer<std::int64_t>(saved_piece.at(1))};
+        const auto file_entry = integer<std::int64_t>(saved_piece.at(2));
+        const auto saved_entries = integer<std::int64_t>(saved_piece.at(3));
         const bool saved_whole = saved_piece.at(4).get<bool>();
+        // Within the slab and within the file (its size verified), so no offset below overflows.
+        if (saved.begin < 0 || saved.end < saved.begin || saved.end > saved_total || file_entry < 0 ||
+            saved_entries < 0 || saved_entries > file_entries || file_entry > file_entries - saved_entries) {
+          throw core::InputError(manifest_path.string() + ": files: " + entry.at("path").get<std::string>() +
+                                 ": piece " + saved_piece.dump() + " lies outside the slab or the file");
+        }
         for (std::size_t i = 0; i < needed.size(); ++i) {
           const optim::StatePiece& want = needed[i];
           std::int64_t from = 0, to = 0, entries = 0;
@@ -571,9 +630,8 @@ fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const Tr
   buffers.push_back({"master", "master", core::DType::f32, &slab.master(),
                      pieces_to_write(default_pieces(owned, 1), 1, shard), 1});
   for (const optim::StateBuffer& st : optimizer.state_buffers()) {
-    const auto all = st.pieces.empty() ? default_pieces(owned, st.elements_per_entry) : st.pieces;
     buffers.push_back({st.name, "optimizer_state", st.dtype, st.buffer,
-                       pieces_to_write(all, st.elements_per_entry, shard), st.elements_per_entry});
+                       pieces_to_write(st.entries(owned), st.elements_per_entry, shard), st.elements_per_entry});
   }
   std::string report;
   try {
@@ -584,6 +642,7 @@ fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const Tr
   } catch (const std::exception& e) {
     report = std::string("!rank ") + std::to_string(comm.rank()) + ": " + e.what();
   }
+  kill_if_test_asks(comm.rank(), progress.step);
   const std::vector<std::string> reports = comm.gather_strings(report, 0, "checkpoint file list");
 
   std::string outcome = "ok";
@@ -591,7 +650,7 @@ fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const Tr
     try {
       json files = json::array();
       for (const std::string& r : reports) {
-        if (!r.empty() && r[0] == '!') throw core::Error("checkpoint: " + r.substr(1));
+        if (!r.empty() && r[0] == '!') throw core::Error(r.substr(1));
         for (json& f : json::parse(r)) files.push_back(std::move(f));
       }
       const json manifest = {
@@ -636,7 +695,15 @@ fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const Tr
       }
       fsync_directory(root);
     } catch (const std::exception& e) {
-      outcome = e.what();
+      // Nothing of a failed save stays behind (a full disk gets its space back); a replaced
+      // checkpoint of the same step goes back into place.
+      std::error_code ec;
+      fs::remove_all(temp_dir, ec);
+      const fs::path replaced = fs::path(final_dir.string() + ".replaced");
+      if (!fs::exists(final_dir, ec) && fs::is_directory(replaced, ec)) fs::rename(replaced, final_dir, ec);
+      outcome = "checkpoint of step " + std::to_string(progress.step) + " not saved: " + e.what() + " (" +
+                temp_dir.filename().string() + " removed; the earlier checkpoints in " + root.string() +
+                " are untouched)";
     }
   }
   outcome = comm.broadcast_string(outcome, 0, "checkpoint outcome");
@@ -679,8 +746,18 @@ json read_verified_manifest(const fs::path& directory) {
   const std::string done = read_text_file(directory / kDoneName);
   const std::string manifest_crc = hex32(crc32c(0, manifest_text.data(), manifest_text.size()));
   if (done != "crc32c " + manifest_crc + "\n") {
+    // A manifest cut short (a full disk, a copy that stopped) no longer parses to its end.
+    std::string what = "the manifest is corrupt";
+    try {
+      const json parsed = json::parse(manifest_text);
+      (void)parsed;
+    } catch (const json::parse_error& e) {
+      if (e.byte >= manifest_text.size()) {
+        what = "the manifest is truncated (its JSON ends early, at byte " + std::to_string(manifest_text.size()) + ")";
+      }
+    }
     throw core::InputError(manifest_path.string() + ": checksum mismatch (crc32c " + manifest_crc + ", DONE says '" +
-                           done.substr(0, done.find('\n')) + "'): the manifest is corrupt");
+                           done.substr(0, done.find('\n')) + "'): " + what);
   }
   return models::read_json_file(manifest_path);
 }
@@ -757,27 +834,27 @@ VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::Sla
                              "weights with model.init_from: " + directory.string());
     }
     for (const json& entry : m.at("files")) verify_buffer_file(directory, entry, file_contents);
-    out.progress.step = m.at("step").get<std::int64_t>();
+    out.progress.step = integer<std::int64_t>(m.at("step"));
     const std::int64_t named = step_of(directory);
     if (out.progress.step < 0 || out.progress.step > kMaxStep || (named >= 0 && out.progress.step != named)) {
       throw core::InputError(manifest_path.string() + ": step " + std::to_string(out.progress.step) +
                              (named >= 0 ? " does not match the directory's step " + std::to_string(named)
                                          : " is out of range [0, " + std::to_string(kMaxStep) + "]"));
     }
-    out.progress.tokens_seen = m.at("tokens_seen").get<std::int64_t>();
+    out.progress.tokens_seen = integer<std::int64_t>(m.at("tokens_seen"));
     if (out.progress.tokens_seen < 0) throw core::InputError(manifest_path.string() + ": tokens_seen is negative");
     if (m.contains("log_window")) {
-      out.progress.window_steps = m["log_window"].at("steps").get<std::int64_t>();
+      out.progress.window_steps = integer<std::int64_t>(m["log_window"].at("steps"));
       out.progress.window_loss = m["log_window"].at("loss_sum").get<double>();
       if (out.progress.window_steps < 0 || out.progress.window_steps > out.progress.step) {
         throw core::InputError(manifest_path.string() + ": log_window.steps out of range [0, step]");
       }
     }
     if (m.contains("data_order")) {
-      out.progress.seq_len = m["data_order"].at("seq_len").get<std::int64_t>();
-      out.progress.global_batch = m["data_order"].at("global_batch").get<std::int64_t>();
+      out.progress.seq_len = integer<std::int64_t>(m["data_order"].at("seq_len"));
+      out.progress.global_batch = integer<std::int64_t>(m["data_order"].at("global_batch"));
     }
-    out.progress.sampler_seed = m.at("rng").at("sampler_seed").get<std::uint64_t>();
+    out.progress.sampler_seed = integer<std::uint64_t>(m.at("rng").at("sampler_seed"));
     out.progress.sampler = m.at("sampler").get<text::SamplerCursor>();
   } catch (const json::exception& e) {
     throw core::InputError(manifest_path.string() + ": malformed manifest: " + e.what());
@@ -793,14 +870,30 @@ std::optional<VerifiedCheckpoint> select_verified(const RunConfig& config, const
   if (resume != "auto") return verify_checkpoint(resume, layout, config.optimizer.type);
   const fs::path root = checkpoints_root(config);
   const std::vector<fs::path> candidates = list_checkpoints(root);
+  // Every directory passed over, with the reason: the log says why the one taken was taken.
+  std::vector<std::string> skipped;
+  for (const fs::path& dir : unfinished_writes(root)) {
+    skipped.push_back(dir.filename().string() + ": incomplete step (its write never finished)");
+    spdlog::warn("checkpoint {} is an incomplete step: its write never finished (a crash or a failed save); skipped",
+                 dir.string());
+  }
   std::string newest_problem;
   for (const fs::path& dir : candidates) {
     try {
-      return verify_checkpoint(dir, layout, config.optimizer.type);
+      VerifiedCheckpoint verified = verify_checkpoint(dir, layout, config.optimizer.type);
+      std::string passed_over;
+      for (const std::string& s : skipped) passed_over += "; skipped " + s;
+      spdlog::info("checkpoint: resume: auto takes {} (step {}), the newest intact checkpoint{}", dir.string(),
+                   verified.progress.step, passed_over);
+      return verified;
     } catch (const core::InputError& e) {
       if (newest_problem.empty()) newest_problem = e.what();
+      skipped.push_back(dir.filename().string() + ": " + e.what());
       spdlog::warn("checkpoint {} is unusable: {}; falling back to the previous checkpoint", dir.string(), e.what());
     }
+  }
+  if (candidates.empty() && !skipped.empty()) {
+    spdlog::warn("checkpoint: no complete checkpoint in {} (only incomplete steps): starting afresh", root.string());
   }
   if (!candidates.empty()) {
     throw core::InputError("checkpoint.resume: auto: none of the " + std::to_string(candidates.size()) +
@@ -856,14 +949,13 @@ TrainingProgress load_checkpoint(const VerifiedCheckpoint& checkpoint, optim::Op
                                std::string(core::dtype_name(saved)) + " in the checkpoint, " +
                                std::string(core::dtype_name(state.dtype)) + " in the run");
       }
-      const auto needed = state.pieces.empty() ? default_pieces(owned, state.elements_per_entry) : state.pieces;
       state.buffer->fill_bytes(0, context.stream());
       gather_pieces(checkpoint, state.name, *state.buffer, core::dtype_size(state.dtype), state.elements_per_entry,
-                    needed, staging);
+                    state.entries(owned), staging);
     }
     optim::StepScalars scalars;
-    scalars.step = checkpoint.manifest.at("step_scalars").at("step").get<long long>();
-    scalars.skipped = checkpoint.manifest.at("step_scalars").at("skipped").get<long long>();
+    scalars.step = integer<long long>(checkpoint.manifest.at("step_scalars").at("step"));
+    scalars.skipped = integer<long long>(checkpoint.manifest.at("step_scalars").at("skipped"));
     slab.grad().fill_bytes(0, context.stream());
     slab.write_mirror(context);
     context.synchronize();
@@ -872,7 +964,7 @@ TrainingProgress load_checkpoint(const VerifiedCheckpoint& checkpoint, optim::Op
     throw core::InputError(manifest_path.string() + ": malformed manifest: " + e.what());
   }
   spdlog::info("checkpoint: resumed from {} at step {} (saved by {} ranks)", checkpoint.directory.string(),
-               checkpoint.progress.step, checkpoint.manifest.at("world_size").get<int>());
+               checkpoint.progress.step, checkpoint.manifest.value("world_size", json()).dump());
   return checkpoint.progress;
 }
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include <yaml-cpp/yaml.h>
 
@@ -111,6 +112,27 @@ std::string unknown_key_message(const std::string& section, const std::string& k
     }
   }
   return "unknown key (known: " + joined(known) + ")";
+}
+
+// Offset of the first byte of `text` that is not part of well-formed UTF-8, or npos. YAML is
+// Unicode text; the emitter would write other bytes as U+FFFD and the resolved config would
+// read back different.
+std::size_t invalid_utf8_offset(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+    const unsigned char lead = byte(i);
+    std::size_t length = lead < 0x80 ? 1 : lead >= 0xC2 && lead <= 0xDF ? 2 : lead >= 0xE0 && lead <= 0xEF ? 3
+                                     : lead >= 0xF0 && lead <= 0xF4 ? 4 : 0;
+    if (length == 0 || i + length > text.size()) return i;
+    const unsigned char low = lead == 0xE0 ? 0xA0 : lead == 0xF0 ? 0x90 : 0x80;
+    const unsigned char high = lead == 0xED ? 0x9F : lead == 0xF4 ? 0x8F : 0xBF;
+    for (std::size_t k = 1; k < length; ++k) {
+      const unsigned char b = byte(i + k);
+      if (k == 1 ? (b < low || b > high) : (b < 0x80 || b > 0xBF)) return i;
+    }
+    i += length;
+  }
+  return std::string_view::npos;
 }
 
 std::string format_double(double value) {
@@ -579,6 +601,14 @@ const char* precision_name(Precision precision) { return precision == Precision:
 
 RunConfig parse_run_config(const std::string& yaml, const std::string& source,
                            const std::vector<std::string>& overrides) {
+  if (const std::size_t at = invalid_utf8_offset(yaml); at != std::string_view::npos) {
+    throw core::InputError(source + ": byte " + std::to_string(at) + " is not valid UTF-8 (a config is Unicode text)");
+  }
+  for (const std::string& text : overrides) {
+    if (invalid_utf8_offset(text) != std::string_view::npos) {
+      throw core::InputError("command line override: '" + text.substr(0, text.find('=')) + "...' is not valid UTF-8");
+    }
+  }
   YAML::Node root;
   try {
     root = YAML::Load(yaml);

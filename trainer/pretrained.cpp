@@ -1,5 +1,7 @@
 #include "trainer/pretrained.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
 
 #include "core/error.h"
@@ -46,6 +48,39 @@ Source read_source(const std::string& path) {
   return s;
 }
 
+// A Hugging Face folder's safetensors files must be able to hold the shape its config.json gives
+// (at least 2 bytes a weight) before anything of that shape is allocated.
+void check_weights_fit(const std::string& folder, const models::ModelSpec& spec) {
+  std::uintmax_t bytes = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(folder, ec)) {
+    if (entry.path().extension() == ".safetensors" && entry.is_regular_file(ec)) bytes += entry.file_size(ec);
+  }
+  const auto parameters = static_cast<std::uintmax_t>(spec.parameter_count());
+  if (bytes / 2 < parameters) {
+    throw core::InputError((fs::path(folder) / "config.json").string() + ": its shape has " + std::to_string(parameters) +
+                           " parameters but the folder's safetensors files hold only " + std::to_string(bytes) +
+                           " bytes (2 or more a parameter)");
+  }
+}
+
+// The master weights a checkpoint's files hold must cover `elements` fp32 values before they are
+// allocated: the manifest's verified file sizes bound them.
+void check_master_fits(const VerifiedCheckpoint& checkpoint, std::int64_t elements) {
+  std::uint64_t bytes = 0;
+  for (const nlohmann::json& entry : checkpoint.manifest.at("files")) {
+    if (entry.is_object() && entry.contains("buffer") && entry["buffer"] == "master" && entry.contains("file_bytes") &&
+        entry["file_bytes"].is_number_unsigned()) {
+      bytes += std::min<std::uint64_t>(entry["file_bytes"].get<std::uint64_t>(), std::uint64_t{1} << 60);
+    }
+  }
+  if (bytes / sizeof(float) < static_cast<std::uint64_t>(elements)) {
+    throw core::InputError((checkpoint.directory / "manifest.json").string() + ": files: the master files hold " +
+                           std::to_string(bytes) + " bytes, fewer than the " + std::to_string(elements) +
+                           " fp32 weights of the model's shape");
+  }
+}
+
 }  // namespace
 
 bool is_checkpoint_path(const std::string& path) {
@@ -81,10 +116,12 @@ PretrainedWeights load_pretrained(const std::string& path) {
     const optim::SlabLayout saved(out.spec->parameters(), manifest["world_size"].get<int>());
     const VerifiedCheckpoint verified =
         verify_checkpoint(source.checkpoint, saved, manifest["optimizer"]["type"].get<std::string>());
+    check_master_fits(verified, out.layout.used_elements());
     const core::Buffer master = read_master_weights(verified, {0, out.layout.total_elements()});
     out.master.assign(master.as<float>(), master.as<float>() + out.layout.total_elements());
     return out;
   }
+  check_weights_fit(path, *out.spec);
   const core::DeviceContext cpu(core::Device::cpu());
   optim::Slab host(out.layout, cpu);
   models::load_hf_weights(path, *out.spec, host);
@@ -96,6 +133,7 @@ RunConfig resolve_init_from(const RunConfig& config) {
   if (config.model.init_from.empty()) return config;
   const Source source = read_source(config.model.init_from);
   const std::string& path = config.model.init_from;
+  if (source.checkpoint.empty()) check_weights_fit(path, *source.family->spec(source.shape));
   if (source.family->name() != config.model.arch) {
     throw core::InputError(path + ": holds a " + source.family->name() + " model but model.arch is " + config.model.arch);
   }
@@ -104,7 +142,7 @@ RunConfig resolve_init_from(const RunConfig& config) {
       config.model.preset.empty() ? models::Shape() : source.family->preset(config.model.preset);
   for (const models::ConfigField& f : source.family->fields()) {
     if (!f.shape) continue;
-    const nlohmann::json& theirs = source.shape.at(f.key);
+    const models::Shape& theirs = source.shape.at(f.key);  // a json& would bind a converted copy
     const bool given = std::find(config.model.given.begin(), config.model.given.end(), f.key) != config.model.given.end();
     const bool from_preset = !given && preset.is_object() && preset.contains(f.key);
     if ((given || from_preset) && config.model.shape.at(f.key) != theirs) {

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -282,6 +283,9 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
     }
   }
   const std::optional<VerifiedCheckpoint> resume_from = select_checkpoint(config, layout, &comm);
+  // A write past the file size limit (RLIMIT_FSIZE) fails with EFBIG and is reported with its path,
+  // like a full disk, instead of killing the process with SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   const StopSignals stop_signals;
   const std::int64_t seq = config.data.seq_len, micro = config.training.micro_batch_size;
   const std::int64_t accumulation = accumulation_steps(config, world);

@@ -65,6 +65,13 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     e.name = it.key();
     try {
       e.dtype = v.at("dtype").get<std::string>();
+      for (const char* key : {"shape", "data_offsets"}) {  // integers, not floats converted out of range
+        const nlohmann::json& list = v.at(key);
+        if (!list.is_array()) throw core::InputError(std::string(key) + " must be a list");
+        for (const nlohmann::json& x : list) {
+          if (!x.is_number_integer()) throw core::InputError(std::string(key) + " must hold integers");
+        }
+      }
       e.shape = v.at("shape").get<core::Shape>();
       const auto offsets = v.at("data_offsets").get<std::vector<std::uint64_t>>();
       if (offsets.size() != 2) throw core::InputError("data_offsets must have two entries");
@@ -75,10 +82,17 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     }
     const std::size_t element = safetensors_dtype_size(e.dtype);
     if (element == 0) throw core::InputError(path_ + ": tensor '" + e.name + "': unknown dtype " + e.dtype);
+    // Every partial product of the shape (in bytes) fits the data section, so no product of it
+    // overflows, here or where the shape is used.
+    std::uint64_t expected = element;
     for (std::int64_t d : e.shape) {
       if (d < 0) throw core::InputError(path_ + ": tensor '" + e.name + "': negative dimension");
+      if (d != 0 && expected > data_size / static_cast<std::uint64_t>(d)) {
+        throw core::InputError(path_ + ": tensor '" + e.name + "': shape " + core::shape_str(e.shape) +
+                               " holds more than the file's " + std::to_string(data_size) + " bytes of data");
+      }
+      expected *= static_cast<std::uint64_t>(d);
     }
-    const auto expected = static_cast<std::uint64_t>(core::shape_numel(e.shape)) * element;
     if (e.end < e.begin || e.end - e.begin != expected || e.end > data_size) {
       throw core::InputError(path_ + ": tensor '" + e.name + "': data_offsets [" + std::to_string(e.begin) + ", " +
                              std::to_string(e.end) + ") do not hold " + std::to_string(expected) + " bytes within " +
