@@ -18,7 +18,9 @@
 //    relative at most, about 2^-9/sqrt(3) = 1.1e-3 rms), and the weight-gradient and du products
 //    take bf16 copies of their fp32 operands (two more such roundings), so the expected error is
 //    about 1.6e-3 rms; allow 1e-2. y is also checked element by element: within one bf16 ulp of the
-//    reference (round to nearest gives half an ulp; the other half covers the fp32 error).
+//    reference (round to nearest gives half an ulp; the other half covers the fp32 error) plus the
+//    case's fp32 tolerance times y's rms (an element near zero after cancellation carries the fp32
+//    error of its larger terms; at y's rms that allowance is under 5% of a bf16 ulp).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -343,7 +345,7 @@ void compare(const Case& c, const GpuResult& g, const Reference& r, const std::v
   double y_rms = 0.0;
   for (const double v : r.y) y_rms += v * v;
   y_rms = std::sqrt(y_rms / std::max<std::size_t>(r.y.size(), 1));
-  EXPECT_TRUE(within_one_bf16_ulp("y", y, r.y, 1e-5 * y_rms));
+  EXPECT_TRUE(within_one_bf16_ulp("y", y, r.y, fp32_tol * y_rms));
   EXPECT_TRUE(normwise_close("y", y, r.y, kBf16Tolerance));
   EXPECT_TRUE(normwise_close("h", widen(g.h), r.acts.h, fp32_tol));
   EXPECT_TRUE(normwise_close("read attention", widen(g.read_attn), r.acts.read_attn, fp32_tol));
