@@ -242,7 +242,7 @@ TEST_F(ConfigFiles, RejectsBadConfigsNamingFileLineKeyAndExpectation) {
       {b, {"training.precision=fp32"}, "training.precision: expected bf16 (device cuda), got fp32"},
       {replaced(b, "qwen3-tiny", "qwen3-7b"), {},
        "run.yaml:4: model.preset: expected one of [qwen3-0.6b, qwen3-1.7b, qwen3-tiny, qwen3-test], got 'qwen3-7b'"},
-      {b, {"model.arch=llama"}, "model.arch: expected one of [qwen3], got 'llama'"},
+      {b, {"model.arch=llama"}, "model.arch: expected one of [qwen3, e29a], got 'llama'"},
       {b, {"model.recompute=some"}, "model.recompute: expected one of [none, mlp, full], got 'some'"},
       {b, {"model.num_kv_heads=3"}, "model.num_kv_heads: expected a divisor of num_heads (4), got 3"},
       {b, {"model.hidden_size=-8"}, "model.hidden_size: expected an integer >= 1, got -8"},
