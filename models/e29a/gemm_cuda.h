@@ -1,10 +1,9 @@
 // Row-major matrix products on cuBLASLt for the E29a layer: C[m, n] (= or +=) op(A) op(B) with
 // fp32 accumulation, operands fp32 or bf16, output fp32 or bf16. models/ops/linear.h covers bf16
-// operands only; the recurrence needs fp32 operands (its state stays fp32 across the steps), so
-// this plan keeps its own cache with the same rules as LinearPlan: one descriptor set and
-// algorithm per (shape, types, alignments), chosen at the first call (outside any graph capture),
-// true fp32 compute (CUBLAS_COMPUTE_32F, no TF32), split-K only with the deterministic reduction
-// schemes NONE | COMPUTE_TYPE, the caller's 256-byte aligned workspace of
+// operands only; the recurrence needs fp32 operands (its state stays fp32 across the steps). Both
+// go through the product cache of models/ops/gemm_cache.h (one descriptor set and algorithm per
+// shape, types and alignments, chosen at the first call outside any graph capture; true fp32
+// compute, deterministic split-K only), with the caller's 256-byte aligned workspace of
 // ops::linear_workspace_bytes(). Results are bit-identical run to run on one GPU model.
 #pragma once
 
@@ -17,6 +16,10 @@
 
 #include "core/device.h"
 #include "models/ops/linear.h"
+
+namespace models::ops::detail {
+class GemmCache;
+}
 
 namespace models::e29a {
 
@@ -37,10 +40,6 @@ struct Output {
   bool accumulate = false;  // C += op(A) op(B) (fp32 output only)
 };
 
-namespace detail {
-class RowGemmCache;
-}
-
 class GemmPlan {
  public:
   explicit GemmPlan(const core::DeviceContext& context);
@@ -55,7 +54,7 @@ class GemmPlan {
            ops::DeviceWorkspace workspace);
 
  private:
-  std::unique_ptr<detail::RowGemmCache> cache_;
+  std::unique_ptr<ops::detail::GemmCache> cache_;
 };
 
 }  // namespace models::e29a

@@ -14,6 +14,7 @@
 #include "models/e29a/layer_cuda.h"
 #include "models/e29a/layer_kernels.h"
 #include "models/e29a/model.h"
+#include "models/lm_ends_cuda.h"
 #include "models/ops/cross_entropy.h"
 #include "models/ops/embedding.h"
 #include "models/ops/linear.h"
@@ -25,19 +26,6 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
-// Carves typed arrays out of one device allocation (256-byte aligned each).
-class Arena {
- public:
-  std::size_t reserve(std::size_t bytes) {
-    const std::size_t at = size_;
-    size_ = (size_ + bytes + 255) / 256 * 256;
-    return at;
-  }
-  std::size_t size() const { return size_; }
-
- private:
-  std::size_t size_ = 0;
-};
 
 void check_cuda_slab(const optim::Slab& slab, const core::DeviceContext& context, const char* what) {
   if (!context.is_cuda() || !(slab.device() == context.device())) {
@@ -49,28 +37,20 @@ void check_cuda_slab(const optim::Slab& slab, const core::DeviceContext& context
 }  // namespace
 
 struct E29aCuda::Impl {
-  // The default sink: gradients accumulate in the slab's own gradient buffer.
-  struct SlabSink final : optim::GradientSink {
-    explicit SlabSink(optim::Slab& s) : slab(s) {}
-    std::int64_t max_range_elements() const override { return 0; }
-    float* acquire(optim::Range range) override { return slab.grad_origin() + range.begin; }
-    void release(optim::Range) override {}
-    optim::Slab& slab;
-  };
   struct LayerSlots {
     std::size_t x_in, normed, rstd;
   };
 
   E29aConfig c;
   optim::Slab& slab;
-  SlabSink slab_sink{slab};
+  SlabGradientSink slab_sink{slab};
   optim::GradientSink* sink = &slab_sink;
   const core::DeviceContext& ctx;
   cudaStream_t stream;
   std::int64_t max_tokens;
   TensorIndex index;
   std::vector<optim::Range> layer_ranges;
-  ops::CrossEntropyPlan cross_entropy;
+  LmEndsCuda ends;
   // The recurrent layer (shared by all layers: same sizes, used in turn) and each layer's saved
   // activations, sized for the largest (batch, seq) seen.
   std::unique_ptr<LayerCuda> layer;
@@ -79,13 +59,12 @@ struct E29aCuda::Impl {
 
   core::Buffer memory;
   std::vector<LayerSlots> slots;
-  std::size_t x_final = 0, x_norm = 0, rstd_final = 0, y = 0, dx = 0, du = 0, dtmp = 0;
-  std::size_t token_losses = 0, token_lse = 0, mean_loss = 0, count = 0, invalid = 0;
-  std::size_t workspace = 0, workspace_bytes = 0, embed_workspace = 0, embed_workspace_bytes = 0;
+  std::size_t y = 0, du = 0, dtmp = 0, workspace = 0, workspace_bytes = 0;
 
   Impl(const E29aConfig& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens)
       : c(config), slab(s), ctx(context), stream(context.stream()), max_tokens(tokens), index(config, s.layout()),
-        cross_entropy(context) {}
+        ends(context, s, {index.embed, index.final_norm, index.head, config.vocab_size, config.hidden_size, config.rms_norm_eps},
+             tokens) {}
 
   template <typename T>
   T* at(std::size_t offset) { return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset); }
@@ -95,9 +74,6 @@ struct E29aCuda::Impl {
     return base + (range_of(tensor).begin - group.begin);
   }
   ops::DeviceWorkspace ws() { return {at<char>(workspace), workspace_bytes}; }
-  ops::CrossEntropyDeviceOutputs loss_outputs() {
-    return {at<float>(token_losses), at<float>(mean_loss), at<std::int32_t>(count)};
-  }
   LayerWeightsCuda layer_weights(const LayerTensors& t) {
     return {w(t.w_xz), w(t.w_h), w(t.b_h), w(t.w_write), w(t.tape0)};
   }
@@ -121,45 +97,27 @@ struct E29aCuda::Impl {
                         "]");
     }
     ensure_layer(batch, seq);
-    ops::embedding_forward_cuda(ids, n, w(index.embed), c.vocab_size, d, at<bf16>(slots[0].x_in),
-                                at<std::int32_t>(invalid), stream);
+    ends.embed(ids, n, at<bf16>(slots[0].x_in));
     for (std::size_t l = 0; l < index.layers.size(); ++l) {
       const LayerTensors& t = index.layers[l];
       const LayerSlots& s = slots[l];
       ops::rmsnorm_forward_cuda(at<bf16>(s.x_in), w(t.norm), n, d, c.rms_norm_eps, at<bf16>(s.normed),
                                 at<float>(s.rstd), stream);
       layer->forward(layer_weights(t), at<bf16>(s.normed), batch, seq, at<bf16>(y), acts[l]);
-      const std::size_t next = l + 1 < slots.size() ? slots[l + 1].x_in : x_final;
-      kernels::add_bf16(at<bf16>(s.x_in), at<bf16>(y), n * d, at<bf16>(next), stream);
+      bf16* next = l + 1 < slots.size() ? at<bf16>(slots[l + 1].x_in) : ends.x_final();
+      kernels::add_bf16(at<bf16>(s.x_in), at<bf16>(y), n * d, next, stream);
     }
-    ops::rmsnorm_forward_cuda(at<bf16>(x_final), w(index.final_norm), n, d, c.rms_norm_eps, at<bf16>(x_norm),
-                              at<float>(rstd_final), stream);
+    ends.final_norm(n);
   }
 
   // Gradients go to the sink range by range: the head (unlimited sink) or its row windows
   // (limited sink, after the layers), the final norm, each layer's tensors, the embedding.
   void backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
                 float grad_scale) {
-    const std::int64_t n = batch * seq, d = c.hidden_size, vocab = c.vocab_size;
+    const std::int64_t n = batch * seq, d = c.hidden_size;
     optim::GradientSink& out = *sink;
-    const bool row_windows = out.max_range_elements() > 0;
-    const int head = index.head, embed = index.embed;
-    const optim::Range head_range = range_of(head), embed_range = range_of(embed);
-    float* head_grad = nullptr;
-    if (row_windows) {
-      cross_entropy.backward_hidden(at<bf16>(x_norm), w(head), targets, n, d, vocab, at<bf16>(dtmp), grad_scale,
-                                    loss_outputs(), at<float>(token_lse), ws());
-    } else {
-      head_grad = out.acquire(head_range);
-      cross_entropy.backward(at<bf16>(x_norm), w(head), targets, n, d, vocab, at<bf16>(dtmp), head_grad, grad_scale,
-                             loss_outputs(), ws());
-      if (head != embed) out.release(head_range);
-    }
-    const optim::Range norm_range = range_of(index.final_norm);
-    float* norm_grad = out.acquire(norm_range);
-    ops::rmsnorm_backward_cuda(at<bf16>(dtmp), at<bf16>(x_final), w(index.final_norm), at<float>(rstd_final), n, d,
-                               at<bf16>(dx), norm_grad, at<char>(workspace), workspace_bytes, stream);
-    out.release(norm_range);
+    ends.backward_head(out, targets, n, grad_scale, at<bf16>(dtmp), ws());
+    bf16* dx = ends.dx();
     for (std::size_t l = index.layers.size(); l-- > 0;) {
       const LayerTensors& t = index.layers[l];
       const LayerSlots& s = slots[l];
@@ -167,47 +125,17 @@ struct E29aCuda::Impl {
       float* g = out.acquire(range);
       const LayerGradientsCuda grads{grad_in(g, range, t.w_xz), grad_in(g, range, t.w_h), grad_in(g, range, t.b_h),
                                      grad_in(g, range, t.w_write), grad_in(g, range, t.tape0)};
-      layer->backward(layer_weights(t), at<bf16>(s.normed), at<bf16>(dx), at<bf16>(du), grads, acts[l]);
+      layer->backward(layer_weights(t), at<bf16>(s.normed), dx, at<bf16>(du), grads, acts[l]);
       ops::rmsnorm_backward_cuda(at<bf16>(du), at<bf16>(s.x_in), w(t.norm), at<float>(s.rstd), n, d, at<bf16>(dtmp),
                                  grad_in(g, range, t.norm), at<char>(workspace), workspace_bytes, stream);
       out.release(range);
-      kernels::add_bf16(at<bf16>(dx), at<bf16>(dtmp), n * d, at<bf16>(dx), stream);
+      kernels::add_bf16(dx, at<bf16>(dtmp), n * d, dx, stream);
     }
-    if (!row_windows) {
-      float* embed_grad = head == embed ? head_grad : out.acquire(embed_range);
-      ops::embedding_backward_cuda(ids, n, at<bf16>(dx), vocab, d, embed_grad, at<std::int32_t>(invalid),
-                                   at<char>(embed_workspace), embed_workspace_bytes, stream);
-      out.release(embed_range);
-      return;
-    }
-    ops::embedding_backward_sort_cuda(ids, n, vocab, at<std::int32_t>(invalid), at<char>(embed_workspace),
-                                      embed_workspace_bytes, stream);
-    // Windows of a multiple of 128 rows when the limit allows (aligned logits rows for cuBLASLt).
-    std::int64_t rows = out.max_range_elements() / d;
-    if (rows >= 128) rows = rows / 128 * 128;
-    const auto for_each_window = [&](const optim::Range& tensor, auto fill) {
-      for (std::int64_t r0 = 0; r0 < vocab; r0 += rows) {
-        const std::int64_t r1 = std::min(vocab, r0 + rows);
-        const optim::Range window{tensor.begin + r0 * d, tensor.begin + r1 * d};
-        float* grad = out.acquire(window);
-        fill(r0, r1, grad);
-        out.release(window);
-      }
-    };
-    const auto scatter_embedding = [&](std::int64_t r0, std::int64_t r1, float* grad) {
-      ops::embedding_backward_scatter_cuda(n, at<bf16>(dx), vocab, d, r0, r1, grad, at<char>(embed_workspace),
-                                           embed_workspace_bytes, stream);
-    };
-    for_each_window(head_range, [&](std::int64_t r0, std::int64_t r1, float* grad) {
-      cross_entropy.backward_weight_rows(at<bf16>(x_norm), w(head), targets, at<float>(token_lse),
-                                         at<std::int32_t>(count), n, d, vocab, r0, r1, grad, grad_scale, ws());
-      if (head == embed) scatter_embedding(r0, r1, grad);
-    });
-    if (head != embed) for_each_window(embed_range, scatter_embedding);
+    ends.backward_embedding(out, ids, targets, n, grad_scale, ws());
   }
 
   std::int64_t largest_group() const {
-    std::int64_t largest = std::max(range_of(index.final_norm).size(), c.hidden_size);
+    std::int64_t largest = ends.largest_range();
     for (const optim::Range& r : layer_ranges) largest = std::max(largest, r.size());
     return largest;
   }
@@ -227,28 +155,16 @@ E29aCuda::E29aCuda(const E29aConfig& config, optim::Slab& slab, const core::Devi
     // A layer's tensors are contiguous in the slab (parameter_specs), from its norm to its tape.
     m.layer_ranges.push_back({m.range_of(t.norm).begin, m.range_of(t.tape0).end});
   }
-  Arena a;
+  DeviceArena a;
   const auto n = static_cast<std::size_t>(max_tokens), d = static_cast<std::size_t>(config.hidden_size);
   for (std::size_t l = 0; l < m.index.layers.size(); ++l) {
     m.slots.push_back({a.reserve(n * d * 2), a.reserve(n * d * 2), a.reserve(n * 4)});
   }
-  m.x_final = a.reserve(n * d * 2);
-  m.x_norm = a.reserve(n * d * 2);
-  m.rstd_final = a.reserve(n * 4);
   m.y = a.reserve(n * d * 2);
-  m.dx = a.reserve(n * d * 2);
   m.du = a.reserve(n * d * 2);
   m.dtmp = a.reserve(n * d * 2);
-  m.token_losses = a.reserve(n * 4);
-  m.token_lse = a.reserve(n * 4);
-  m.mean_loss = a.reserve(4);
-  m.count = a.reserve(4);
-  m.invalid = a.reserve(4);
-  m.workspace_bytes = std::max({ops::linear_workspace_bytes(), ops::cross_entropy_workspace_bytes(max_tokens, config.vocab_size),
-                                ops::rmsnorm_backward_workspace_bytes(max_tokens, config.hidden_size)});
+  m.workspace_bytes = LmEndsCuda::workspace_bytes(max_tokens, config.vocab_size, config.hidden_size);
   m.workspace = a.reserve(m.workspace_bytes);
-  m.embed_workspace_bytes = ops::embedding_backward_workspace_bytes(max_tokens, config.vocab_size, config.hidden_size);
-  m.embed_workspace = a.reserve(m.embed_workspace_bytes);
   m.memory = core::Buffer(context.device(), a.size());
   m.memory.fill_bytes(0, context.stream());
 }
@@ -264,32 +180,22 @@ void E29aCuda::forward_backward(const std::int32_t* ids, const std::int32_t* tar
 void E29aCuda::forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) {
   Impl& m = *impl_;
   m.forward(ids, batch, seq);
-  m.cross_entropy.forward(m.at<bf16>(m.x_norm), m.w(m.index.head), targets, batch * seq, m.c.hidden_size,
-                          m.c.vocab_size, m.loss_outputs(), m.ws());
+  m.ends.loss(targets, batch * seq, m.ws());
 }
 
-const float* E29aCuda::loss() const { return impl_->at<float>(impl_->mean_loss); }
-const std::int32_t* E29aCuda::invalid_id_flag() const { return impl_->at<std::int32_t>(impl_->invalid); }
+const float* E29aCuda::loss() const { return impl_->ends.loss_value(); }
+const std::int32_t* E29aCuda::invalid_id_flag() const { return impl_->ends.invalid_id_flag(); }
 
 void E29aCuda::set_gradient_sink(optim::GradientSink* sink) {
   Impl& m = *impl_;
-  if (sink == nullptr) {
-    m.sink = &m.slab_sink;
-    return;
-  }
-  const std::int64_t limit = sink->max_range_elements();
-  if (limit > 0 && limit < m.largest_group()) {
-    throw core::Error("E29aCuda: the gradient sink takes ranges of at most " + std::to_string(limit) +
-                      " elements; the backward needs " + std::to_string(m.largest_group()));
-  }
-  m.sink = sink;
+  m.sink = checked_sink(sink, &m.slab_sink, m.largest_group(), "E29aCuda");
 }
 
 std::int64_t E29aCuda::largest_gradient_range() const { return impl_->largest_group(); }
 
 std::size_t E29aCuda::activation_bytes() const {
   const Impl& m = *impl_;
-  std::size_t bytes = m.memory.bytes();
+  std::size_t bytes = m.memory.bytes() + m.ends.bytes();
   if (m.layer) bytes += m.layer->scratch_bytes() + m.acts.size() * m.layer->activation_bytes();
   return bytes;
 }
@@ -359,7 +265,7 @@ E29aCudaDecoder::E29aCudaDecoder(const E29aConfig& config, optim::Slab& slab, co
   }
   impl_ = std::make_unique<Impl>(config, slab, context, options.max_tokens);
   Impl& m = *impl_;
-  Arena a;
+  DeviceArena a;
   const auto cap = static_cast<std::size_t>(options.max_tokens), d = static_cast<std::size_t>(config.hidden_size);
   const auto layers = static_cast<std::size_t>(config.num_layers);
   m.ids = a.reserve(cap * 4);

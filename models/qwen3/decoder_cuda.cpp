@@ -7,6 +7,7 @@
 
 #include "core/buffer.h"
 #include "core/error.h"
+#include "models/lm_ends_cuda.h"
 #include "models/ops/attention.h"
 #include "models/ops/embedding.h"
 #include "models/ops/linear.h"
@@ -18,24 +19,6 @@
 namespace models::qwen3 {
 
 using decode::bf16;
-
-namespace {
-
-// Offsets of typed arrays in one device allocation (256-byte aligned each).
-class Arena {
- public:
-  std::size_t reserve(std::size_t bytes) {
-    const std::size_t at = size_;
-    size_ = (size_ + bytes + 255) / 256 * 256;
-    return at;
-  }
-  std::size_t size() const { return size_; }
-
- private:
-  std::size_t size_ = 0;
-};
-
-}  // namespace
 
 struct Qwen3CudaDecoder::Impl {
   struct LayerWeights {
@@ -260,7 +243,7 @@ Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab,
   m.cache_bytes = 2 * static_cast<std::size_t>(config.num_layers) * static_cast<std::size_t>(m.capacity) * kv * 2;
   m.cache = core::Buffer(context.device(), m.cache_bytes);
 
-  Arena a;
+  DeviceArena a;
   const auto n = static_cast<std::size_t>(m.chunk), d = static_cast<std::size_t>(config.hidden_size);
   const auto f = static_cast<std::size_t>(config.intermediate_size), qs = static_cast<std::size_t>(config.q_size());
   m.x = a.reserve(n * d * 2);

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include "core/error.h"
+#include "models/lm_ends_cuda.h"
 #include "models/ops/attention.h"
 #include "models/ops/embedding.h"
 #include "models/ops/rmsnorm.h"
@@ -27,19 +28,6 @@ Recompute recompute_from_string(const std::string& name) {
 
 namespace {
 
-// Carves typed arrays out of one device allocation (256-byte aligned each).
-class Arena {
- public:
-  std::size_t reserve(std::size_t bytes) {
-    const std::size_t at = size_;
-    size_ = (size_ + bytes + 255) / 256 * 256;
-    return at;
-  }
-  std::size_t size() const { return size_; }
-
- private:
-  std::size_t size_ = 0;
-};
 
 }  // namespace
 
@@ -53,14 +41,6 @@ struct Qwen3Cuda::Impl {
     int input_norm, qkv, q_norm, k_norm, o_proj, post_norm, gate_up, down;
   };
 
-  // The default sink: gradients accumulate in the slab's own gradient buffer.
-  struct SlabSink final : optim::GradientSink {
-    explicit SlabSink(optim::Slab& s) : slab(s) {}
-    std::int64_t max_range_elements() const override { return 0; }
-    float* acquire(optim::Range range) override { return slab.grad_origin() + range.begin; }
-    void release(optim::Range) override {}
-    optim::Slab& slab;
-  };
   // The gradient ranges of one layer's backward, in the order it finishes them.
   struct LayerGroups {
     optim::Range mlp, attention;
@@ -68,30 +48,27 @@ struct Qwen3Cuda::Impl {
 
   Qwen3Config c;
   optim::Slab& slab;
-  SlabSink slab_sink{slab};
+  SlabGradientSink slab_sink{slab};
   optim::GradientSink* sink = &slab_sink;
   const core::DeviceContext& ctx;
   cudaStream_t stream;
   std::int64_t max_tokens;
   Recompute recompute;
   ops::LinearPlan linear;
-  ops::CrossEntropyPlan cross_entropy;
   int embed = 0, final_norm = 0, head = 0;
+  std::unique_ptr<LmEndsCuda> ends;
   std::vector<LayerWeights> layers;
   std::vector<LayerGroups> groups;  // per layer
 
   core::Buffer memory;
   std::vector<LayerSlots> saved;  // per layer
   LayerSlots scratch{};           // recompute target
-  std::size_t x_final = 0, x_norm = 0, rstd_final = 0, positions = 0;
-  std::size_t dx = 0, dtmp = 0, datt = 0, dqk = 0, dqkv = 0, dgate_up = 0, dact = 0, dh = 0;
-  std::size_t token_losses = 0, token_lse = 0, mean_loss = 0, count = 0, invalid = 0, workspace = 0;
-  std::size_t embed_workspace = 0;  // the embedding backward's sorted ids, kept across its row windows
-  std::size_t workspace_bytes = 0, embed_workspace_bytes = 0;
+  std::size_t positions = 0;
+  std::size_t dtmp = 0, datt = 0, dqk = 0, dqkv = 0, dgate_up = 0, dact = 0, dh = 0;
+  std::size_t workspace = 0, workspace_bytes = 0;
 
   Impl(const Qwen3Config& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens, Recompute r)
-      : c(config), slab(s), ctx(context), stream(context.stream()), max_tokens(tokens), recompute(r), linear(context),
-        cross_entropy(context) {}
+      : c(config), slab(s), ctx(context), stream(context.stream()), max_tokens(tokens), recompute(r), linear(context) {}
 
   template <typename T>
   T* at(std::size_t offset) { return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset); }
@@ -112,7 +89,7 @@ struct Qwen3Cuda::Impl {
   }
   ops::DeviceWorkspace ws() { return {at<char>(workspace), workspace_bytes}; }
 
-  LayerSlots reserve_layer(Arena& a, bool keep_all, bool keep_mlp) {
+  LayerSlots reserve_layer(DeviceArena& a, bool keep_all, bool keep_mlp) {
     const std::size_t n = static_cast<std::size_t>(max_tokens);
     const std::size_t d = static_cast<std::size_t>(c.hidden_size);
     LayerSlots s{};
@@ -137,7 +114,7 @@ struct Qwen3Cuda::Impl {
   }
 
   // One layer forward from s.x_in into out_x (the next layer's input), filling s's slots.
-  void layer_forward(std::size_t l, const LayerSlots& s, std::size_t out_x, std::int64_t batch, std::int64_t seq) {
+  void layer_forward(std::size_t l, const LayerSlots& s, bf16* out_x, std::int64_t batch, std::int64_t seq) {
     const LayerWeights& lw = layers[l];
     const std::int64_t n = batch * seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), qkv = c.qkv_size();
     const std::int64_t qk = qs + kvs, f = c.intermediate_size;
@@ -160,7 +137,7 @@ struct Qwen3Cuda::Impl {
     add_bf16(at<bf16>(s.x_in), at<bf16>(dtmp), at<bf16>(s.x_mid), n * d, stream);
     mlp_forward(l, s, n);
     linear.forward(at<bf16>(s.act), w(lw.down), n, f, d, at<bf16>(dtmp), ws());
-    add_bf16(at<bf16>(s.x_mid), at<bf16>(dtmp), at<bf16>(out_x), n * d, stream);
+    add_bf16(at<bf16>(s.x_mid), at<bf16>(dtmp), out_x, n * d, stream);
   }
 
   // norm -> gate_up -> swiglu from s.x_mid.
@@ -179,7 +156,7 @@ struct Qwen3Cuda::Impl {
     if (recompute == Recompute::full) {
       LayerSlots s = scratch;
       s.x_in = saved[l].x_in;
-      layer_forward(l, s, dh, batch, seq);  // the layer's output is not needed: dh is free here
+      layer_forward(l, s, at<bf16>(dh), batch, seq);  // the layer's output is not needed: dh is free here
       return s;
     }
     LayerSlots s = saved[l];
@@ -202,16 +179,14 @@ struct Qwen3Cuda::Impl {
                         "]");
     }
     fill_positions(at<std::int32_t>(positions), n, seq, stream);
-    ops::embedding_forward_cuda(ids, n, w(embed), c.vocab_size, c.hidden_size, at<bf16>(saved[0].x_in),
-                                at<std::int32_t>(invalid), stream);
+    ends->embed(ids, n, at<bf16>(saved[0].x_in));
     for (std::size_t l = 0; l < layers.size(); ++l) {
       const LayerSlots s = recompute == Recompute::full ? with_input(scratch, saved[l].x_in)
                            : recompute == Recompute::mlp ? with_mlp(saved[l], scratch) : saved[l];
-      const std::size_t next = l + 1 < layers.size() ? saved[l + 1].x_in : x_final;
+      bf16* next = l + 1 < layers.size() ? at<bf16>(saved[l + 1].x_in) : ends->x_final();
       layer_forward(l, s, next, batch, seq);
     }
-    ops::rmsnorm_forward_cuda(at<bf16>(x_final), w(final_norm), n, c.hidden_size, c.rms_norm_eps, at<bf16>(x_norm),
-                              at<float>(rstd_final), stream);
+    ends->final_norm(n);
   }
 
   static LayerSlots with_input(LayerSlots s, std::size_t x_in) {
@@ -224,9 +199,6 @@ struct Qwen3Cuda::Impl {
     return s;
   }
 
-  ops::CrossEntropyDeviceOutputs loss_outputs() {
-    return {at<float>(token_losses), at<float>(mean_loss), at<std::int32_t>(count)};
-  }
 
   // Gradients go to `sink` range by range: the final norm, then per layer its MLP and its
   // attention, then the vocabulary-sized tensors. With a sink of unlimited ranges (the slab) the
@@ -238,25 +210,10 @@ struct Qwen3Cuda::Impl {
   void backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
                 float grad_scale) {
     const std::int64_t n = batch * seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), qkv = c.qkv_size();
-    const std::int64_t qk = qs + kvs, f = c.intermediate_size, vocab = c.vocab_size;
+    const std::int64_t qk = qs + kvs, f = c.intermediate_size;
     optim::GradientSink& out = *sink;
-    const bool row_windows = out.max_range_elements() > 0;
-    const optim::Range head_range = range_of(head), embed_range = range_of(embed);
-    float* head_grad = nullptr;
-    if (row_windows) {
-      cross_entropy.backward_hidden(at<bf16>(x_norm), w(head), targets, n, d, vocab, at<bf16>(dtmp), grad_scale,
-                                    loss_outputs(), at<float>(token_lse), ws());
-    } else {
-      head_grad = out.acquire(head_range);
-      cross_entropy.backward(at<bf16>(x_norm), w(head), targets, n, d, vocab, at<bf16>(dtmp), head_grad, grad_scale,
-                             loss_outputs(), ws());
-      if (head != embed) out.release(head_range);
-    }
-    const optim::Range norm_range = range_of(final_norm);
-    float* norm_grad = out.acquire(norm_range);
-    ops::rmsnorm_backward_cuda(at<bf16>(dtmp), at<bf16>(x_final), w(final_norm), at<float>(rstd_final), n, d,
-                               at<bf16>(dx), norm_grad, at<char>(workspace), workspace_bytes, stream);
-    out.release(norm_range);
+    ends->backward_head(out, targets, n, grad_scale, at<bf16>(dtmp), ws());
+    bf16* dx = ends->dx();
     const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
     const std::int32_t* pos = at<std::int32_t>(positions);
     for (std::size_t l = layers.size(); l-- > 0;) {
@@ -265,7 +222,7 @@ struct Qwen3Cuda::Impl {
       // MLP: out = x_mid + down(swiglu(gate_up(norm(x_mid)))).
       const optim::Range mlp = groups[l].mlp;
       float* mlp_grad = out.acquire(mlp);
-      linear.backward(at<bf16>(dx), at<bf16>(s.act), w(lw.down), n, f, d, at<bf16>(dact), grad_in(mlp_grad, mlp, lw.down),
+      linear.backward(dx, at<bf16>(s.act), w(lw.down), n, f, d, at<bf16>(dact), grad_in(mlp_grad, mlp, lw.down),
                       ws());
       ops::swiglu_backward_cuda(at<bf16>(dact), at<bf16>(s.gate_up), n, f, at<bf16>(dgate_up), stream);
       linear.backward(at<bf16>(dgate_up), at<bf16>(s.h2), w(lw.gate_up), n, d, 2 * f, at<bf16>(dh),
@@ -274,11 +231,11 @@ struct Qwen3Cuda::Impl {
                                  at<bf16>(dtmp), grad_in(mlp_grad, mlp, lw.post_norm), at<char>(workspace),
                                  workspace_bytes, stream);
       out.release(mlp);
-      add_bf16(at<bf16>(dx), at<bf16>(dtmp), at<bf16>(dx), n * d, stream);
+      add_bf16(dx, at<bf16>(dtmp), dx, n * d, stream);
       // Attention: x_mid = x_in + o_proj(attention(rope(norm(q)), rope(norm(k)), v)).
       const optim::Range attention = groups[l].attention;
       float* att_grad = out.acquire(attention);
-      linear.backward(at<bf16>(dx), at<bf16>(s.att), w(lw.o_proj), n, qs, d, at<bf16>(datt),
+      linear.backward(dx, at<bf16>(s.att), w(lw.o_proj), n, qs, d, at<bf16>(datt),
                       grad_in(att_grad, attention, lw.o_proj), ws());
       ops::attention_backward_cuda(shape, {at<std::uint16_t>(s.qk), qk}, {at<std::uint16_t>(s.qk) + qs, qk},
                                    {at<std::uint16_t>(s.qkv) + qs + kvs, qkv}, at<std::uint16_t>(s.att),
@@ -302,47 +259,15 @@ struct Qwen3Cuda::Impl {
                                  at<bf16>(dtmp), grad_in(att_grad, attention, lw.input_norm), at<char>(workspace),
                                  workspace_bytes, stream);
       out.release(attention);
-      add_bf16(at<bf16>(dx), at<bf16>(dtmp), at<bf16>(dx), n * d, stream);
+      add_bf16(dx, at<bf16>(dtmp), dx, n * d, stream);
     }
-    if (!row_windows) {
-      float* embed_grad = head == embed ? head_grad : out.acquire(embed_range);
-      ops::embedding_backward_cuda(ids, n, at<bf16>(dx), vocab, d, embed_grad, at<std::int32_t>(invalid),
-                                   at<char>(embed_workspace), embed_workspace_bytes, stream);
-      out.release(embed_range);
-      return;
-    }
-    ops::embedding_backward_sort_cuda(ids, n, vocab, at<std::int32_t>(invalid), at<char>(embed_workspace),
-                                      embed_workspace_bytes, stream);
-    // Windows of a multiple of 128 rows when the limit allows: an odd width gives the window's
-    // logits rows that are not 16-byte aligned, and cuBLASLt then picks kernels ~20x slower.
-    std::int64_t rows = out.max_range_elements() / d;
-    if (rows >= 128) rows = rows / 128 * 128;
-    // Hands each window [r0, r1) of `tensor`'s rows to `fill` in acquired staging, then releases it.
-    const auto for_each_window = [&](const optim::Range& tensor, auto fill) {
-      for (std::int64_t r0 = 0; r0 < vocab; r0 += rows) {
-        const std::int64_t r1 = std::min(vocab, r0 + rows);
-        const optim::Range window{tensor.begin + r0 * d, tensor.begin + r1 * d};
-        float* grad = out.acquire(window);
-        fill(r0, r1, grad);
-        out.release(window);
-      }
-    };
-    const auto scatter_embedding = [&](std::int64_t r0, std::int64_t r1, float* grad) {
-      ops::embedding_backward_scatter_cuda(n, at<bf16>(dx), vocab, d, r0, r1, grad, at<char>(embed_workspace),
-                                           embed_workspace_bytes, stream);
-    };
-    for_each_window(head_range, [&](std::int64_t r0, std::int64_t r1, float* grad) {
-      cross_entropy.backward_weight_rows(at<bf16>(x_norm), w(head), targets, at<float>(token_lse),
-                                         at<std::int32_t>(count), n, d, vocab, r0, r1, grad, grad_scale, ws());
-      if (head == embed) scatter_embedding(r0, r1, grad);
-    });
-    if (head != embed) for_each_window(embed_range, scatter_embedding);
+    ends->backward_embedding(out, ids, targets, n, grad_scale, ws());
   }
 
   // The largest range the backward acquires from a limited sink: a layer's MLP or attention
   // span, the final norm, or one row of a vocabulary-sized tensor.
   std::int64_t largest_group() const {
-    std::int64_t largest = std::max(range_of(final_norm).size(), c.hidden_size);
+    std::int64_t largest = ends->largest_range();
     for (const LayerGroups& g : groups) largest = std::max({largest, g.mlp.size(), g.attention.size()});
     return largest;
   }
@@ -377,7 +302,10 @@ Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::D
                         m.span({lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, lw.o_proj})});
   }
 
-  Arena a;
+  m.ends = std::make_unique<LmEndsCuda>(
+      context, slab, LmEndsSpec{m.embed, m.final_norm, m.head, config.vocab_size, config.hidden_size, config.rms_norm_eps},
+      max_tokens);
+  DeviceArena a;
   const std::size_t n = static_cast<std::size_t>(max_tokens), d = static_cast<std::size_t>(config.hidden_size);
   const std::size_t f = static_cast<std::size_t>(config.intermediate_size);
   for (std::int64_t l = 0; l < config.num_layers; ++l) {
@@ -386,11 +314,7 @@ Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::D
   if (recompute != Recompute::none) {
     m.scratch = m.reserve_layer(a, true, true);
   }
-  m.x_final = a.reserve(n * d * 2);
-  m.x_norm = a.reserve(n * d * 2);
-  m.rstd_final = a.reserve(n * 4);
   m.positions = a.reserve(n * 4);
-  m.dx = a.reserve(n * d * 2);
   m.dtmp = a.reserve(n * d * 2);
   m.datt = a.reserve(n * static_cast<std::size_t>(config.q_size()) * 2);
   m.dqk = a.reserve(n * static_cast<std::size_t>(config.q_size() + config.kv_size()) * 2);
@@ -398,24 +322,15 @@ Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::D
   m.dgate_up = a.reserve(n * 2 * f * 2);
   m.dact = a.reserve(n * f * 2);
   m.dh = a.reserve(n * d * 2);
-  m.token_losses = a.reserve(n * 4);
-  m.token_lse = a.reserve(n * 4);
-  m.mean_loss = a.reserve(4);
-  m.count = a.reserve(4);
-  m.invalid = a.reserve(4);
   const std::int64_t tokens = max_tokens;
   const ops::AttentionShape widest{1, tokens, config.num_heads, config.num_kv_heads, config.head_dim};
-  m.workspace_bytes = std::max({ops::linear_workspace_bytes(),
-                                ops::cross_entropy_workspace_bytes(tokens, config.vocab_size),
-                                ops::rmsnorm_backward_workspace_bytes(tokens, config.hidden_size),
+  m.workspace_bytes = std::max({LmEndsCuda::workspace_bytes(tokens, config.vocab_size, config.hidden_size),
                                 ops::head_rmsnorm_backward_workspace_bytes(tokens, config.num_heads, config.head_dim),
                                 ops::attention_backward_workspace_bytes(widest)});
   m.workspace = a.reserve(m.workspace_bytes);
-  m.embed_workspace_bytes = ops::embedding_backward_workspace_bytes(tokens, config.vocab_size, config.hidden_size);
-  m.embed_workspace = a.reserve(m.embed_workspace_bytes);
   m.memory = core::Buffer(context.device(), a.size());
   m.memory.fill_bytes(0, context.stream());
-  activation_bytes_ = a.size();
+  activation_bytes_ = a.size() + m.ends->bytes();
 }
 
 Qwen3Cuda::~Qwen3Cuda() = default;
@@ -429,34 +344,24 @@ void Qwen3Cuda::forward_backward(const std::int32_t* ids, const std::int32_t* ta
 void Qwen3Cuda::forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) {
   Impl& m = *impl_;
   m.forward(ids, batch, seq);
-  m.cross_entropy.forward(m.at<bf16>(m.x_norm), m.w(m.head), targets, batch * seq, m.c.hidden_size, m.c.vocab_size,
-                          m.loss_outputs(), m.ws());
+  m.ends->loss(targets, batch * seq, m.ws());
 }
 
 void Qwen3Cuda::logits(const std::int32_t* ids, std::int64_t batch, std::int64_t seq, std::uint16_t* logits) {
   Impl& m = *impl_;
   m.forward(ids, batch, seq);
-  m.linear.forward(m.at<bf16>(m.x_norm), m.w(m.head), batch * seq, m.c.hidden_size, m.c.vocab_size,
+  m.linear.forward(m.ends->x_norm(), m.w(m.head), batch * seq, m.c.hidden_size, m.c.vocab_size,
                    reinterpret_cast<bf16*>(logits), m.ws());
 }
 
 void Qwen3Cuda::set_gradient_sink(optim::GradientSink* sink) {
   Impl& m = *impl_;
-  if (sink == nullptr) {
-    m.sink = &m.slab_sink;
-    return;
-  }
-  const std::int64_t limit = sink->max_range_elements();
-  if (limit > 0 && limit < m.largest_group()) {
-    throw core::Error("Qwen3Cuda: the gradient sink takes ranges of at most " + std::to_string(limit) +
-                      " elements; the backward needs " + std::to_string(m.largest_group()));
-  }
-  m.sink = sink;
+  m.sink = checked_sink(sink, &m.slab_sink, m.largest_group(), "Qwen3Cuda");
 }
 
 std::int64_t Qwen3Cuda::largest_gradient_range() const { return impl_->largest_group(); }
 
-const float* Qwen3Cuda::loss() const { return impl_->at<float>(impl_->mean_loss); }
-const std::int32_t* Qwen3Cuda::invalid_id_flag() const { return impl_->at<std::int32_t>(impl_->invalid); }
+const float* Qwen3Cuda::loss() const { return impl_->ends->loss_value(); }
+const std::int32_t* Qwen3Cuda::invalid_id_flag() const { return impl_->ends->invalid_id_flag(); }
 
 }  // namespace models::qwen3
