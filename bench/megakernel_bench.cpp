@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
   std::int64_t prompt = 32, new_tokens = 1024, context_tokens = 128;
   int repeats = 3;
   bool plain = true, per_token = true;
+  std::int64_t profile_tokens = 0;
   app.add_option("--presets", presets, "comma-separated presets");
   app.add_option("--variants", variants, "comma-separated geometries (see the top of the source)");
   app.add_option("--contexts", contexts, "comma-separated context lengths (empty: none)");
@@ -158,6 +159,8 @@ int main(int argc, char** argv) {
   app.add_option("--plain", plain, "also time the plain CUDA decoder");
   app.add_option("--per-token", per_token, "also time one launch per token");
   app.add_option("--out", out, "JSON file (default: stdout)");
+  app.add_option("--profile", profile_tokens,
+                 "per variant, also this many greedy tokens with every unit timed: where a token's time goes");
   CLI11_PARSE(app, argc, argv);
   try {
     const core::DeviceContext ctx(core::Device::cuda(0));
@@ -273,6 +276,13 @@ int main(int argc, char** argv) {
             context_rows.push_back(c);
           }
           row["contexts"] = context_rows;
+          if (profile_tokens > 0) {
+            decoder.reset();
+            decoder.prefill(prompt_ids);
+            const std::string summary = decoder.profile_greedy(std::min(profile_tokens, capacity - prompt));
+            std::fprintf(stderr, "%s", summary.c_str());
+            row["profile"] = summary;
+          }
         } catch (const core::Error& e) {
           row["error"] = e.what();
           std::fprintf(stderr, "%s %s: %s\n", preset.c_str(), variant.c_str(), e.what());

@@ -386,6 +386,11 @@ struct Consumer {
   int* bcast;     // [4]
   float* merge;   // [merge_floats]
   float* rows;    // [max unit rows] residual rows
+  // Diagnostics: this unit's trace row (null unless tracing), marks 1..6 between start and end.
+  std::uint64_t* trace_row = nullptr;
+  __device__ void mark(int k) {
+    if (trace_row != nullptr && tid == 0) trace_row[k] = globaltimer();
+  }
   // The token being decoded.
   int t = 0;
   std::int64_t position = 0;
@@ -618,11 +623,14 @@ __device__ void run_qkv(Consumer& c, const Unit& u) {
   const int l = u.layer;
   const Where where{static_cast<int>(u.kind), l, c.t};
   if (l > 0) c.wait_counter(p.counter_index.down(l - 1), p.down_units * c.tag, where);
+  c.mark(1);
   c.load_normed_input(l, p.layers[l].input_norm, where);
+  c.mark(2);
   if (l == 0 && u.index == 0 && p.greedy != 0 && p.ids_out != nullptr && c.tid == 0) p.ids_out[c.t] = c.bcast[0];
   std::uint64_t* out = p.qkv + static_cast<std::int64_t>(l) * d.qkv_size;
   const std::uint32_t tag = c.tag;
   c.matvec(u, [&](int row, float v, float) { st_tagged(out + row, v, tag); }, where);
+  c.mark(3);
   if (!c.finish()) return;
   if (c.tid == 0) {
     for (int g = 0; g < d.kv_heads; ++g) {
@@ -659,6 +667,7 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
   float* weights = head_state + group * (hd + 2);        // [group * max_splits * 2] merge scratch
 
   c.wait_counter(p.counter_index.group(l, g), static_cast<std::uint32_t>(p.group_counts[g]) * c.tag, where);
+  c.mark(1);
   // The arrival count when this token began (published by the previous token's merger).
   std::uint64_t* base_word = p.base + static_cast<std::int64_t>(l) * d.kv_heads + g;
   const std::uint64_t base_first = c.tid == 0 ? ld_tagged(base_word) : 0;
@@ -673,6 +682,7 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
            },
            [&](int j, float v) { raw[j] = v; });
   consumer_sync(c.threads);
+  c.mark(2);
 
   // Per-head RMSNorm and RoPE of the query heads (vectors 0..group-1) and of k (vector group).
   const LayerWeights& lw = p.layers[l];
@@ -724,6 +734,7 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
     }
   }
   consumer_sync(c.threads);
+  c.mark(3);
 
   // Online softmax (base 2) per warp. A writer's warp 0 takes the current position, the other
   // warps the cached ones.
@@ -827,6 +838,7 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
     }
     c.page_release();
   }
+  c.mark(4);
   if (writer && c.warp == 0) {
     float kf[E], vf[E];
 #pragma unroll
@@ -871,6 +883,7 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
       consumer_sync(c.threads);
     }
   }
+  c.mark(5);
   // The base count: a tagged word of the previous token (its value is needed before arriving).
   std::uint32_t base = 0;
   if (c.tid == 0 && c.ok) base = static_cast<std::uint32_t>(c.await_word(base_word, base_first, c.epoch, where));
@@ -936,6 +949,7 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
       if (c.tid == 0) st_tagged_u32(base_word, base + static_cast<std::uint32_t>(splits), c.tag);
     }
   }
+  c.mark(6);
   if (!c.finish()) return;
   if (c.tid == 0) {
     if (writer) red_add_release(c.counter(p.counter_index.cache(l)), 1);  // after the barrier in finish()
@@ -950,6 +964,7 @@ __device__ void run_o_proj(Consumer& c, const Unit& u) {
   const int l = u.layer, n = u.b - u.a;
   const Where where{static_cast<int>(u.kind), l, c.t};
   c.wait_counter(p.counter_index.attention(l), static_cast<std::uint32_t>(p.attention_slots) * c.tag, where);
+  c.mark(1);
   // The attention output of every head (merged over the chunks by the attention units), and the
   // residual rows (the embedding's at layer 0), loaded together.
   const std::uint64_t* att = p.att + static_cast<std::int64_t>(l) * d.q_size;
@@ -969,11 +984,13 @@ __device__ void run_o_proj(Consumer& c, const Unit& u) {
                    }
                  });
   consumer_sync(c.threads);
+  c.mark(2);
   std::uint64_t* out = p.x_mid + static_cast<std::int64_t>(l) * d.hidden;
   const std::uint32_t tag = c.tag;
   const float* rows = c.rows;
   const int a = u.a;
   c.matvec(u, [&](int row, float v, float) { st_tagged(out + row, rows[row - a] + v, tag); }, where);
+  c.mark(3);
   if (!c.finish()) return;
   if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.o_proj(l)), 1);
 }
@@ -984,6 +1001,7 @@ __device__ void run_gate_up(Consumer& c, const Unit& u) {
   const int l = u.layer;
   const Where where{static_cast<int>(u.kind), l, c.t};
   c.wait_counter(p.counter_index.o_proj(l), static_cast<std::uint32_t>(p.o_units) * c.tag, where);
+  c.mark(1);
   float ss = 0.0f;
   c.gather(p.x_mid + static_cast<std::int64_t>(l) * d.hidden, d.hidden, where, [](int j) { return j; },
            [&](int j, float v) {
@@ -991,6 +1009,7 @@ __device__ void run_gate_up(Consumer& c, const Unit& u) {
              ss += v * v;
            });
   c.normalise(d.hidden, ss, p.layers[l].post_norm);
+  c.mark(2);
   std::uint64_t* out = p.act + static_cast<std::int64_t>(l) * d.ffn;
   const std::uint32_t tag = c.tag;
   c.matvec(u,
@@ -999,6 +1018,7 @@ __device__ void run_gate_up(Consumer& c, const Unit& u) {
              st_tagged(out + row, silu * up, tag);
            },
            where);
+  c.mark(3);
   if (!c.finish()) return;
   if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.gate_up(l)), 1);
 }
@@ -1009,6 +1029,7 @@ __device__ void run_down(Consumer& c, const Unit& u) {
   const int l = u.layer, n = u.b - u.a;
   const Where where{static_cast<int>(u.kind), l, c.t};
   c.wait_counter(p.counter_index.gate_up(l), static_cast<std::uint32_t>(p.gate_up_units) * c.tag, where);
+  c.mark(1);
   // act and the residual rows, loaded together.
   const std::uint64_t* act = p.act + static_cast<std::int64_t>(l) * d.ffn;
   const std::uint64_t* residual = p.x_mid + static_cast<std::int64_t>(l) * d.hidden + u.a;
@@ -1021,11 +1042,13 @@ __device__ void run_down(Consumer& c, const Unit& u) {
                    }
                  });
   consumer_sync(c.threads);
+  c.mark(2);
   std::uint64_t* out = p.x + static_cast<std::int64_t>(l + 1) * d.hidden;
   const std::uint32_t tag = c.tag;
   const float* rows = c.rows;
   const int a = u.a;
   c.matvec(u, [&](int row, float v, float) { st_tagged(out + row, rows[row - a] + v, tag); }, where);
+  c.mark(3);
   if (!c.finish()) return;
   if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.down(l)), 1);
 }
@@ -1113,6 +1136,11 @@ __device__ void run_consumer(const Params& p, unsigned char* smem, std::uint64_t
     c.begin_token(t);
     for (int i = 0; i < unit_count; ++i) {
       const Unit u = units[i];
+      std::uint64_t* trace = p.trace == nullptr ? nullptr
+                             : p.trace + kTraceWords * (static_cast<std::int64_t>(t) * p.block_begin[gridDim.x] +
+                                                        p.block_begin[blockIdx.x] + i);
+      c.trace_row = trace;
+      c.mark(0);
       switch (u.kind) {
         case UnitKind::qkv: run_qkv(c, u); break;
         case UnitKind::attention: run_attention<E, G>(c, u); break;
@@ -1122,6 +1150,7 @@ __device__ void run_consumer(const Params& p, unsigned char* smem, std::uint64_t
         case UnitKind::lm_head: run_lm_head(c, u); break;
         case UnitKind::argmax: run_argmax(c, u); break;
       }
+      c.mark(kTraceWords - 1);
       if (!c.ok) return;  // finish() made every consumer agree
     }
   }

@@ -205,6 +205,8 @@ struct LayerWeights {
 // Everything the kernel reads. Activations between units are "tagged": 64-bit words holding an
 // fp32 value (low half) and the epoch + 1 of the token that wrote it (high half), stored and loaded
 // as single 64-bit accesses, so a reader knows a value is this token's without any fence.
+inline constexpr int kTraceWords = 8;
+
 struct Params {
   Dims dims;
   Geometry geo;
@@ -259,6 +261,12 @@ struct Params {
   int hint_wait = 1;    // wait on the phase counter before reading tagged inputs
   int evict_first = 1;  // stream weights and cache with an L2 evict-first policy
   std::int64_t timeout_ns = 0;
+  // Diagnostics (may be null): [tokens, units, kTraceWords] %globaltimer of each unit (in Schedule
+  // order), recorded by its first consumer thread: word 0 at its start, the last at its end, marks
+  // between (matrix units: 1 inputs' phase complete, 2 inputs loaded, 3 products stored;
+  // attention: 1 q/k/v complete, 2 loaded, 3 normed and roped, 4 cache pages done, 5 warps merged,
+  // 6 output stored).
+  std::uint64_t* trace = nullptr;
 };
 
 // The units of every block, in the order the block runs them each token, and the per-token unit

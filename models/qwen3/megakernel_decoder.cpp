@@ -1,6 +1,7 @@
 #include "models/qwen3/megakernel_decoder.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -375,6 +376,107 @@ void MegakernelDecoder::greedy(std::int64_t count, std::int32_t* ids_out) {
   p.logits = m.logits;
   p.logits_first = static_cast<int>(count - 1);
   m.launch(p, static_cast<int>(count));
+}
+
+std::string MegakernelDecoder::profile_greedy(std::int64_t count) {
+  Impl& m = *impl_;
+  if (count <= 0) return {};
+  if (!m.has_logits) throw core::InputError("decoder: profile_greedy() needs logits first (prefill or step)");
+  m.check_room(count);
+  constexpr int kWords = mk::kTraceWords;
+  const std::vector<mk::Unit>& units = m.schedule.units;
+  const std::size_t words = static_cast<std::size_t>(count) * units.size() * kWords;
+  core::Buffer trace(m.ctx.device(), words * 8);
+  CUDA_CHECK(cudaMemsetAsync(trace.data(), 0, words * 8, m.stream));
+  mk::Params p = m.base;
+  p.greedy = 1;
+  p.logits = m.logits;
+  p.logits_first = static_cast<int>(count - 1);
+  p.trace = trace.as<std::uint64_t>();
+  m.launch(p, static_cast<int>(count));
+  check();
+  std::vector<std::uint64_t> host(words);
+  CUDA_CHECK(cudaMemcpy(host.data(), trace.data(), words * 8, cudaMemcpyDeviceToHost));
+
+  // Phases in chain order per token: qkv, attention, o_proj, gate_up, down per layer, then lm_head
+  // and argmax; each phase's inputs are complete when the one before it has ended.
+  const int layers = static_cast<int>(m.c.num_layers), kinds = 7;
+  const int phases = layers * 5 + 2;
+  auto phase_of = [&](const mk::Unit& u) {
+    const int k = static_cast<int>(u.kind);
+    return k <= static_cast<int>(mk::UnitKind::down) ? u.layer * 5 + k : layers * 5 + (k - 5);
+  };
+  auto kind_of_phase = [&](int ph) { return ph < layers * 5 ? ph % 5 : 5 + (ph - layers * 5); };
+  std::vector<double> added(kinds, 0.0), median_after(kinds, 0.0), slowest_after(kinds, 0.0);
+  std::vector<int> samples(kinds, 0), marked(kinds, 0);
+  std::vector<std::array<double, kWords>> steps(kinds);  // mean time between consecutive marks
+  for (auto& row : steps) row.fill(0.0);
+  double token_ns = 0.0;
+  const std::int64_t skip = std::min<std::int64_t>(2, count - 1);  // the first tokens warm up
+  for (std::int64_t t = skip; t < count; ++t) {
+    const std::uint64_t* row = host.data() + static_cast<std::size_t>(t) * units.size() * kWords;
+    std::vector<std::uint64_t> end_max(static_cast<std::size_t>(phases), 0);
+    std::vector<std::uint64_t> start_min(static_cast<std::size_t>(phases), ~0ull);
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      const auto ph = static_cast<std::size_t>(phase_of(units[i]));
+      end_max[ph] = std::max(end_max[ph], row[kWords * i + kWords - 1]);
+      start_min[ph] = std::min(start_min[ph], row[kWords * i]);
+    }
+    std::vector<std::vector<double>> after(static_cast<std::size_t>(phases));
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      const int ph = phase_of(units[i]);
+      const std::uint64_t* w = row + kWords * i;
+      const std::uint64_t ready = ph == 0 ? start_min[0] : end_max[static_cast<std::size_t>(ph - 1)];
+      const std::uint64_t end = w[kWords - 1], begun = std::min(std::max(ready, w[0]), end);
+      after[static_cast<std::size_t>(ph)].push_back(static_cast<double>(end - begun));
+      // Units that set mark 1 (active ones): the time between consecutive marks they set.
+      if (w[1] == 0) continue;
+      auto& st = steps[static_cast<std::size_t>(kind_of_phase(ph))];
+      std::uint64_t last = w[0];
+      for (int k = 1; k < kWords; ++k) {
+        if (w[k] == 0) continue;
+        st[static_cast<std::size_t>(k)] += static_cast<double>(w[k] - std::min(last, w[k]));
+        last = w[k];
+      }
+      ++marked[static_cast<std::size_t>(kind_of_phase(ph))];
+    }
+    for (int ph = 0; ph < phases; ++ph) {
+      auto& a = after[static_cast<std::size_t>(ph)];
+      if (a.empty()) continue;
+      const auto kind = static_cast<std::size_t>(kind_of_phase(ph));
+      std::sort(a.begin(), a.end());
+      const std::uint64_t previous = ph == 0 ? start_min[0] : end_max[static_cast<std::size_t>(ph - 1)];
+      added[kind] += static_cast<double>(end_max[static_cast<std::size_t>(ph)] - previous);
+      median_after[kind] += a[a.size() / 2];
+      slowest_after[kind] += a.back();
+      ++samples[kind];
+    }
+    token_ns += static_cast<double>(end_max[static_cast<std::size_t>(phases - 1)] - start_min[0]);
+  }
+  const double tokens = static_cast<double>(count - skip);
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "per token %.1f us over %lld tokens. Per phase kind (us): time added to the token's path, median / "
+                "slowest unit once its inputs were complete; active units' mean time between marks 0>1>...>end\n",
+                token_ns / tokens / 1000.0, static_cast<long long>(tokens));
+  std::string out = line;
+  for (int k = 0; k < kinds; ++k) {
+    const auto i = static_cast<std::size_t>(k);
+    if (samples[i] == 0) continue;
+    const double n = samples[i];
+    std::snprintf(line, sizeof(line), "  %-9s x%-3d %7.2f  %6.2f / %6.2f  |", kind_name(k),
+                  static_cast<int>(n / tokens + 0.5), added[i] / n / 1000.0, median_after[i] / n / 1000.0,
+                  slowest_after[i] / n / 1000.0);
+    out += line;
+    if (marked[i] > 0) {
+      for (int w = 1; w < kWords; ++w) {
+        std::snprintf(line, sizeof(line), " %5.2f", steps[i][static_cast<std::size_t>(w)] / marked[i] / 1000.0);
+        out += line;
+      }
+    }
+    out += "\n";
+  }
+  return out;
 }
 
 void MegakernelDecoder::check() const {

@@ -65,6 +65,10 @@ class MegakernelDecoder final : public Decoder {
 
   // Benchmarks: `position` tokens in the cache (random rows, as if decoded) without running them.
   void fake_context(std::int64_t position, std::uint64_t seed);
+  // Diagnostics: greedy(count) with every unit's start and end recorded, summarised per phase
+  // kind over the tokens and layers: the time each phase adds to the token's critical path, and
+  // how long its units took once their inputs were complete (median and slowest). Synchronises.
+  std::string profile_greedy(std::int64_t count);
   // Tests: the next launch waits on a word that nothing writes (it must abort at the deadline).
   void stall_next_launch();
 
