@@ -66,6 +66,12 @@ struct HfTensor {
   bool tied_copy = false;
 };
 
+// The index of parameter `name` in `params` (core::Error naming `family` when there is none).
+int param_index(const std::vector<optim::ParamSpec>& params, const std::string& name, const std::string& family);
+
+// The lm_head.weight entry of a tied head: the embedding's rows, optional in a folder.
+HfTensor tied_head_tensor(int embed_param, std::int64_t vocab, std::int64_t hidden);
+
 // Options of the trainable model on a backend.
 struct TrainableOptions {
   std::int64_t max_tokens = 0;  // batch x seq of the largest micro-batch

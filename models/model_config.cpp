@@ -239,4 +239,16 @@ std::int64_t ModelSpec::parameter_count() const {
   return n;
 }
 
+int param_index(const std::vector<optim::ParamSpec>& params, const std::string& name, const std::string& family) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].name == name) return static_cast<int>(i);
+  }
+  throw core::Error(family + ": no parameter '" + name + "'");
+}
+
+HfTensor tied_head_tensor(int embed_param, std::int64_t vocab, std::int64_t hidden) {
+  return {.name = "lm_head.weight", .param = embed_param, .row_offset = 0, .rows = vocab, .shape = {vocab, hidden},
+          .optional = true, .tied_copy = true};
+}
+
 }  // namespace models

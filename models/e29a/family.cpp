@@ -97,9 +97,7 @@ class E29aSpec final : public ModelSpec {
       out.push_back({.name = name, .param = param, .row_offset = 0, .rows = spec.shape[0], .shape = spec.shape});
     }
     if (config_.tie_word_embeddings) {
-      out.push_back({.name = "lm_head.weight", .param = find("embed_tokens"), .row_offset = 0,
-                     .rows = config_.vocab_size, .shape = {config_.vocab_size, config_.hidden_size},
-                     .optional = true, .tied_copy = true});
+      out.push_back(tied_head_tensor(find("embed_tokens"), config_.vocab_size, config_.hidden_size));
     }
     return out;
   }
@@ -116,12 +114,7 @@ class E29aSpec final : public ModelSpec {
   }
 
  private:
-  int find(const std::string& name) const {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i].name == name) return static_cast<int>(i);
-    }
-    throw core::Error("E29a: no parameter '" + name + "'");
-  }
+  int find(const std::string& name) const { return param_index(params_, name, "E29a"); }
 
   std::string name_ = "e29a";
   Shape shape_;

@@ -122,9 +122,7 @@ class Qwen3Spec final : public ModelSpec {
       out.push_back({.name = name, .param = param, .row_offset = loc.row_offset, .rows = loc.rows, .shape = shape});
     }
     if (config_.tie_word_embeddings) {
-      out.push_back({.name = "lm_head.weight", .param = find("embed_tokens"), .row_offset = 0,
-                     .rows = config_.vocab_size, .shape = {config_.vocab_size, config_.hidden_size},
-                     .optional = true, .tied_copy = true});
+      out.push_back(tied_head_tensor(find("embed_tokens"), config_.vocab_size, config_.hidden_size));
     }
     return out;
   }
@@ -143,12 +141,7 @@ class Qwen3Spec final : public ModelSpec {
   }
 
  private:
-  int find(const std::string& name) const {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i].name == name) return static_cast<int>(i);
-    }
-    throw core::Error("Qwen3: no parameter '" + name + "'");
-  }
+  int find(const std::string& name) const { return param_index(params_, name, "Qwen3"); }
 
   std::string name_ = "qwen3";
   Shape shape_;
