@@ -9,7 +9,7 @@ target_link_libraries(test_decoder_bpe PRIVATE text_data)
 # tests/models/gpu_watchdog.h also ends the process from inside).
 foreach(name test_decoder_gpu test_sampling_gpu)
   add_executable(${name} models/${name}.cpp)
-  target_link_libraries(${name} PRIVATE test_support GTest::gtest_main models)
+  target_link_libraries(${name} PRIVATE test_support GTest::gtest_main models OpenMP::OpenMP_CXX)
   target_compile_definitions(${name} PRIVATE LLMTRAIN_FIXTURES_DIR="${CMAKE_CURRENT_SOURCE_DIR}/fixtures")
   gtest_discover_tests(${name} PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "SKIPPED" TIMEOUT 180
                        DISCOVERY_TIMEOUT 60)

@@ -34,6 +34,7 @@
 #include "models/qwen3/model_cuda.h"
 #include "models/qwen3/safetensors.h"
 #include "gpu_watchdog.h"
+#include "qwen3_gpu_test_model.h"
 #include "support/test_support.h"
 
 namespace {
@@ -47,16 +48,7 @@ constexpr double kLogitsTolerance = 2e-2;  // bf16 activations, normwise relativ
 constexpr double kHalfUlp = 1.0 / 256;     // bf16 rounding, relative (half of 2^-7)
 constexpr std::uint16_t kPoison = 0xFFFF;  // a bf16 NaN
 
-std::string fixture(const std::string& name) { return std::string(LLMTRAIN_FIXTURES_DIR) + "/qwen3/" + name; }
 
-double normwise(const float* a, const float* b, std::size_t n) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-300));
-}
 
 float round_bf16(double v) { return core::bf16_to_float(core::float_to_bf16(static_cast<float>(v))); }
 
@@ -80,80 +72,29 @@ core::Buffer device_copy(const std::vector<T>& values) {
 template <typename T>
 T* ptr(core::Buffer& b) { return static_cast<T*>(b.data()); }
 
-// A model on the host (fp32 master holding bf16-representable values) and on the GPU (the same
-// values, bf16 mirror).
-struct Model {
-  q3::Qwen3Config config;
-  core::DeviceContext cpu{core::Device::cpu()};
-  core::DeviceContext gpu{core::Device::cuda(0)};
-  std::unique_ptr<optim::Slab> host, device;
+using Model = test::Qwen3GpuTestModel;
+using test::normwise;
 
-  explicit Model(const q3::Qwen3Config& c) : config(c) {
-    host = std::make_unique<optim::Slab>(optim::SlabLayout(q3::parameter_specs(config), 1), cpu);
-  }
-  // Rounds the host weights to bf16 and uploads them.
-  void upload() {
-    float* master = host->master().as<float>();
-    const std::size_t n = host->master().bytes() / 4;
-    for (std::size_t i = 0; i < n; ++i) master[i] = round_bf16(master[i]);
-    device = std::make_unique<optim::Slab>(host->layout(), gpu);
-    test::from_host(device->master(), test::to_host<float>(host->master()));
-    device->write_mirror(gpu);
-    gpu.synchronize();
-  }
-  static Model fixture_model(const std::string& name) {
-    Model m(q3::read_hf_config(fixture(name)));
-    q3::load_hf_weights(fixture(name), m.config, *m.host);
-    m.upload();
-    return m;
-  }
-  static Model random_model(const q3::Qwen3Config& config, std::uint64_t seed) {
-    Model m(config);
-    q3::Qwen3Model(config, *m.host).initialize(seed);
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> noise(0.0f, 0.2f);
-    float* master = m.host->master().as<float>();
-    for (const auto& t : m.host->layout().tensors()) {
-      if (t.spec.name.find("norm") == std::string::npos) continue;
-      for (std::int64_t i = 0; i < t.numel; ++i) master[t.offset + i] += noise(rng);
-    }
-    m.upload();
-    return m;
-  }
-  // CPU fp32 full forward of `ids` (every position).
-  std::vector<float> cpu_logits(const std::vector<std::int32_t>& ids) {
-    q3::Qwen3Model model(config, *host);
-    std::vector<float> out(ids.size() * static_cast<std::size_t>(config.vocab_size));
-    model.logits(ids, 1, static_cast<std::int64_t>(ids.size()), out);
-    return out;
-  }
-  // CUDA bf16 full forward of `ids`.
-  std::vector<float> cuda_logits(const std::vector<std::int32_t>& ids) {
-    const auto n = static_cast<std::int64_t>(ids.size());
-    q3::Qwen3Cuda model(config, *device, gpu, n, q3::Recompute::none);
-    core::Buffer ids_d = device_copy(ids);
-    core::Buffer out(gpu.device(), static_cast<std::size_t>(n * config.vocab_size) * 2);
-    model.logits(ptr<std::int32_t>(ids_d), 1, n, ptr<std::uint16_t>(out));
-    gpu.synchronize();
-    return to_floats(test::to_host<std::uint16_t>(out));
-  }
-};
-
-q3::Qwen3Config small_config(std::int64_t vocab, std::int64_t hidden, std::int64_t inter, std::int64_t layers,
-                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, bool tied) {
-  q3::Qwen3Config c;
-  c.vocab_size = vocab;
-  c.hidden_size = hidden;
-  c.intermediate_size = inter;
-  c.num_layers = layers;
-  c.num_heads = heads;
-  c.num_kv_heads = kv_heads;
-  c.head_dim = head_dim;
-  c.tie_word_embeddings = tied;
-  c.rope_theta = 500.0;  // short wavelengths: positions matter at these lengths
-  c.max_position_embeddings = 8192;
-  return c;
+// CPU fp32 full forward of `ids` (every position).
+std::vector<float> cpu_logits(Model& m, const std::vector<std::int32_t>& ids) {
+  q3::Qwen3Model model(m.config, *m.host);
+  std::vector<float> out(ids.size() * static_cast<std::size_t>(m.config.vocab_size));
+  model.logits(ids, 1, static_cast<std::int64_t>(ids.size()), out);
+  return out;
 }
+
+// CUDA bf16 full forward of `ids`.
+std::vector<float> cuda_logits(Model& m, const std::vector<std::int32_t>& ids) {
+  const auto n = static_cast<std::int64_t>(ids.size());
+  q3::Qwen3Cuda model(m.config, *m.device, m.gpu, n, q3::Recompute::none);
+  core::Buffer ids_d = device_copy(ids);
+  core::Buffer out(m.gpu.device(), static_cast<std::size_t>(n * m.config.vocab_size) * 2);
+  model.logits(ptr<std::int32_t>(ids_d), 1, n, ptr<std::uint16_t>(out));
+  m.gpu.synchronize();
+  return to_floats(test::to_host<std::uint16_t>(out));
+}
+
+using test::small_config;
 
 std::vector<float> host_logits(const models::Decoder& decoder, std::int64_t vocab) {
   std::vector<float> out(static_cast<std::size_t>(vocab));
@@ -203,8 +144,8 @@ double worst_rows(const std::vector<float>& got, const std::vector<float>& expec
 void check_teacher_forcing(Model& m, const std::vector<std::int32_t>& ids, const std::vector<std::size_t>& splits,
                            const std::string& what, q3::CudaDecoderSettings settings = {}) {
   const std::int64_t vocab = m.config.vocab_size;
-  const auto cpu = m.cpu_logits(ids);
-  const auto cuda = m.cuda_logits(ids);
+  const auto cpu = cpu_logits(m, ids);
+  const auto cuda = cuda_logits(m, ids);
   const auto n = static_cast<std::int64_t>(ids.size());
   q3::Qwen3CudaDecoder graphed(m.config, *m.device, m.gpu, {.max_tokens = n}, settings);
   settings.cuda_graph = false;
@@ -228,7 +169,7 @@ void check_teacher_forcing(Model& m, const std::vector<std::int32_t>& ids, const
 }
 
 std::vector<std::int32_t> fixture_ids(const std::string& name) {
-  const models::SafetensorsFile expected(fixture(name) + "/expected.safetensors");
+  const models::SafetensorsFile expected(test::qwen3_fixture(name) + "/expected.safetensors");
   const auto ids64 = expected.read_i64("input_ids");
   const std::int64_t seq = expected.entry("input_ids").shape[1];
   return std::vector<std::int32_t>(ids64.begin(), ids64.begin() + seq);
@@ -247,7 +188,7 @@ TEST(DecoderGpu, TeacherForcingMatchesFullForwardOnFixtures) {
     const auto ids = fixture_ids(name);
     check_teacher_forcing(m, ids, {1, 5, ids.size()}, name);
     // And against transformers' fp32 logits of the same sequence.
-    const models::SafetensorsFile expected(fixture(name) + "/expected.safetensors");
+    const models::SafetensorsFile expected(test::qwen3_fixture(name) + "/expected.safetensors");
     const auto hf = expected.read_f32("logits");
     q3::Qwen3CudaDecoder decoder(m.config, *m.device, m.gpu, {.max_tokens = static_cast<std::int64_t>(ids.size())});
     const auto rows = teacher_forced(decoder, ids, 1, m.config.vocab_size);
@@ -287,7 +228,7 @@ TEST(DecoderGpu, LongContextCrossesWiderSplits) {
   const auto config = small_config(64, 64, 64, 1, 2, 1, 64, true);
   Model m = Model::random_model(config, rng());
   const auto ids = random_ids(rng, 4310, config.vocab_size);
-  const auto cpu = m.cpu_logits(ids);
+  const auto cpu = cpu_logits(m, ids);
   q3::Qwen3CudaDecoder decoder(m.config, *m.device, m.gpu, {.max_tokens = 4310});
   decoder.prefill({ids.data(), 4300});
   const auto v = static_cast<std::size_t>(config.vocab_size);

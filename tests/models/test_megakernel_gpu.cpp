@@ -36,6 +36,7 @@
 #include "models/qwen3/megakernel_decoder.h"
 #include "models/qwen3/model.h"
 #include "models/qwen3/safetensors.h"
+#include "qwen3_gpu_test_model.h"
 #include "support/test_support.h"
 
 namespace {
@@ -50,16 +51,7 @@ constexpr double kVsPlain = 3e-2;
     if (::core::cuda_device_count() == 0) GTEST_SKIP() << "SKIPPED: no CUDA device available"; \
   } while (0)
 
-std::string fixture(const std::string& name) { return std::string(LLMTRAIN_FIXTURES_DIR) + "/qwen3/" + name; }
 
-double normwise(const float* a, const float* b, std::size_t n) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-300));
-}
 
 std::vector<float> download(const float* device, std::size_t n) {
   std::vector<float> out(n);
@@ -68,97 +60,32 @@ std::vector<float> download(const float* device, std::size_t n) {
   return out;
 }
 
-// Host fp32 master (bf16-representable values) and the same weights on the GPU.
-struct Model {
-  q3::Qwen3Config config;
-  core::DeviceContext cpu{core::Device::cpu()};
-  core::DeviceContext gpu{core::Device::cuda(0)};
-  std::unique_ptr<optim::Slab> host, device;
+using Model = test::Qwen3GpuTestModel;
+using test::normwise;
 
-  explicit Model(const q3::Qwen3Config& c) : config(c) {
-    host = std::make_unique<optim::Slab>(optim::SlabLayout(q3::parameter_specs(config), 1), cpu);
-  }
-  void upload() {
-    float* master = host->master().as<float>();
-    const std::size_t n = host->master().bytes() / 4;
-#pragma omp parallel for
-    for (std::size_t i = 0; i < n; ++i) master[i] = core::bf16_to_float(core::float_to_bf16(master[i]));
-    device = std::make_unique<optim::Slab>(host->layout(), gpu);
-    core::copy_bytes(device->master().data(), master, host->master().bytes(), gpu.stream());
-    gpu.synchronize();
-    device->write_mirror(gpu);
-    gpu.synchronize();
-  }
-  static Model fixture_model(const std::string& name) {
-    Model m(q3::read_hf_config(fixture(name)));
-    q3::load_hf_weights(fixture(name), m.config, *m.host);
-    m.upload();
-    return m;
-  }
-  // Initialised weights; the norms' weights get noise so they matter.
-  static Model random_model(const q3::Qwen3Config& config, std::uint64_t seed) {
-    Model m(config);
-    // As Qwen3Model::initialize (each tensor's init), in parallel: 0.6B-sized shapes take seconds.
-    float* weights = m.host->master().as<float>();
-    const auto& tensors = m.host->layout().tensors();
-    for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const auto& spec = tensors[t].spec;
-      const std::uint64_t tensor_seed = core::splitmix64(seed ^ core::splitmix64(t + 1));
-      float* w = weights + tensors[t].offset;
-#pragma omp parallel for
-      for (std::int64_t i = 0; i < tensors[t].numel; ++i) {
-        w[i] = spec.init == optim::InitKind::ones ? 1.0f
-               : spec.init == optim::InitKind::zeros ? 0.0f
-                                                      : spec.init_std * core::normal01(tensor_seed, static_cast<std::uint64_t>(i));
-      }
-    }
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> noise(0.0f, 0.2f);
-    float* master = m.host->master().as<float>();
-    for (const auto& t : m.host->layout().tensors()) {
-      if (t.spec.name.find("norm") == std::string::npos) continue;
-      for (std::int64_t i = 0; i < t.numel; ++i) master[t.offset + i] += noise(rng);
-    }
-    m.upload();
-    return m;
-  }
-  // CPU decoder: logits of every position of `ids` (one prefill).
-  std::vector<float> cpu_logits(const std::vector<std::int32_t>& ids) {
-    q3::Qwen3CpuDecoder decoder(config, *host, cpu, {.max_tokens = static_cast<std::int64_t>(ids.size())});
-    std::vector<float> out(ids.size() * static_cast<std::size_t>(config.vocab_size));
-    decoder.prefill(ids, out.data());
-    return out;
-  }
-  // Plain CUDA decoder: prefill of ids[0], then one step per id (fp32 logits of each).
-  std::vector<float> plain_logits(const std::vector<std::int32_t>& ids) {
-    const auto v = static_cast<std::size_t>(config.vocab_size);
-    q3::Qwen3CudaDecoder decoder(config, *device, gpu, {.max_tokens = static_cast<std::int64_t>(ids.size())});
-    std::vector<float> out(ids.size() * v);
-    decoder.prefill({ids.data(), 1});
-    for (std::size_t t = 0; t < ids.size(); ++t) {
-      if (t > 0) decoder.step(ids[t]);
-      const auto row = download(decoder.logits(), v);
-      std::copy(row.begin(), row.end(), out.begin() + static_cast<std::ptrdiff_t>(t * v));
-    }
-    return out;
-  }
-};
-
-q3::Qwen3Config small_config(std::int64_t vocab, std::int64_t hidden, std::int64_t inter, std::int64_t layers,
-                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, bool tied) {
-  q3::Qwen3Config c;
-  c.vocab_size = vocab;
-  c.hidden_size = hidden;
-  c.intermediate_size = inter;
-  c.num_layers = layers;
-  c.num_heads = heads;
-  c.num_kv_heads = kv_heads;
-  c.head_dim = head_dim;
-  c.tie_word_embeddings = tied;
-  c.rope_theta = 500.0;
-  c.max_position_embeddings = 8192;
-  return c;
+// CPU decoder: logits of every position of `ids` (one prefill).
+std::vector<float> cpu_logits(Model& m, const std::vector<std::int32_t>& ids) {
+  q3::Qwen3CpuDecoder decoder(m.config, *m.host, m.cpu, {.max_tokens = static_cast<std::int64_t>(ids.size())});
+  std::vector<float> out(ids.size() * static_cast<std::size_t>(m.config.vocab_size));
+  decoder.prefill(ids, out.data());
+  return out;
 }
+
+// Plain CUDA decoder: prefill of ids[0], then one step per id (fp32 logits of each).
+std::vector<float> plain_logits(Model& m, const std::vector<std::int32_t>& ids) {
+  const auto v = static_cast<std::size_t>(m.config.vocab_size);
+  q3::Qwen3CudaDecoder decoder(m.config, *m.device, m.gpu, {.max_tokens = static_cast<std::int64_t>(ids.size())});
+  std::vector<float> out(ids.size() * v);
+  decoder.prefill({ids.data(), 1});
+  for (std::size_t t = 0; t < ids.size(); ++t) {
+    if (t > 0) decoder.step(ids[t]);
+    const auto row = download(decoder.logits(), v);
+    std::copy(row.begin(), row.end(), out.begin() + static_cast<std::ptrdiff_t>(t * v));
+  }
+  return out;
+}
+
+using test::small_config;
 
 std::vector<std::int32_t> random_ids(std::mt19937_64& rng, std::size_t n, std::int64_t vocab) {
   std::vector<std::int32_t> ids(n);
@@ -167,7 +94,7 @@ std::vector<std::int32_t> random_ids(std::mt19937_64& rng, std::size_t n, std::i
 }
 
 std::vector<std::int32_t> fixture_ids(const std::string& name) {
-  const models::SafetensorsFile expected(fixture(name) + "/expected.safetensors");
+  const models::SafetensorsFile expected(test::qwen3_fixture(name) + "/expected.safetensors");
   const auto ids64 = expected.read_i64("input_ids");
   const std::int64_t seq = expected.entry("input_ids").shape[1];
   return std::vector<std::int32_t>(ids64.begin(), ids64.begin() + seq);
@@ -234,8 +161,8 @@ void check_teacher_forcing(Model& m, const std::vector<std::int32_t>& ids, const
                            const std::vector<q3::MegakernelSettings>& geometries, bool with_plain = false) {
   const std::int64_t vocab = m.config.vocab_size;
   const auto n = static_cast<std::int64_t>(ids.size());
-  const auto cpu = m.cpu_logits(ids);
-  const auto plain = with_plain ? m.plain_logits(ids) : std::vector<float>();
+  const auto cpu = cpu_logits(m, ids);
+  const auto plain = with_plain ? plain_logits(m, ids) : std::vector<float>();
   for (const auto& settings : geometries) {
     q3::MegakernelDecoder decoder(m.config, *m.device, m.gpu, {.max_tokens = n}, settings);
     for (Drive drive : {Drive::one_launch, Drive::prefill_then_steps, Drive::chunks}) {
@@ -294,7 +221,7 @@ TEST(MegakernelGpu, FixturesMatchCpuAndTransformers) {
     const auto ids = fixture_ids(name);
     check_teacher_forcing(m, ids, name, kGeometries);
     // transformers' fp32 logits of the same sequence.
-    const models::SafetensorsFile expected(fixture(name) + "/expected.safetensors");
+    const models::SafetensorsFile expected(test::qwen3_fixture(name) + "/expected.safetensors");
     const auto hf = expected.read_f32("logits");
     q3::MegakernelDecoder decoder(m.config, *m.device, m.gpu, {.max_tokens = static_cast<std::int64_t>(ids.size())});
     const auto rows = mega_logits(decoder, ids, Drive::one_launch, m.config.vocab_size);
@@ -338,7 +265,7 @@ TEST(MegakernelGpu, LongContextCrossesSplits) {
   // Default geometry: one chunk per kv head up to 128 positions, then up to 16 chunks (12 here).
   Model m = Model::random_model(small_config(64, 64, 64, 1, 2, 1, 64, true), rng());
   const auto ids = random_ids(rng, 4300, m.config.vocab_size);
-  const auto cpu = m.cpu_logits(ids);
+  const auto cpu = cpu_logits(m, ids);
   q3::MegakernelDecoder decoder(m.config, *m.device, m.gpu, {.max_tokens = 4300});
   const auto rows = mega_logits(decoder, ids, Drive::prefill_then_steps, m.config.vocab_size, 4000);
   std::size_t at = 0;
@@ -369,7 +296,7 @@ TEST(MegakernelGpu, Qwen3_06BShapeOneLaunchEqualsSteps) {
   EXPECT_EQ(differ, 0u) << "positions whose logits differ between one launch and a launch per step";
   const std::vector<std::int32_t> head(ids.begin(), ids.begin() + 48);
   const double vs_cpu = worst_rows(std::vector<float>(one.begin(), one.begin() + static_cast<std::ptrdiff_t>(48 * v)),
-                                   m.cpu_logits(head), vocab);
+                                   cpu_logits(m, head), vocab);
   EXPECT_LE(vs_cpu, kVsCpu);
   std::printf("[ mega     ] qwen3-0.6b shape: 1024 positions, one launch vs per step: %zu differ; 48 positions %.3g vs cpu\n",
               differ, vs_cpu);
@@ -403,13 +330,13 @@ TEST(MegakernelGpuPlain, Qwen3_06BShapeOver1024Positions) {
   const auto ids = random_ids(rng, 1024, vocab);
   q3::MegakernelDecoder decoder(m.config, *m.device, m.gpu, {.max_tokens = 1024});
   const auto rows = mega_logits(decoder, ids, Drive::one_launch, vocab);
-  const auto plain = m.plain_logits(ids);
+  const auto plain = plain_logits(m, ids);
   std::size_t at = 0;
   const double vs_plain = worst_rows(rows, plain, vocab, &at);
   EXPECT_LE(vs_plain, kVsPlain) << "at position " << at;
   // The CPU decoder over the first 48 positions (it is slow at this size).
   const std::vector<std::int32_t> head(ids.begin(), ids.begin() + 48);
-  const auto cpu = m.cpu_logits(head);
+  const auto cpu = cpu_logits(m, head);
   const double vs_cpu = worst_rows(std::vector<float>(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(48 * v)), cpu, vocab);
   EXPECT_LE(vs_cpu, kVsCpu);
   std::printf("[ mega     ] qwen3-0.6b shape: 1024 positions worst normwise %.3g vs plain cuda (position %zu), "
