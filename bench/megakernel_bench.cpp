@@ -9,6 +9,8 @@
 //   prompt --prompt tokens (teacher-forced), then --new-tokens greedy tokens in one launch, and
 //   the same with one launch per token; then at each --contexts position (a cache of random rows),
 //   --context-tokens greedy tokens in one launch.
+// With --profile N, each variant also decodes N greedy tokens with every unit timed and prints
+// where a token's time goes, phase by phase (MegakernelDecoder::profile_greedy).
 // Each time is the median of --repeats runs (CUDA events). The plain CUDA decoder (graph-captured
 // steps, greedy on the device through models::generate) runs once per preset for reference.
 // Prints a line per variant to stderr and one JSON object to stdout (or --out).
