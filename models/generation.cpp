@@ -73,4 +73,20 @@ GenerationResult generate(Decoder& decoder, const core::DeviceContext& context, 
   return result;
 }
 
+void check_decoder_room(std::int64_t position, std::int64_t tokens, std::int64_t capacity) {
+  if (position + tokens > capacity) {
+    throw core::InputError("decoder: " + std::to_string(position + tokens) + " tokens exceed its capacity of " +
+                           std::to_string(capacity) + " (max_tokens: prompt + new tokens)");
+  }
+}
+
+void check_decoder_ids(std::span<const std::int32_t> ids, std::int64_t vocab) {
+  for (const std::int32_t id : ids) {
+    if (id < 0 || id >= vocab) {
+      throw core::InputError("decoder: token id " + std::to_string(id) + " outside the vocabulary [0, " +
+                             std::to_string(vocab) + ")");
+    }
+  }
+}
+
 }  // namespace models

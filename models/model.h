@@ -132,6 +132,11 @@ class Decoder {
   virtual std::int64_t capacity() const = 0;
 };
 
+// The decoders' input checks (core::InputError): `tokens` more after `position` fit `capacity`;
+// every id is in [0, vocab).
+void check_decoder_room(std::int64_t position, std::int64_t tokens, std::int64_t capacity);
+void check_decoder_ids(std::span<const std::int32_t> ids, std::int64_t vocab);
+
 // One shape of a family.
 class ModelSpec {
  public:

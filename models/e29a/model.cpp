@@ -148,10 +148,8 @@ void E29aCpuDecoder::prefill(std::span<const std::int32_t> tokens, float* all_lo
   const E29aConfig& c = config_;
   const auto count = static_cast<std::int64_t>(tokens.size());
   if (count == 0) return;
-  if (position_ + count > capacity_) {
-    throw core::InputError("decoder: " + std::to_string(position_ + count) + " tokens exceed the capacity " +
-                           std::to_string(capacity_));
-  }
+  check_decoder_room(position_, count, capacity_);
+  check_decoder_ids(tokens, c.vocab_size);
   const std::int64_t d = c.hidden_size;
   const LayerShape shape{1, count, d, c.n_slots};
   Vec x(static_cast<std::size_t>(count * d)), normed(x.size()), rstd(static_cast<std::size_t>(count)), y(x.size());

@@ -290,16 +290,8 @@ void E29aCudaDecoder::prefill(std::span<const std::int32_t> tokens, float* all_l
   Impl& m = *impl_;
   const auto count = static_cast<std::int64_t>(tokens.size());
   if (count == 0) return;
-  if (m.position + count > m.capacity) {
-    throw core::InputError("decoder: " + std::to_string(m.position + count) + " tokens exceed the capacity " +
-                           std::to_string(m.capacity));
-  }
-  for (const std::int32_t id : tokens) {
-    if (id < 0 || id >= m.c.vocab_size) {
-      throw core::InputError("decoder: token id " + std::to_string(id) + " outside the vocabulary [0, " +
-                             std::to_string(m.c.vocab_size) + ")");
-    }
-  }
+  check_decoder_room(m.position, count, m.capacity);
+  check_decoder_ids(tokens, m.c.vocab_size);
   CUDA_CHECK(cudaMemcpyAsync(m.at<std::int32_t>(m.ids), tokens.data(), tokens.size_bytes(), cudaMemcpyHostToDevice,
                              m.stream));
   m.run(count, all_logits);
@@ -313,10 +305,7 @@ void E29aCudaDecoder::step(std::int32_t token, const std::int32_t* device_token)
     prefill(std::span<const std::int32_t>(&token, 1));
     return;
   }
-  if (m.position + 1 > m.capacity) {
-    throw core::InputError("decoder: " + std::to_string(m.position + 1) + " tokens exceed the capacity " +
-                           std::to_string(m.capacity));
-  }
+  check_decoder_room(m.position, 1, m.capacity);
   CUDA_CHECK(cudaMemcpyAsync(m.at<std::int32_t>(m.ids), device_token, sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
                              m.stream));
   m.run(1, nullptr);

@@ -106,16 +106,8 @@ void Qwen3CpuDecoder::prefill(std::span<const std::int32_t> tokens, float* all_l
   const Qwen3Config& c = config_;
   const auto n = static_cast<std::int64_t>(tokens.size());
   if (n == 0) throw core::InputError("decoder: prefill needs at least one token");
-  if (position_ + n > capacity_) {
-    throw core::InputError("decoder: " + std::to_string(position_ + n) + " tokens exceed its capacity of " +
-                           std::to_string(capacity_) + " (max_tokens: prompt + new tokens)");
-  }
-  for (std::int32_t id : tokens) {
-    if (id < 0 || id >= c.vocab_size) {
-      throw core::InputError("decoder: token id " + std::to_string(id) + " outside the vocabulary [0, " +
-                             std::to_string(c.vocab_size) + ")");
-    }
-  }
+  check_decoder_room(position_, n, capacity_);
+  check_decoder_ids(tokens, c.vocab_size);
   const std::int64_t start = position_, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), f = c.intermediate_size;
   std::vector<std::int32_t> positions(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) positions[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(start + i);

@@ -184,18 +184,8 @@ struct Qwen3CudaDecoder::Impl {
     CUDA_CHECK(status);
   }
 
-  void check_room(std::int64_t tokens) const {
-    if (position + tokens > capacity) {
-      throw core::InputError("decoder: " + std::to_string(position + tokens) + " tokens exceed its capacity of " +
-                             std::to_string(capacity) + " (max_tokens: prompt + new tokens)");
-    }
-  }
-  void check_id(std::int32_t id) const {
-    if (id < 0 || id >= c.vocab_size) {
-      throw core::InputError("decoder: token id " + std::to_string(id) + " outside the vocabulary [0, " +
-                             std::to_string(c.vocab_size) + ")");
-    }
-  }
+  void check_room(std::int64_t tokens) const { check_decoder_room(position, tokens, capacity); }
+  void check_id(std::int32_t id) const { check_decoder_ids({&id, 1}, c.vocab_size); }
 };
 
 Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
@@ -290,7 +280,7 @@ void Qwen3CudaDecoder::prefill(std::span<const std::int32_t> tokens, float* all_
   const auto total = static_cast<std::int64_t>(tokens.size());
   if (total == 0) throw core::InputError("decoder: prefill needs at least one token");
   m.check_room(total);
-  for (std::int32_t id : tokens) m.check_id(id);
+  check_decoder_ids(tokens, m.c.vocab_size);
   const std::int64_t d = m.c.hidden_size, vocab = m.c.vocab_size;
   core::Buffer chunk_logits;  // bf16 lm_head rows for all_logits
   if (all_logits != nullptr) chunk_logits = core::Buffer(m.ctx.device(), static_cast<std::size_t>(m.chunk * vocab) * 2);

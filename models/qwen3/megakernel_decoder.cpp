@@ -85,18 +85,8 @@ struct MegakernelDecoder::Impl {
     epoch = 0;
   }
 
-  void check_room(std::int64_t tokens) const {
-    if (position + tokens > capacity) {
-      throw core::InputError("decoder: " + std::to_string(position + tokens) + " tokens exceed its capacity of " +
-                             std::to_string(capacity) + " (max_tokens: prompt + new tokens)");
-    }
-  }
-  void check_id(std::int32_t id) const {
-    if (id < 0 || id >= c.vocab_size) {
-      throw core::InputError("decoder: token id " + std::to_string(id) + " outside the vocabulary [0, " +
-                             std::to_string(c.vocab_size) + ")");
-    }
-  }
+  void check_room(std::int64_t tokens) const { check_decoder_room(position, tokens, capacity); }
+  void check_id(std::int32_t id) const { check_decoder_ids({&id, 1}, c.vocab_size); }
 
   // One launch of `tokens` tokens from the current position.
   void launch(mk::Params p, int tokens) {
@@ -344,7 +334,7 @@ void MegakernelDecoder::prefill(std::span<const std::int32_t> tokens, float* all
   const auto count = static_cast<std::int64_t>(tokens.size());
   if (count == 0) throw core::InputError("decoder: prefill needs at least one token");
   m.check_room(count);
-  for (std::int32_t id : tokens) m.check_id(id);
+  check_decoder_ids(tokens, m.c.vocab_size);
   core::copy_bytes(m.ids + m.position, tokens.data(), tokens.size() * 4, m.stream);
   append(m.ids + m.position, count, all_logits);
   check();
