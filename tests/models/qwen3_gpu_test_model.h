@@ -23,16 +23,6 @@
 
 namespace test {
 
-// ||a - b|| / ||b|| over n values.
-inline double normwise(const float* a, const float* b, std::size_t n) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-300));
-}
-
 inline std::string qwen3_fixture(const std::string& name) {
   return std::string(LLMTRAIN_FIXTURES_DIR) + "/qwen3/" + name;
 }

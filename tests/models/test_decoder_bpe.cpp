@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "text/tokenizer.h"
+#include "support/test_support.h"
 #include "text/unicode_text.h"
 
 namespace {
@@ -31,23 +32,6 @@ namespace fs = std::filesystem;
 const fs::path kFixtures = fs::path(LLMTRAIN_FIXTURES_DIR) / "tokenizer";
 const fs::path kRepositoryRoot = fs::path(LLMTRAIN_FIXTURES_DIR).parent_path().parent_path();
 const std::string kReplacement = "\xEF\xBF\xBD";
-
-std::optional<fs::path> find_data(const char* variable, const fs::path& fallback) {
-  if (const char* value = std::getenv(variable); value != nullptr && *value != '\0') {
-    if (fs::is_regular_file(value)) return fs::path(value);
-    return std::nullopt;
-  }
-  const fs::path candidate = kRepositoryRoot / fallback;
-  if (fs::is_regular_file(candidate)) return candidate;
-  return std::nullopt;
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  std::ostringstream content;
-  content << file.rdbuf();
-  return std::move(content).str();
-}
 
 std::string nfc(const std::string& text) {
   return text::unicode::encode_utf8(text::unicode::nfc(text::unicode::decode_utf8(text, "test text")));
@@ -70,7 +54,7 @@ std::string without(std::string text, const std::string& token) {
 
 // The fixture texts: the torture text and a few short ones.
 std::vector<std::string> fixture_texts() {
-  return {read_file(kFixtures / "torture.txt"),
+  return {test::read_file(kFixtures / "torture.txt"),
           "",
           " ",
           "Hello world",
@@ -84,7 +68,7 @@ std::unique_ptr<text::BpeTokenizer> small_bpe() { return std::make_unique<text::
 
 text::BpeTokenizer* qwen3() {
   static std::unique_ptr<text::BpeTokenizer> tokenizer = [] {
-    const auto path = find_data("LLMTRAIN_QWEN3_TOKENIZER", "../shared/data/qwen3-tokenizer/tokenizer.json");
+    const auto path = test::find_data("LLMTRAIN_QWEN3_TOKENIZER", kRepositoryRoot / "../shared/data/qwen3-tokenizer/tokenizer.json");
     return path ? std::make_unique<text::BpeTokenizer>(*path) : nullptr;
   }();
   return tokenizer.get();
@@ -199,9 +183,9 @@ TEST(DecoderBpe, Qwen3TokenizerRoundTripsFixtureTexts) {
 }
 
 TEST(DecoderBpe, KjvRoundTrips) {
-  const auto kjv = find_data("LLMTRAIN_KJV", "../shared/data/kjv.txt");
+  const auto kjv = test::find_data("LLMTRAIN_KJV", kRepositoryRoot / "../shared/data/kjv.txt");
   if (!kjv) GTEST_SKIP() << "SKIPPED: KJV text not found: set LLMTRAIN_KJV or provide ../shared/data/kjv.txt";
-  const std::string text = read_file(*kjv);
+  const std::string text = test::read_file(*kjv);
   ASSERT_GT(text.size(), 1000000u);
   auto small = small_bpe();
   check_round_trip(*small, text, {"<|endoftext|>"}, "kjv, small_bpe");

@@ -27,16 +27,6 @@ namespace q3 = models::qwen3;
 
 std::string fixture(const std::string& name) { return std::string(LLMTRAIN_FIXTURES_DIR) + "/qwen3/" + name; }
 
-// Normwise relative error of a against b.
-double normwise(const float* a, const float* b, std::size_t n) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-300));
-}
-
 struct Model {
   q3::Qwen3Config config;
   core::DeviceContext cpu{core::Device::cpu()};
@@ -81,12 +71,12 @@ void check_teacher_forcing(Model& m, const std::vector<std::int32_t>& ids, std::
   std::vector<float> prefilled(split * vocab);
   decoder.prefill({ids.data(), split}, prefilled.data());
   double worst = 0;
-  for (std::size_t t = 0; t < split; ++t) worst = std::max(worst, normwise(&prefilled[t * vocab], &full[t * vocab], vocab));
-  worst = std::max(worst, normwise(decoder.logits(), &full[(split - 1) * vocab], vocab));
+  for (std::size_t t = 0; t < split; ++t) worst = std::max(worst, test::normwise_error(&prefilled[t * vocab], &full[t * vocab], vocab));
+  worst = std::max(worst, test::normwise_error(decoder.logits(), &full[(split - 1) * vocab], vocab));
   for (std::size_t t = split; t < ids.size(); ++t) {
     decoder.step(ids[t]);
     ASSERT_EQ(decoder.position(), static_cast<std::int64_t>(t + 1));
-    const double e = normwise(decoder.logits(), &full[t * vocab], vocab);
+    const double e = test::normwise_error(decoder.logits(), &full[t * vocab], vocab);
     EXPECT_LE(e, 1e-5) << what << ": step at position " << t;
     worst = std::max(worst, e);
   }
@@ -115,7 +105,7 @@ TEST(DecoderCpu, TeacherForcingMatchesFullForwardOnFixtures) {
     q3::Qwen3CpuDecoder decoder(m.config, *m.slab, m.cpu, {.max_tokens = static_cast<std::int64_t>(ids.size())});
     std::vector<float> ours(ids.size() * static_cast<std::size_t>(m.config.vocab_size));
     decoder.prefill(ids, ours.data());
-    EXPECT_LE(normwise(ours.data(), hf.data(), ours.size()), 1e-5) << name << ": vs transformers";
+    EXPECT_LE(test::normwise_error(ours.data(), hf.data(), ours.size()), 1e-5) << name << ": vs transformers";
   }
 }
 
@@ -159,7 +149,7 @@ TEST(DecoderCpu, TeacherForcingMatchesFullForwardOnRandomShapes) {
       decoder.prefill({ids.data() + done, piece}, rows.data() + done * vocab);
       done += piece;
     }
-    EXPECT_LE(normwise(rows.data(), full.data(), rows.size()), 1e-5) << what << ": prefill in pieces";
+    EXPECT_LE(test::normwise_error(rows.data(), full.data(), rows.size()), 1e-5) << what << ": prefill in pieces";
   }
 }
 
@@ -261,7 +251,7 @@ TEST(DecoderCpu, FamilyHookGivesTheKvCacheDecoder) {
   decoder->prefill({prompt.data(), 4});
   for (std::size_t t = 4; t < prompt.size(); ++t) decoder->step(prompt[t]);
   const auto vocab = static_cast<std::size_t>(m.config.vocab_size);
-  EXPECT_LE(normwise(decoder->logits(), &full[8 * vocab], vocab), 1e-5);
+  EXPECT_LE(test::normwise_error(decoder->logits(), &full[8 * vocab], vocab), 1e-5);
 }
 
 }  // namespace

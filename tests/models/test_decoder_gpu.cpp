@@ -73,7 +73,6 @@ template <typename T>
 T* ptr(core::Buffer& b) { return static_cast<T*>(b.data()); }
 
 using Model = test::Qwen3GpuTestModel;
-using test::normwise;
 
 // CPU fp32 full forward of `ids` (every position).
 std::vector<float> cpu_logits(Model& m, const std::vector<std::int32_t>& ids) {
@@ -116,7 +115,7 @@ std::vector<float> teacher_forced(q3::Qwen3CudaDecoder& decoder, const std::vect
   std::copy(first.begin(), first.end(), rows.begin());
   // The last prefill row is the decoder's logits (from the matrix-vector head, not the GEMM).
   const auto last = host_logits(decoder, vocab);
-  EXPECT_LE(normwise(last.data(), &rows[(split - 1) * v], v), kLogitsTolerance) << "prefill's last row";
+  EXPECT_LE(test::normwise_error(last.data(), &rows[(split - 1) * v], v), kLogitsTolerance) << "prefill's last row";
   for (std::size_t t = split; t < ids.size(); ++t) {
     decoder.step(ids[t]);
     EXPECT_EQ(decoder.position(), static_cast<std::int64_t>(t + 1));
@@ -132,7 +131,7 @@ double worst_rows(const std::vector<float>& got, const std::vector<float>& expec
   const auto v = static_cast<std::size_t>(vocab);
   double worst = 0;
   for (std::size_t t = from; t < to; ++t) {
-    const double e = normwise(&got[t * v], &expected[t * v], v);
+    const double e = test::normwise_error(&got[t * v], &expected[t * v], v);
     if (e > worst) {
       worst = e;
       if (at) *at = t;
@@ -233,12 +232,12 @@ TEST(DecoderGpu, LongContextCrossesWiderSplits) {
   decoder.prefill({ids.data(), 4300});
   const auto v = static_cast<std::size_t>(config.vocab_size);
   auto logits = host_logits(decoder, config.vocab_size);
-  EXPECT_LE(normwise(logits.data(), &cpu[4299 * v], v), kLogitsTolerance) << "after a 4300-token prefill";
+  EXPECT_LE(test::normwise_error(logits.data(), &cpu[4299 * v], v), kLogitsTolerance) << "after a 4300-token prefill";
   double worst = 0;
   for (std::size_t t = 4300; t < ids.size(); ++t) {
     decoder.step(ids[t]);
     logits = host_logits(decoder, config.vocab_size);
-    const double e = normwise(logits.data(), &cpu[t * v], v);
+    const double e = test::normwise_error(logits.data(), &cpu[t * v], v);
     EXPECT_LE(e, kLogitsTolerance) << "step at position " << t;
     worst = std::max(worst, e);
   }

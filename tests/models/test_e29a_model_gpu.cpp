@@ -26,13 +26,7 @@ namespace {
 namespace e29a = models::e29a;
 
 double normwise(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-300));
+  return test::normwise_error(a.data(), b.data(), a.size());
 }
 
 e29a::E29aConfig config_of(bool tied) {

@@ -61,7 +61,6 @@ std::vector<float> download(const float* device, std::size_t n) {
 }
 
 using Model = test::Qwen3GpuTestModel;
-using test::normwise;
 
 // CPU decoder: logits of every position of `ids` (one prefill).
 std::vector<float> cpu_logits(Model& m, const std::vector<std::int32_t>& ids) {
@@ -146,7 +145,7 @@ double worst_rows(const std::vector<float>& got, const std::vector<float>& expec
   const auto v = static_cast<std::size_t>(vocab);
   double worst = 0;
   for (std::size_t t = 0; t * v < got.size(); ++t) {
-    const double e = normwise(&got[t * v], &expected[t * v], v);
+    const double e = test::normwise_error(&got[t * v], &expected[t * v], v);
     if (!(e <= worst)) {
       worst = e;
       if (at) *at = t;

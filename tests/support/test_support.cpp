@@ -1,3 +1,4 @@
+#include <fstream>
 #include "support/test_support.h"
 
 #include <chrono>
@@ -123,6 +124,22 @@ int kernel_nodes(cudaGraph_t graph) {
   os << bad << " of " << actual.size() << " elements differ (rtol " << rtol << ", atol " << atol << "); worst at ["
      << worst << "]: " << actual[worst] << " vs expected " << expected[worst];
   return ::testing::AssertionFailure() << os.str();
+}
+
+std::optional<std::filesystem::path> find_data(const char* variable, const std::filesystem::path& fallback) {
+  if (const char* value = std::getenv(variable); value != nullptr && *value != '\0') {
+    if (std::filesystem::is_regular_file(value)) return std::filesystem::path(value);
+    return std::nullopt;
+  }
+  if (std::filesystem::is_regular_file(fallback)) return fallback;
+  return std::nullopt;
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::ostringstream content;
+  content << file.rdbuf();
+  return std::move(content).str();
 }
 
 }  // namespace test

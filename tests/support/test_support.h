@@ -2,8 +2,12 @@
 // that report the worst element, and the GPU-availability guard.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <optional>
 #include <functional>
 #include <stdexcept>
 #include <random>
@@ -18,6 +22,27 @@
 #include "optim/segments.h"
 
 namespace test {
+
+// ||a - b|| / ||b|| over n values, in double; infinity when a holds a non-finite value.
+template <typename A, typename B>
+double normwise_error(const A* a, const B* b, std::size_t n) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double x = static_cast<double>(a[i]), y = static_cast<double>(b[i]);
+    if (!std::isfinite(x)) return INFINITY;
+    diff += (x - y) * (x - y);
+    norm += y * y;
+  }
+  return std::sqrt(diff / std::max(norm, 1e-300));
+}
+
+// A data file outside the repository (a large corpus, the real Qwen3 tokenizer): the path in
+// environment variable `variable` when set (nullopt when that file does not exist), else
+// `fallback` when it exists.
+std::optional<std::filesystem::path> find_data(const char* variable, const std::filesystem::path& fallback);
+
+// The whole file as bytes (empty when it cannot be read).
+std::string read_file(const std::filesystem::path& path);
 
 // A seed that differs on every run (fresh inputs), printed so a failure can be replayed with
 // LLMTRAIN_TEST_SEED=<seed>.

@@ -27,6 +27,7 @@
 #include "text/sampler.h"
 #include "text/token_shard.h"
 #include "text/tokenizer.h"
+#include "support/test_support.h"
 #include "text/unicode_text.h"
 
 namespace {
@@ -36,28 +37,10 @@ namespace fs = std::filesystem;
 const fs::path kFixtures = fs::path(LLMTRAIN_FIXTURES_DIR) / "tokenizer";
 const fs::path kRepositoryRoot = fs::path(LLMTRAIN_FIXTURES_DIR).parent_path().parent_path();
 
-// The file named by environment variable `variable`, else `fallback` relative to the repository root.
-std::optional<fs::path> find_data(const char* variable, const fs::path& fallback) {
-  if (const char* value = std::getenv(variable); value != nullptr && *value != '\0') {
-    if (fs::is_regular_file(value)) return fs::path(value);
-    return std::nullopt;
-  }
-  const fs::path candidate = kRepositoryRoot / fallback;
-  if (fs::is_regular_file(candidate)) return candidate;
-  return std::nullopt;
-}
-
 std::optional<fs::path> qwen3_tokenizer_path() {
-  return find_data("LLMTRAIN_QWEN3_TOKENIZER", "../shared/data/qwen3-tokenizer/tokenizer.json");
+  return test::find_data("LLMTRAIN_QWEN3_TOKENIZER", kRepositoryRoot / "../shared/data/qwen3-tokenizer/tokenizer.json");
 }
-std::optional<fs::path> kjv_path() { return find_data("LLMTRAIN_KJV", "../shared/data/kjv.txt"); }
-
-std::string read_file(const fs::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  std::ostringstream content;
-  content << file.rdbuf();
-  return std::move(content).str();
-}
+std::optional<fs::path> kjv_path() { return test::find_data("LLMTRAIN_KJV", kRepositoryRoot / "../shared/data/kjv.txt"); }
 
 // The Qwen3 tokenizer, loaded once for the suite.
 text::BpeTokenizer* qwen3() {
@@ -138,7 +121,7 @@ class DataFiles : public ::testing::Test {
     const fs::path path = dir_ / name;
     const std::vector<std::uint32_t> tokens = {1, 2, 3, 4, 5};
     text::write_token_shard(path, tokens, text::TokenDtype::u16);
-    std::string bytes = read_file(path);
+    std::string bytes = test::read_file(path);
     edit(bytes);
     std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
     return path;
@@ -167,7 +150,7 @@ TEST_F(DataFiles, ShardRoundTripU16AndU32) {
   text::write_token_shard(dir_ / "sub" / "large.tok", large, text::TokenDtype::u32);
   EXPECT_EQ(fs::file_size(dir_ / "small.tok"), text::kTokenShardHeaderBytes + 2000);
   EXPECT_EQ(fs::file_size(dir_ / "sub" / "large.tok"), text::kTokenShardHeaderBytes + 4000);
-  EXPECT_EQ(read_file(dir_ / "small.tok").substr(0, 8), "LLMTOKS1");
+  EXPECT_EQ(test::read_file(dir_ / "small.tok").substr(0, 8), "LLMTOKS1");
 
   for (const auto& [name, expected, dtype] : {std::tuple{"small.tok", small, text::TokenDtype::u16},
                                               std::tuple{"sub/large.tok", large, text::TokenDtype::u32}}) {
@@ -364,7 +347,7 @@ TEST(Unicode, ClassesAndNfc) {
 
 TEST(Qwen3Tokenizer, TortureTextParity) {
   REQUIRE_QWEN3_TOKENIZER();
-  const std::string text = read_file(kFixtures / "torture.txt");
+  const std::string text = test::read_file(kFixtures / "torture.txt");
   std::vector<std::uint32_t> expected;
   std::ifstream ids(kFixtures / "torture.ids");
   for (std::uint32_t id; ids >> id;) expected.push_back(id);
@@ -388,7 +371,7 @@ TEST(Qwen3Tokenizer, KjvHashParity) {
   std::string key, expected_hash;
   std::size_t expected_count = 0;
   reference >> key >> expected_count >> key >> expected_hash;
-  const std::string text = read_file(*kjv);
+  const std::string text = test::read_file(*kjv);
   const auto ids = qwen3()->encode(text);
   EXPECT_EQ(ids.size(), expected_count);
   EXPECT_EQ(sha256_hex(reinterpret_cast<const unsigned char*>(ids.data()), ids.size() * 4), expected_hash);

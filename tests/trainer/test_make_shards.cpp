@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "text/token_shard.h"
+#include "support/test_support.h"
 #include "text/tokenizer.h"
 
 namespace {
@@ -33,24 +34,6 @@ const fs::path kFixtures = fs::path(LLMTRAIN_FIXTURES_DIR) / "tokenizer";
 const fs::path kRepositoryRoot = fs::path(LLMTRAIN_FIXTURES_DIR).parent_path().parent_path();
 const fs::path kSmallBpe = kFixtures / "small_bpe.json";  // 300 ids, "<|endoftext|>" = 299
 constexpr std::uint32_t kSmallEndOfText = 299;
-
-// The file named by environment variable `variable`, else `fallback` relative to the repository root.
-std::optional<fs::path> find_data(const char* variable, const fs::path& fallback) {
-  if (const char* value = std::getenv(variable); value != nullptr && *value != '\0') {
-    if (fs::is_regular_file(value)) return fs::path(value);
-    return std::nullopt;
-  }
-  const fs::path candidate = kRepositoryRoot / fallback;
-  if (fs::is_regular_file(candidate)) return candidate;
-  return std::nullopt;
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  std::ostringstream content;
-  content << file.rdbuf();
-  return std::move(content).str();
-}
 
 void write_file(const fs::path& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
@@ -179,13 +162,13 @@ TEST_F(MakeShards, PlainTextEqualsOneEncodeCallSmallBpe) {
 }
 
 TEST_F(MakeShards, PlainTextEqualsOneEncodeCallQwen3) {
-  const auto qwen3 = find_data("LLMTRAIN_QWEN3_TOKENIZER", "../shared/data/qwen3-tokenizer/tokenizer.json");
+  const auto qwen3 = test::find_data("LLMTRAIN_QWEN3_TOKENIZER", kRepositoryRoot / "../shared/data/qwen3-tokenizer/tokenizer.json");
   if (!qwen3) GTEST_SKIP() << "Qwen3 tokenizer.json not found: set LLMTRAIN_QWEN3_TOKENIZER";
-  std::string text = read_file(kFixtures / "torture.txt");
-  for (int i = 0; i < 40; ++i) text += read_file(kFixtures / "torture.txt") + awkward_text(i);
+  std::string text = test::read_file(kFixtures / "torture.txt");
+  for (int i = 0; i < 40; ++i) text += test::read_file(kFixtures / "torture.txt") + awkward_text(i);
   expect_equal_to_one_encode_call(text, qwen3->string());
-  if (const auto kjv = find_data("LLMTRAIN_KJV", "../shared/data/kjv.txt")) {
-    expect_equal_to_one_encode_call(read_file(*kjv), qwen3->string());
+  if (const auto kjv = test::find_data("LLMTRAIN_KJV", kRepositoryRoot / "../shared/data/kjv.txt")) {
+    expect_equal_to_one_encode_call(test::read_file(*kjv), qwen3->string());
   }
 }
 
@@ -280,11 +263,11 @@ TEST_F(MakeShards, ValEverySplitIsDeterministic) {
       if (!first_train) {
         EXPECT_EQ(shard_ids(file("train.tok")), concat(train_docs, {kSmallEndOfText}));
         EXPECT_EQ(shard_ids(file("val.tok")), concat(val_docs, {kSmallEndOfText}));
-        first_train = read_file(file("train.tok"));
-        first_val = read_file(file("val.tok"));
+        first_train = test::read_file(file("train.tok"));
+        first_val = test::read_file(file("val.tok"));
       } else {  // byte-identical shards whatever the threads and chunks
-        EXPECT_TRUE(read_file(file("train.tok")) == *first_train) << threads << " threads, chunk " << chunk_kib;
-        EXPECT_TRUE(read_file(file("val.tok")) == *first_val) << threads << " threads, chunk " << chunk_kib;
+        EXPECT_TRUE(test::read_file(file("train.tok")) == *first_train) << threads << " threads, chunk " << chunk_kib;
+        EXPECT_TRUE(test::read_file(file("val.tok")) == *first_val) << threads << " threads, chunk " << chunk_kib;
       }
     }
   }
@@ -317,7 +300,7 @@ TEST_F(MakeShards, BadInputsRefusedLeavingOutputsAlone) {
     const Result r = make_shards(args);
     EXPECT_EQ(r.status, 1) << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
-    EXPECT_EQ(read_file(file("train.tok")), "previous");
+    EXPECT_EQ(test::read_file(file("train.tok")), "previous");
     for (const auto& entry : fs::directory_iterator(dir_)) {
       EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos) << entry.path();
     }
