@@ -24,11 +24,6 @@ namespace {
 
 std::unique_ptr<fuzz::Scratch> scratch;
 
-[[noreturn]] void finding(const std::string& what) {
-  std::fprintf(stderr, "fuzz_config: %s\n", what.c_str());
-  std::abort();
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -57,9 +52,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   // What the training loop assumes of a config that was accepted.
-  if (config.data.seq_len < 1 || config.training.micro_batch_size < 1) finding("accepted a non-positive size");
+  if (config.data.seq_len < 1 || config.training.micro_batch_size < 1) fuzz::finding("fuzz_config", "accepted a non-positive size");
   if (config.training.micro_batch_size > (std::int64_t{1} << 31) / config.data.seq_len) {
-    finding("accepted micro_batch_size x seq_len beyond 2^31 tokens");
+    fuzz::finding("fuzz_config", "accepted micro_batch_size x seq_len beyond 2^31 tokens");
   }
   for (int world : {1, 2, 3, 8}) {
     try {
@@ -69,12 +64,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       continue;
     }
     const std::int64_t steps = trainer::accumulation_steps(config, world);
-    if (steps < 1 || steps > (1 << 16)) finding("accepted " + std::to_string(steps) + " micro-batches per step");
+    if (steps < 1 || steps > (1 << 16)) fuzz::finding("fuzz_config", "accepted " + std::to_string(steps) + " micro-batches per step");
   }
   try {
     const auto spec = trainer::model_spec(config);
     const optim::SlabLayout layout(spec->parameters(), 1);
-    if (layout.total_elements() < 1) finding("accepted a model without parameters");
+    if (layout.total_elements() < 1) fuzz::finding("fuzz_config", "accepted a model without parameters");
   } catch (const core::Error& e) {
     fuzz::refused(e);
   }
@@ -84,10 +79,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     again = trainer::parse_run_config(resolved, "resolved.yaml", {});
   } catch (const core::Error& e) {
-    finding(std::string("the resolved config does not read back: ") + e.what() + "\n" + resolved);
+    fuzz::finding("fuzz_config", std::string("the resolved config does not read back: ") + e.what() + "\n" + resolved);
   }
   if (!(again == config)) {
-    finding("the resolved config reads back different:\n" + resolved + "\nread back:\n" + trainer::resolved_yaml(again));
+    fuzz::finding("fuzz_config", "the resolved config reads back different:\n" + resolved + "\nread back:\n" + trainer::resolved_yaml(again));
   }
   return 0;
 }

@@ -83,4 +83,9 @@ void write_file(const std::filesystem::path& path, std::string_view bytes) {
   if (!out) throw std::runtime_error("cannot write " + path.string());
 }
 
+void finding(std::string_view target, const std::string& what) {
+  std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(target.size()), target.data(), what.c_str());
+  std::abort();
+}
+
 }  // namespace fuzz

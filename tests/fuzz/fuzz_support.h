@@ -46,6 +46,10 @@ class Scratch {
   std::filesystem::path path_;
 };
 
+// A finding: a reader accepted what it must refuse, or broke an invariant. Prints
+// "TARGET: WHAT" and aborts, so libFuzzer keeps the input.
+[[noreturn]] void finding(std::string_view target, const std::string& what);
+
 // A refusal the target expected; printed when LLMTRAIN_FUZZ_VERBOSE is set (to check seeds).
 void refused(const std::exception& error);
 

@@ -19,11 +19,6 @@ namespace {
 
 std::unique_ptr<fuzz::Scratch> scratch;
 
-[[noreturn]] void finding(const std::string& what) {
-  std::fprintf(stderr, "fuzz_token_shard: %s\n", what.c_str());
-  std::abort();
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -44,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     const text::TokenShard shard(path);
     if (shard.size() * static_cast<std::uint64_t>(shard.dtype()) + text::kTokenShardHeaderBytes != files.front().second.size()) {
-      finding("the shard's count does not match its size");
+      fuzz::finding("fuzz_token_shard", "the shard's count does not match its size");
     }
     std::vector<std::uint32_t> all(shard.size());
     shard.read(0, all);

@@ -17,11 +17,6 @@ namespace {
 
 std::unique_ptr<fuzz::Scratch> scratch;
 
-[[noreturn]] void finding(const std::string& what) {
-  std::fprintf(stderr, "fuzz_tokenizer: %s\n", what.c_str());
-  std::abort();
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -40,12 +35,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     fuzz::refused(e);
     return 0;
   }
-  if (tokenizer->vocab_size() == 0) finding("accepted an empty vocabulary");
+  if (tokenizer->vocab_size() == 0) fuzz::finding("fuzz_tokenizer", "accepted an empty vocabulary");
   if (const std::string* text = fuzz::find_file(files, "text")) {
     try {
       const std::vector<std::uint32_t> ids = tokenizer->encode(*text);
       for (std::uint32_t id : ids) {
-        if (id >= tokenizer->vocab_size()) finding("encode gave id " + std::to_string(id) + " beyond the vocabulary");
+        if (id >= tokenizer->vocab_size()) fuzz::finding("fuzz_tokenizer", "encode gave id " + std::to_string(id) + " beyond the vocabulary");
       }
       (void)tokenizer->decode(ids);
       (void)tokenizer->decode_text(ids);
