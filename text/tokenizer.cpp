@@ -500,6 +500,34 @@ std::string Tokenizer::decode_text(std::span<const std::uint32_t> ids, bool skip
   return text;
 }
 
+std::string Tokenizer::display_text(std::span<const std::int32_t> ids, bool skip_special_tokens) const {
+  std::vector<std::uint32_t> run;  // ids the tokenizer knows, decoded together
+  std::string out;
+  const auto flush = [&] {
+    out += decode_text(run, skip_special_tokens);
+    run.clear();
+  };
+  for (const std::int32_t id : ids) {
+    const auto u = static_cast<std::uint32_t>(id);
+    bool known = u < vocab_size();
+    if (known) {
+      try {
+        (void)decode(std::span<const std::uint32_t>(&u, 1));
+      } catch (const core::InputError&) {
+        known = false;
+      }
+    }
+    if (known) {
+      run.push_back(u);
+    } else {
+      flush();
+      out += "\xEF\xBF\xBD";  // U+FFFD
+    }
+  }
+  flush();
+  return out;
+}
+
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
   return std::make_unique<BpeTokenizer>(spec);

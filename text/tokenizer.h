@@ -32,6 +32,9 @@ class Tokenizer {
   // tokens left out (unless skip_special_tokens is false), and every maximal ill-formed UTF-8
   // subsequence (a token boundary inside a character, say) replaced by U+FFFD.
   std::string decode_text(std::span<const std::uint32_t> ids, bool skip_special_tokens = true) const;
+  // decode_text() of a model's output: ids the tokenizer does not know (a model vocabulary larger
+  // than the tokenizer's) become U+FFFD instead of an error.
+  std::string display_text(std::span<const std::int32_t> ids, bool skip_special_tokens = true) const;
   // Whether `id` is an added token marked special (never for the byte tokenizer).
   virtual bool is_special(std::uint32_t id) const { return false; }
   // One past the largest id.

@@ -81,36 +81,6 @@ std::unique_ptr<text::Tokenizer> pick_tokenizer(const std::string& requested, co
   return text::make_tokenizer(recorded);
 }
 
-// Text of `ids`; ids the tokenizer does not know (a model vocabulary larger than the tokenizer's)
-// become U+FFFD.
-std::string display_text(const text::Tokenizer& tokenizer, const std::vector<std::int32_t>& ids, bool skip_special) {
-  std::vector<std::uint32_t> run;
-  std::string out;
-  const auto flush = [&] {
-    out += tokenizer.decode_text(run, skip_special);
-    run.clear();
-  };
-  for (const std::int32_t id : ids) {
-    const std::uint32_t u = static_cast<std::uint32_t>(id);
-    bool known = u < tokenizer.vocab_size();
-    if (known) {
-      try {
-        (void)tokenizer.decode(std::span<const std::uint32_t>(&u, 1));
-      } catch (const core::InputError&) {
-        known = false;
-      }
-    }
-    if (known) {
-      run.push_back(u);
-    } else {
-      flush();
-      out += "\xEF\xBF\xBD";
-    }
-  }
-  flush();
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -207,7 +177,7 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < all.size(); ++i) line += (i ? "," : "") + std::to_string(all[i]);
       std::printf("%s\n", line.c_str());
     } else {
-      std::printf("%s\n", display_text(*tokenizer, all, skip_special).c_str());
+      std::printf("%s\n", tokenizer->display_text(all, skip_special).c_str());
     }
     std::fflush(stdout);
     const double new_tokens = static_cast<double>(result.ids.size());

@@ -201,31 +201,7 @@ std::optional<std::string> sample_text(const models::ModelSpec& spec, optim::Sla
     }
   }
   const models::GenerationResult result = models::generate(*decoder, context, spec.vocab_size(), ids, options);
-  std::vector<std::uint32_t> known;  // runs of ids the tokenizer knows, decoded together
-  std::string out;
-  const auto flush = [&] {
-    out += tokenizer.decode_text(known);
-    known.clear();
-  };
-  for (const std::int32_t id : result.ids) {
-    const auto u = static_cast<std::uint32_t>(id);
-    bool ok = u < tokenizer.vocab_size();
-    if (ok) {
-      try {
-        (void)tokenizer.decode(std::span<const std::uint32_t>(&u, 1));
-      } catch (const core::InputError&) {
-        ok = false;
-      }
-    }
-    if (ok) {
-      known.push_back(u);
-    } else {
-      flush();
-      out += "\xEF\xBF\xBD";  // U+FFFD
-    }
-  }
-  flush();
-  return out;
+  return tokenizer.display_text(result.ids);
 }
 
 // Test hook for the collective timeout: LLMTRAIN_TEST_HANG=R:S makes rank R stop forever at step
