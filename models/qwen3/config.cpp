@@ -128,4 +128,20 @@ std::vector<std::pair<std::string, HfLocation>> hf_tensor_map(const Qwen3Config&
   return m;
 }
 
+Qwen3TensorIndex::Qwen3TensorIndex(const Qwen3Config& config, const optim::SlabLayout& layout, const std::string& who) {
+  auto find = [&](const std::string& name) {
+    const int i = layout.find(name);
+    if (i < 0) throw core::Error(who + ": the slab has no tensor '" + name + "' (not laid out from parameter_specs)");
+    return i;
+  };
+  embed = find("embed_tokens");
+  final_norm = find("final_norm");
+  head = config.tie_word_embeddings ? embed : find("lm_head");
+  for (std::int64_t l = 0; l < config.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    layers.push_back({find(p + "input_norm"), find(p + "qkv"), find(p + "q_norm"), find(p + "k_norm"),
+                      find(p + "o_proj"), find(p + "post_norm"), find(p + "gate_up"), find(p + "down")});
+  }
+}
+
 }  // namespace models::qwen3

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "optim/param_spec.h"
+#include "optim/slab_layout.h"
 
 namespace models::qwen3 {
 
@@ -54,5 +55,17 @@ struct HfLocation {
   std::int64_t rows = 0;
 };
 std::vector<std::pair<std::string, HfLocation>> hf_tensor_map(const Qwen3Config& config);
+
+// Where each tensor of a Qwen3 model sits in a slab laid out from parameter_specs(): indices
+// into its layout, layer by layer; the head is the embedding when tied. core::Error names a tensor
+// the layout lacks (`who`: the model or decoder asking).
+struct Qwen3LayerTensors {
+  int input_norm, qkv, q_norm, k_norm, o_proj, post_norm, gate_up, down;
+};
+struct Qwen3TensorIndex {
+  int embed = 0, final_norm = 0, head = 0;
+  std::vector<Qwen3LayerTensors> layers;
+  Qwen3TensorIndex(const Qwen3Config& config, const optim::SlabLayout& layout, const std::string& who);
+};
 
 }  // namespace models::qwen3

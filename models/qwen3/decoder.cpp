@@ -76,20 +76,11 @@ Qwen3CpuDecoder::Qwen3CpuDecoder(const Qwen3Config& config, optim::Slab& slab, c
   if (capacity_ <= 0) {
     throw core::InputError("decoder: max_tokens (prompt + new tokens) must be positive, got " + std::to_string(capacity_));
   }
-  const auto& layout = slab.layout();
-  auto find = [&](const std::string& name) {
-    const int i = layout.find(name);
-    if (i < 0) throw core::Error("Qwen3CpuDecoder: the slab has no tensor '" + name + "' (not laid out from parameter_specs)");
-    return i;
-  };
-  embed_ = find("embed_tokens");
-  final_norm_ = find("final_norm");
-  head_ = config_.tie_word_embeddings ? embed_ : find("lm_head");
-  for (std::int64_t l = 0; l < config_.num_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    layers_.push_back({find(p + "input_norm"), find(p + "qkv"), find(p + "q_norm"), find(p + "k_norm"),
-                       find(p + "o_proj"), find(p + "post_norm"), find(p + "gate_up"), find(p + "down")});
-  }
+  const Qwen3TensorIndex index(config_, slab.layout(), "Qwen3CpuDecoder");
+  embed_ = index.embed;
+  final_norm_ = index.final_norm;
+  head_ = index.head;
+  layers_ = index.layers;
   k_cache_.assign(static_cast<std::size_t>(config_.num_layers) * cache_layer_elements(), 0.0f);
   v_cache_.assign(k_cache_.size(), 0.0f);
   logits_.assign(static_cast<std::size_t>(config_.vocab_size), 0.0f);

@@ -35,9 +35,7 @@ class Qwen3CpuDecoder final : public Decoder {
   std::size_t cache_bytes() const { return (k_cache_.size() + v_cache_.size()) * sizeof(float); }
 
  private:
-  struct LayerWeights {
-    int input_norm, qkv, q_norm, k_norm, o_proj, post_norm, gate_up, down;
-  };
+  using LayerWeights = Qwen3LayerTensors;
   std::span<const float> weight(int tensor) const;
   float* layer_k(std::size_t layer) { return k_cache_.data() + layer * cache_layer_elements(); }
   float* layer_v(std::size_t layer) { return v_cache_.data() + layer * cache_layer_elements(); }

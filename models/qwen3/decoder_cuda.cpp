@@ -21,9 +21,7 @@ namespace models::qwen3 {
 using decode::bf16;
 
 struct Qwen3CudaDecoder::Impl {
-  struct LayerWeights {
-    int input_norm, qkv, q_norm, k_norm, o_proj, post_norm, gate_up, down;
-  };
+  using LayerWeights = Qwen3LayerTensors;
 
   Qwen3Config c;
   optim::Slab& slab;
@@ -206,20 +204,11 @@ Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab,
                            " not supported on cuda (64 or 128)");
   }
   if (settings.max_prefill_chunk <= 0) throw core::Error("Qwen3CudaDecoder: max_prefill_chunk must be positive");
-  const auto& layout = slab.layout();
-  auto find = [&](const std::string& name) {
-    const int i = layout.find(name);
-    if (i < 0) throw core::Error("Qwen3CudaDecoder: the slab has no tensor '" + name + "'");
-    return i;
-  };
-  m.embed = find("embed_tokens");
-  m.final_norm = find("final_norm");
-  m.head = config.tie_word_embeddings ? m.embed : find("lm_head");
-  for (std::int64_t l = 0; l < config.num_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    m.layers.push_back({find(p + "input_norm"), find(p + "qkv"), find(p + "q_norm"), find(p + "k_norm"),
-                        find(p + "o_proj"), find(p + "post_norm"), find(p + "gate_up"), find(p + "down")});
-  }
+  const Qwen3TensorIndex index(config, slab.layout(), "Qwen3CudaDecoder");
+  m.embed = index.embed;
+  m.final_norm = index.final_norm;
+  m.head = index.head;
+  m.layers = index.layers;
   m.capacity = options.max_tokens;
   m.chunk = std::min(m.capacity, settings.max_prefill_chunk);
   const int sms = std::max(1, context.multiprocessor_count());

@@ -207,22 +207,15 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
   m.capacity = options.max_tokens;
 
   // Weights in the mirror.
-  const auto& layout = slab.layout();
-  auto find = [&](const std::string& name) {
-    const int i = layout.find(name);
-    if (i < 0) throw core::Error("MegakernelDecoder: the slab has no tensor '" + name + "'");
-    return i;
-  };
+  const Qwen3TensorIndex index(config, slab.layout(), "MegakernelDecoder");
   std::vector<mk::LayerWeights> layers;
-  for (std::int64_t l = 0; l < config.num_layers; ++l) {
-    const std::string n = "layers." + std::to_string(l) + ".";
-    layers.push_back({m.w(find(n + "input_norm")), m.w(find(n + "qkv")), m.w(find(n + "q_norm")),
-                      m.w(find(n + "k_norm")), m.w(find(n + "o_proj")), m.w(find(n + "post_norm")),
-                      m.w(find(n + "gate_up")), m.w(find(n + "down"))});
+  for (const Qwen3LayerTensors& t : index.layers) {
+    layers.push_back({m.w(t.input_norm), m.w(t.qkv), m.w(t.q_norm), m.w(t.k_norm), m.w(t.o_proj), m.w(t.post_norm),
+                      m.w(t.gate_up), m.w(t.down)});
   }
-  p.embed = m.w(find("embed_tokens"));
-  p.head = config.tie_word_embeddings ? p.embed : m.w(find("lm_head"));
-  p.final_norm = m.w(find("final_norm"));
+  p.embed = m.w(index.embed);
+  p.head = m.w(index.head);
+  p.final_norm = m.w(index.final_norm);
 
   // The cache.
   const auto cache_elements = static_cast<std::size_t>(config.num_layers * config.kv_size() * m.capacity);

@@ -38,20 +38,11 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, optim::Slab& slab, float* full
     throw core::Error("Qwen3Model: the cpu model needs a cpu slab whose master weights cover the whole model, or "
                       "the whole model's weights");
   }
-  const auto& layout = slab.layout();
-  auto find = [&](const std::string& name) {
-    const int i = layout.find(name);
-    if (i < 0) throw core::Error("Qwen3Model: the slab has no tensor '" + name + "' (not laid out from parameter_specs)");
-    return i;
-  };
-  embed_ = find("embed_tokens");
-  final_norm_ = find("final_norm");
-  head_ = config_.tie_word_embeddings ? embed_ : find("lm_head");
-  for (std::int64_t l = 0; l < config_.num_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    layers_.push_back({find(p + "input_norm"), find(p + "qkv"), find(p + "q_norm"), find(p + "k_norm"),
-                       find(p + "o_proj"), find(p + "post_norm"), find(p + "gate_up"), find(p + "down")});
-  }
+  const Qwen3TensorIndex index(config_, slab.layout(), "Qwen3Model");
+  embed_ = index.embed;
+  final_norm_ = index.final_norm;
+  head_ = index.head;
+  layers_ = index.layers;
 }
 
 std::span<float> Qwen3Model::weight(int tensor) {

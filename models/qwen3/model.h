@@ -35,9 +35,7 @@ class Qwen3Model {
   void logits(std::span<const std::int32_t> ids, std::int64_t batch, std::int64_t seq, std::span<float> out);
 
  private:
-  struct LayerWeights {
-    int input_norm, qkv, q_norm, k_norm, o_proj, post_norm, gate_up, down;
-  };
+  using LayerWeights = Qwen3LayerTensors;
   struct LayerActivations;
 
   std::span<float> weight(int tensor);

@@ -37,9 +37,7 @@ struct Qwen3Cuda::Impl {
   struct LayerSlots {
     std::size_t x_in, rstd_in, h, qkv, qk, rstd_q, rstd_k, att, lse, x_mid, rstd_post, h2, gate_up, act;
   };
-  struct LayerWeights {
-    int input_norm, qkv, q_norm, k_norm, o_proj, post_norm, gate_up, down;
-  };
+  using LayerWeights = Qwen3LayerTensors;
 
   // The gradient ranges of one layer's backward, in the order it finishes them.
   struct LayerGroups {
@@ -284,20 +282,12 @@ Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::D
   if (config.head_dim != 64 && config.head_dim != 128) {
     throw core::InputError("Qwen3Cuda: head_dim " + std::to_string(config.head_dim) + " not supported on cuda (64 or 128)");
   }
-  const auto& layout = slab.layout();
-  auto find = [&](const std::string& name) {
-    const int i = layout.find(name);
-    if (i < 0) throw core::Error("Qwen3Cuda: the slab has no tensor '" + name + "'");
-    return i;
-  };
-  m.embed = find("embed_tokens");
-  m.final_norm = find("final_norm");
-  m.head = config.tie_word_embeddings ? m.embed : find("lm_head");
-  for (std::int64_t l = 0; l < config.num_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    m.layers.push_back({find(p + "input_norm"), find(p + "qkv"), find(p + "q_norm"), find(p + "k_norm"),
-                        find(p + "o_proj"), find(p + "post_norm"), find(p + "gate_up"), find(p + "down")});
-    const Impl::LayerWeights& lw = m.layers.back();
+  const Qwen3TensorIndex index(config, slab.layout(), "Qwen3Cuda");
+  m.embed = index.embed;
+  m.final_norm = index.final_norm;
+  m.head = index.head;
+  m.layers = index.layers;
+  for (const Impl::LayerWeights& lw : m.layers) {
     m.groups.push_back({m.span({lw.post_norm, lw.gate_up, lw.down}),
                         m.span({lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, lw.o_proj})});
   }
