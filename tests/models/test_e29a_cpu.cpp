@@ -249,10 +249,14 @@ TEST(E29aCpu, StateCarriesAcrossCalls) {
 }
 
 // fp32 storage against the fp64 run on the same inputs, and gradients added to what is there.
+// A soft tape (scale 0.5): with sharp attention (tape scale 1.5) one draw in four amplified fp32
+// rounding past these element-wise bounds (normwise errors up to 3e-4 in 1,800 draws, against
+// 8e-7 at most in 800 draws of the soft tape). Sharp attention is covered in fp64 by the
+// finite-difference tests, and against fp32 rounding by the GPU tests' per-draw bound.
 TEST(E29aCpu, FloatMatchesDoubleAndAccumulates) {
   std::mt19937_64 rng(test::fresh_seed());
   const e29a::LayerShape shape{3, 40, 32, 8};
-  const auto pd = random_params(rng, shape.dim, shape.slots);
+  const auto pd = random_params(rng, shape.dim, shape.slots, 0.5f);
   Params<float> pf{optest::narrow(pd.w_xz), optest::narrow(pd.w_h), optest::narrow(pd.b_h),
                    optest::narrow(pd.w_write), optest::narrow(pd.tape0)};
   const Params<double> pw{optest::widen(pf.w_xz), optest::widen(pf.w_h), optest::widen(pf.b_h),
