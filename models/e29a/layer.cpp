@@ -173,7 +173,7 @@ void layer_forward_cpu(const LayerShape& shape, const LayerWeights<Scalar>& weig
 template <typename Scalar>
 void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivations<Scalar>& saved,
                         std::span<const Scalar> u, std::span<const Scalar> dy, std::span<Scalar> du,
-                        const LayerGradients<Scalar>& grads, LayerScoreGradients<Scalar>* scores) {
+                        const LayerGradients<Scalar>& grads, LayerBackwardTrace<Scalar>* trace) {
   constexpr std::string_view op = "e29a_layer_backward";
   const LayerShape& shape = saved.shape;
   check_shape(op, shape);
@@ -193,9 +193,11 @@ void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivati
   }
   checks::require_disjoint(op, {checks::region("du", du)}, {checks::region("u", u), checks::region("dy", dy)});
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  if (scores) {
-    scores->read.assign(static_cast<std::size_t>(T * B * N), Scalar(0));
-    scores->write.assign(static_cast<std::size_t>(T * B * N), Scalar(0));
+  if (trace) {
+    trace->read.assign(static_cast<std::size_t>(T * B * N), Scalar(0));
+    trace->write.assign(static_cast<std::size_t>(T * B * N), Scalar(0));
+    trace->state_grad_norm.assign(static_cast<std::size_t>(T * B), 0.0);
+    trace->tape_grad_norm.assign(static_cast<std::size_t>(T * B), 0.0);
   }
 
   std::vector<Scalar> dxz(static_cast<std::size_t>(B * T * 2 * D));     // [batch, steps, 2D]
@@ -246,8 +248,8 @@ void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivati
         da[n] = sum;
       }
       softmax_backward(a, da.data(), N, ds.data());
-      if (scores) {
-        for (std::int64_t n = 0; n < N; ++n) scores->write[(t * B + b) * N + n] = static_cast<Scalar>(ds[n]);
+      if (trace) {
+        for (std::int64_t n = 0; n < N; ++n) trace->write[(t * B + b) * N + n] = static_cast<Scalar>(ds[n]);
       }
       for (std::int64_t d = 0; d < D; ++d) {
         double sum = 0.0;
@@ -276,9 +278,11 @@ void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivati
       const Scalar* a = read_attn + b * N;
       Scalar* dH = d_tape.data() + b * N * D;
       std::vector<double> dr(static_cast<std::size_t>(D));
+      double dh_sq = 0.0;
       for (std::int64_t d = 0; d < D; ++d) {
         const double h = static_cast<double>(h_cur[b * D + d]);
         const double dh = static_cast<double>(dh_local[b * D + d]) + static_cast<double>(dh_from_write[b * D + d]);
+        dh_sq += dh * dh;
         const double dp = dh * (1.0 - h * h);
         dp_t[b * D + d] = static_cast<Scalar>(dp);
         dxz[(b * T + t) * 2 * D + d] = dp_t[b * D + d];
@@ -291,8 +295,8 @@ void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivati
         da[n] = sum;
       }
       softmax_backward(a, da.data(), N, ds.data());
-      if (scores) {
-        for (std::int64_t n = 0; n < N; ++n) scores->read[(t * B + b) * N + n] = static_cast<Scalar>(ds[n]);
+      if (trace) {
+        for (std::int64_t n = 0; n < N; ++n) trace->read[(t * B + b) * N + n] = static_cast<Scalar>(ds[n]);
       }
       const Scalar* hp = h_prev + b * D;
       for (std::int64_t n = 0; n < N; ++n) {
@@ -301,6 +305,12 @@ void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivati
           dH[n * D + d] = static_cast<Scalar>(static_cast<double>(dH[n * D + d]) + an * dr[d] +
                                               scale * ds[n] * static_cast<double>(hp[d]));
         }
+      }
+      if (trace) {
+        double dtape_sq = 0.0;
+        for (std::int64_t i = 0; i < N * D; ++i) dtape_sq += static_cast<double>(dH[i]) * static_cast<double>(dH[i]);
+        trace->state_grad_norm[static_cast<std::size_t>(t * B + b)] = std::sqrt(dh_sq);
+        trace->tape_grad_norm[static_cast<std::size_t>(t * B + b)] = std::sqrt(dtape_sq);
       }
       for (std::int64_t d = 0; d < D; ++d) {
         double sum = 0.0;
@@ -343,9 +353,9 @@ template void layer_forward_cpu<double>(const LayerShape&, const LayerWeights<do
                                         LayerState<double>*);
 template void layer_backward_cpu<float>(const LayerWeights<float>&, const LayerActivations<float>&,
                                         std::span<const float>, std::span<const float>, std::span<float>,
-                                        const LayerGradients<float>&, LayerScoreGradients<float>*);
+                                        const LayerGradients<float>&, LayerBackwardTrace<float>*);
 template void layer_backward_cpu<double>(const LayerWeights<double>&, const LayerActivations<double>&,
                                          std::span<const double>, std::span<const double>, std::span<double>,
-                                         const LayerGradients<double>&, LayerScoreGradients<double>*);
+                                         const LayerGradients<double>&, LayerBackwardTrace<double>*);
 
 }  // namespace models::e29a

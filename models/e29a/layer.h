@@ -75,12 +75,16 @@ struct LayerActivations {
   std::vector<Scalar> tape;        // [steps, batch, N, D]: H_{t-1}, the tape step t reads
 };
 
-// Score gradients of the last backward (diagnostics and the degeneracy test): dL/d(scores)
-// before the scale, [steps, batch, N] each.
+// What the last backward carried through time (diagnostics and the degeneracy test): the
+// score gradients dL/d(scores) before the scale, [steps, batch, N] each, and the L2 norms of the
+// state and tape gradients, [steps, batch]: dL/dh_t (every path) and dL/dH_{t-1} (the tape step t
+// read, after step t's contributions), which show where a gradient grows going back in time.
 template <typename Scalar>
-struct LayerScoreGradients {
+struct LayerBackwardTrace {
   std::vector<Scalar> read;
   std::vector<Scalar> write;
+  std::vector<double> state_grad_norm;
+  std::vector<double> tape_grad_norm;
 };
 
 // y = E29a(u). `start` (optional) replaces the training start (h_0 = 0, every sequence's tape
@@ -93,10 +97,10 @@ void layer_forward_cpu(const LayerShape& shape, const LayerWeights<Scalar>& weig
 
 // du = dL/du (written); the weight gradients are added to `grads`. The gradient of the start tape,
 // summed over the batch, is added to grads.tape0 (in training the start tape is H_0); h_0 is a
-// constant. `scores` (optional) receives the score gradients.
+// constant. `trace` (optional) receives what the backward carried.
 template <typename Scalar>
 void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivations<Scalar>& saved,
                         std::span<const Scalar> u, std::span<const Scalar> dy, std::span<Scalar> du,
-                        const LayerGradients<Scalar>& grads, LayerScoreGradients<Scalar>* scores = nullptr);
+                        const LayerGradients<Scalar>& grads, LayerBackwardTrace<Scalar>* trace = nullptr);
 
 }  // namespace models::e29a

@@ -113,13 +113,15 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
   const ops::CrossEntropyResult result = ops::cross_entropy_backward_cpu<float>(
       in(final_out), weight(index_.head), targets, d, c.vocab_size, out(dfinal), grad(index_.head), grad_scale);
   Vec dx(x.size()), du(x.size()), dtmp(x.size());
+  if (traces_ != nullptr) traces_->resize(index_.layers.size());
   ops::rmsnorm_backward_cpu<float>(in(dfinal), in(x), weight(index_.final_norm), in(final_rstd), n, d, out(dx),
                                    grad(index_.final_norm));
   for (std::size_t l = index_.layers.size(); l-- > 0;) {
     const LayerTensors& t = index_.layers[l];
     const LayerSaved& s = saved[l];
     layer_backward_cpu<float>(layer_weights(t), s.acts, in(s.normed), in(dx), out(du),
-                              {grad(t.w_xz), grad(t.w_h), grad(t.b_h), grad(t.w_write), grad(t.tape0)});
+                              {grad(t.w_xz), grad(t.w_h), grad(t.b_h), grad(t.w_write), grad(t.tape0)},
+                              traces_ != nullptr ? &(*traces_)[l] : nullptr);
     ops::rmsnorm_backward_cpu<float>(in(du), in(s.x_in), weight(t.norm), in(s.rstd), n, d, out(dtmp), grad(t.norm));
     for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += dtmp[i];
   }

@@ -32,6 +32,8 @@ class E29aCpu final : public TrainableModel {
                         float grad_scale) override;
   void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) override;
   const float* loss() const override { return &loss_; }
+  // Diagnostics: while set, each forward_backward fills one trace per layer (layer.h).
+  void set_backward_trace(std::vector<LayerBackwardTrace<float>>* traces) { traces_ = traces; }
 
  private:
   struct LayerSaved;
@@ -46,6 +48,7 @@ class E29aCpu final : public TrainableModel {
   const float* full_weights_;
   TensorIndex index_;
   float loss_ = 0;
+  std::vector<LayerBackwardTrace<float>>* traces_ = nullptr;
 };
 
 class E29aCpuDecoder final : public Decoder {

@@ -187,7 +187,7 @@ TEST(E29aCpu, ZeroTapeDegeneracy) {
       e29a::LayerActivations<double> acts;
       e29a::layer_forward_cpu<double>(shape, p.view(), u, y, &acts);
       auto g = Params<double>::zeros(shape.dim, slots);
-      e29a::LayerScoreGradients<double> scores;
+      e29a::LayerBackwardTrace<double> scores;
       e29a::layer_backward_cpu<double>(p.view(), acts, u, dy, du, g.grads(), &scores);
       SCOPED_TRACE("N " + std::to_string(slots) + (zero ? " zero tape" : " equal slots"));
 
@@ -216,7 +216,7 @@ TEST(E29aCpu, ZeroTapeDegeneracy) {
   e29a::LayerActivations<double> acts;
   e29a::layer_forward_cpu<double>(shape, p.view(), u, y, &acts);
   auto g = Params<double>::zeros(shape.dim, shape.slots);
-  e29a::LayerScoreGradients<double> scores;
+  e29a::LayerBackwardTrace<double> scores;
   e29a::layer_backward_cpu<double>(p.view(), acts, u, u, du, g.grads(), &scores);
   double max_dev = 0.0, max_score = 0.0;
   for (const double a : acts.read_attn) max_dev = std::max(max_dev, std::fabs(a - 0.25));

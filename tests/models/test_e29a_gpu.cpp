@@ -273,7 +273,7 @@ GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weigh
 struct Reference {
   std::vector<double> y, du, g_xz, g_h, g_b, g_write, g_tape0;
   e29a::LayerActivations<double> acts;
-  e29a::LayerScoreGradients<double> scores;
+  e29a::LayerBackwardTrace<double> scores;
   e29a::LayerState<double> end;
 };
 
@@ -325,7 +325,7 @@ double fp32_tolerance(const Case& c, const Weights& w, const std::vector<double>
       g_h(static_cast<std::size_t>(D * D)), g_b(static_cast<std::size_t>(D)), g_write(g_h.size()),
       g_tape0(static_cast<std::size_t>(N * D));
   e29a::LayerActivations<float> acts;
-  e29a::LayerScoreGradients<float> scores;
+  e29a::LayerBackwardTrace<float> scores;
   e29a::LayerState<float> end;
   e29a::layer_forward_cpu<float>({B, T, D, N}, view, u32, y, &acts, nullptr, &end);
   e29a::layer_backward_cpu<float>(view, acts, u32, dy32, du, {g_xz, g_h, g_b, g_write, g_tape0}, &scores);
