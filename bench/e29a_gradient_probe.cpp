@@ -6,12 +6,15 @@
 // the kernel's error. Then, per layer, the reference's backward through time: the norms of
 // dL/dh_t and dL/dH_{t-1} every `--every` steps going back from the last step, and the largest
 // score gradients of the read and write attentions, which say which path a growing gradient takes.
+// With --variants, the reference's gradient norm (whole model and per layer) under each backward
+// option of layer.h: exact, either attention's scores detached, both, the carried gradient bounded.
 // Prints one JSON object per line.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -37,11 +40,14 @@ struct Gradients {
 Gradients cpu_gradients(const trainer::PretrainedWeights& weights, const std::vector<float>& full,
                         const std::vector<std::int32_t>& ids, const std::vector<std::int32_t>& targets,
                         std::int64_t batch, std::int64_t seq,
-                        std::vector<models::e29a::LayerBackwardTrace<float>>* traces) {
+                        std::vector<models::e29a::LayerBackwardTrace<float>>* traces,
+                        const models::e29a::LayerBackwardOptions& options = {}) {
   const core::DeviceContext context(core::Device::cpu());
   optim::Slab slab(weights.layout, context);
   std::copy(full.begin(), full.end(), slab.master().as<float>());
-  models::e29a::E29aCpu model(models::e29a::config_from_shape(weights.spec->shape()), slab, full.data());
+  models::e29a::E29aConfig config = models::e29a::config_from_shape(weights.spec->shape());
+  config.backward = options;
+  models::e29a::E29aCpu model(config, slab, full.data());
   model.set_backward_trace(traces);
   model.forward_backward(ids.data(), targets.data(), batch, seq, 1.0f);
   Gradients out;
@@ -101,6 +107,10 @@ int main(int argc, char** argv) {
   app.add_option("--seq", seq, "tokens per sequence (default 512)");
   app.add_option("--offset", offset, "token index of the first sequence (default 0)");
   app.add_option("--every", every, "trace every this many steps (default 32)");
+  bool variants = false;
+  double carry_clip = 1.0;
+  app.add_flag("--variants", variants, "the reference's gradient under each backward option");
+  app.add_option("--carry-clip", carry_clip, "bound of the carried-gradient variant (default 1)");
   CLI11_PARSE(app, argc, argv);
   try {
     const trainer::PretrainedWeights weights = trainer::load_pretrained(path);
@@ -162,6 +172,28 @@ int main(int argc, char** argv) {
                                             {"tape_grad_norm", dtape},
                                             {"read_score_grad_max", read},
                                             {"write_score_grad_max", write}})
+                                .dump()
+                                .c_str());
+      }
+    }
+    if (variants) {
+      models::e29a::LayerBackwardOptions read, write, both, clip;
+      read.detach_read_scores = true;
+      write.detach_write_scores = true;
+      both.detach_read_scores = both.detach_write_scores = true;
+      clip.carry_clip = carry_clip;
+      const std::pair<const char*, models::e29a::LayerBackwardOptions> list[] = {
+          {"exact", {}}, {"detach read", read}, {"detach write", write}, {"detach both", both}, {"carry clip", clip}};
+      for (const auto& [name, options] : list) {
+        const Gradients g = cpu_gradients(weights, rounded, ids, targets, batch, seq, nullptr, options);
+        nlohmann::json layers = nlohmann::json::array();
+        for (const optim::SlabTensor& t : weights.layout.tensors()) {
+          if (t.spec.name.ends_with(".w_h")) layers.push_back(norm(g.grad.data() + t.offset, t.numel));
+        }
+        std::printf("%s\n", nlohmann::json({{"variant", name},
+                                            {"carry_clip", options.carry_clip},
+                                            {"grad_norm", norm(g.grad.data(), static_cast<std::int64_t>(g.grad.size()))},
+                                            {"w_h_grad_norm_per_layer", layers}})
                                 .dump()
                                 .c_str());
       }

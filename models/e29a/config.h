@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/e29a/layer.h"
 #include "optim/param_spec.h"
 
 namespace models::e29a {
@@ -29,6 +30,7 @@ struct E29aConfig {
   double tape_init_std = 0.5;
   double rms_norm_eps = 1e-6;
   std::int64_t checkpoint_interval = 0;  // cuda: tape checkpoint every K steps (0: about sqrt(seq))
+  LayerBackwardOptions backward;          // detach_scores, carry_grad_clip (default: the exact gradient)
 
   std::int64_t parameter_count() const;
 };

@@ -40,6 +40,11 @@ const std::vector<ConfigField>& table() {
        .hf_default = 1e-6, .min = 1e-30, .max = 1.0, .help = "RMSNorm epsilon"},
       {.key = "checkpoint_interval", .type = FieldType::integer, .fallback = 0, .min = 0, .max = kMaxSequence,
        .shape = false, .help = "cuda: tape checkpoint every K steps for the backward (0: about sqrt(seq_len))"},
+      {.key = "detach_scores", .type = FieldType::choice, .fallback = "none",
+       .choices = {"none", "read", "write", "both"}, .shape = false,
+       .help = "attention scores that get no gradient in the backward (none: the exact gradient)"},
+      {.key = "carry_grad_clip", .type = FieldType::number, .fallback = 0.0, .min = 0.0, .max = 1e30, .shape = false,
+       .help = "bound on the norm of the gradient a sequence carries from one step to the one before (0: off)"},
   };
   return fields;
 }
@@ -172,6 +177,12 @@ E29aConfig config_from_shape(const Shape& s) {
   if (s.contains("tape_init_std")) c.tape_init_std = s.at("tape_init_std");
   c.rms_norm_eps = s.at("rms_norm_eps");
   if (s.contains("checkpoint_interval")) c.checkpoint_interval = s.at("checkpoint_interval");
+  if (s.contains("detach_scores")) {
+    const std::string detach = s.at("detach_scores");
+    c.backward.detach_read_scores = detach == "read" || detach == "both";
+    c.backward.detach_write_scores = detach == "write" || detach == "both";
+  }
+  if (s.contains("carry_grad_clip")) c.backward.carry_clip = s.at("carry_grad_clip");
   return c;
 }
 
@@ -186,6 +197,9 @@ Shape shape_from_config(const E29aConfig& c) {
   s["tape_init_std"] = c.tape_init_std;
   s["rms_norm_eps"] = c.rms_norm_eps;
   s["checkpoint_interval"] = c.checkpoint_interval;
+  const bool read = c.backward.detach_read_scores, write = c.backward.detach_write_scores;
+  s["detach_scores"] = read && write ? "both" : read ? "read" : write ? "write" : "none";
+  s["carry_grad_clip"] = c.backward.carry_clip;
   return s;
 }
 

@@ -65,6 +65,20 @@ void softmax_backward(const Scalar* a, const double* g, std::int64_t slots, doub
   for (std::int64_t n = 0; n < slots; ++n) ds[n] = static_cast<double>(a[n]) * ((g[n] - g[0]) - mean);
 }
 
+// Rescales the carried gradients of one sequence (dh [dim] and dtape [slots * dim], one vector)
+// to an L2 norm of at most `bound`.
+template <typename Scalar>
+void clip_carried(Scalar* dh, std::int64_t dh_count, Scalar* dtape, std::int64_t dtape_count, double bound) {
+  double sq = 0.0;
+  for (std::int64_t i = 0; i < dh_count; ++i) sq += static_cast<double>(dh[i]) * static_cast<double>(dh[i]);
+  for (std::int64_t i = 0; i < dtape_count; ++i) sq += static_cast<double>(dtape[i]) * static_cast<double>(dtape[i]);
+  const double norm = std::sqrt(sq);
+  if (!(norm > bound)) return;
+  const double factor = bound / norm;
+  for (std::int64_t i = 0; i < dh_count; ++i) dh[i] = static_cast<Scalar>(factor * static_cast<double>(dh[i]));
+  for (std::int64_t i = 0; i < dtape_count; ++i) dtape[i] = static_cast<Scalar>(factor * static_cast<double>(dtape[i]));
+}
+
 }  // namespace
 
 template <typename Scalar>
@@ -173,7 +187,8 @@ void layer_forward_cpu(const LayerShape& shape, const LayerWeights<Scalar>& weig
 template <typename Scalar>
 void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivations<Scalar>& saved,
                         std::span<const Scalar> u, std::span<const Scalar> dy, std::span<Scalar> du,
-                        const LayerGradients<Scalar>& grads, LayerBackwardTrace<Scalar>* trace) {
+                        const LayerGradients<Scalar>& grads, LayerBackwardTrace<Scalar>* trace,
+                        const LayerBackwardOptions& options) {
   constexpr std::string_view op = "e29a_layer_backward";
   const LayerShape& shape = saved.shape;
   check_shape(op, shape);
@@ -223,6 +238,7 @@ void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivati
     // Gate, output, and the tape write (value and attention).
 #pragma omp parallel for schedule(static)
     for (std::int64_t b = 0; b < B; ++b) {
+      if (options.carry_clip > 0) clip_carried(dh_next.data() + b * D, D, d_tape.data() + b * N * D, N * D, options.carry_clip);
       const Scalar* z = saved.xz.data() + (b * T + t) * 2 * D + D;
       const Scalar* dy_row = dy.data() + (b * T + t) * D;
       for (std::int64_t d = 0; d < D; ++d) {
@@ -248,6 +264,7 @@ void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivati
         da[n] = sum;
       }
       softmax_backward(a, da.data(), N, ds.data());
+      if (options.detach_write_scores) std::fill(ds.begin(), ds.end(), 0.0);
       if (trace) {
         for (std::int64_t n = 0; n < N; ++n) trace->write[(t * B + b) * N + n] = static_cast<Scalar>(ds[n]);
       }
@@ -295,6 +312,7 @@ void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivati
         da[n] = sum;
       }
       softmax_backward(a, da.data(), N, ds.data());
+      if (options.detach_read_scores) std::fill(ds.begin(), ds.end(), 0.0);
       if (trace) {
         for (std::int64_t n = 0; n < N; ++n) trace->read[(t * B + b) * N + n] = static_cast<Scalar>(ds[n]);
       }
@@ -353,9 +371,11 @@ template void layer_forward_cpu<double>(const LayerShape&, const LayerWeights<do
                                         LayerState<double>*);
 template void layer_backward_cpu<float>(const LayerWeights<float>&, const LayerActivations<float>&,
                                         std::span<const float>, std::span<const float>, std::span<float>,
-                                        const LayerGradients<float>&, LayerBackwardTrace<float>*);
+                                        const LayerGradients<float>&, LayerBackwardTrace<float>*,
+                                        const LayerBackwardOptions&);
 template void layer_backward_cpu<double>(const LayerWeights<double>&, const LayerActivations<double>&,
                                          std::span<const double>, std::span<const double>, std::span<double>,
-                                         const LayerGradients<double>&, LayerBackwardTrace<double>*);
+                                         const LayerGradients<double>&, LayerBackwardTrace<double>*,
+                                         const LayerBackwardOptions&);
 
 }  // namespace models::e29a

@@ -87,6 +87,16 @@ struct LayerBackwardTrace {
   std::vector<double> tape_grad_norm;
 };
 
+// The backward's treatment of the two paths that can make the gradient grow without bound going
+// back in time (docs/e29a.md, "Exploding gradients"). The default is the exact gradient.
+struct LayerBackwardOptions {
+  bool detach_read_scores = false;   // the read attention's scores get no gradient (a_r a constant)
+  bool detach_write_scores = false;  // the write attention's scores get no gradient (a_w a constant)
+  // > 0: before step t uses them, the gradients carried from step t+1 (dL/dh_t and dL/dH_t of one
+  // sequence, as one vector) are rescaled to an L2 norm of at most carry_clip.
+  double carry_clip = 0;
+};
+
 // y = E29a(u). `start` (optional) replaces the training start (h_0 = 0, every sequence's tape
 // H_0); `end` (optional) receives the state after the last step (the decoder's state).
 // `saved` (optional) receives what the backward needs.
@@ -97,10 +107,11 @@ void layer_forward_cpu(const LayerShape& shape, const LayerWeights<Scalar>& weig
 
 // du = dL/du (written); the weight gradients are added to `grads`. The gradient of the start tape,
 // summed over the batch, is added to grads.tape0 (in training the start tape is H_0); h_0 is a
-// constant. `trace` (optional) receives what the backward carried.
+// constant. `trace` (optional) receives what the backward carried; `options` as above.
 template <typename Scalar>
 void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivations<Scalar>& saved,
                         std::span<const Scalar> u, std::span<const Scalar> dy, std::span<Scalar> du,
-                        const LayerGradients<Scalar>& grads, LayerBackwardTrace<Scalar>* trace = nullptr);
+                        const LayerGradients<Scalar>& grads, LayerBackwardTrace<Scalar>* trace = nullptr,
+                        const LayerBackwardOptions& options = {});
 
 }  // namespace models::e29a

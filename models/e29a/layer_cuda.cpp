@@ -73,9 +73,9 @@ struct LayerCuda::Plan {
 };
 
 LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::int64_t slots, std::int64_t max_batch,
-                     std::int64_t max_steps, std::int64_t checkpoint_interval)
+                     std::int64_t max_steps, std::int64_t checkpoint_interval, const LayerBackwardOptions& options)
     : context_(&context), dim_(dim), slots_(slots), max_batch_(max_batch), max_steps_(max_steps),
-      interval_(checkpoint_interval) {
+      interval_(checkpoint_interval), options_(options) {
   if (!context.is_cuda()) throw core::Error("e29a LayerCuda needs a CUDA device context, got " + context.device().str());
   if (dim < 1 || max_batch < 1 || max_steps < 1 || checkpoint_interval < 0) {
     throw core::Error("e29a LayerCuda: dim, max_batch, max_steps must be positive and checkpoint_interval >= 0, got " +
@@ -304,6 +304,8 @@ void LayerCuda::backward(const LayerWeightsCuda& weights, const bf16* u, const b
       w.dz = dxz + t * 2 * D + D;
       w.dz_stride = T * 2 * D;
       w.score_grad = scores && scores->write ? scores->write + t * B * N : nullptr;
+      w.detach_scores = options_.detach_write_scores;
+      w.carry_clip = static_cast<float>(options_.carry_clip);
       kernels::write_back(w, stream);
       // W_write^T dw_t: dh_write [B, D] = d_write [B, D] W_write [D, D].
       p.gemm.run(B, D, D, {d_write, CUDA_R_32F, D, Transpose::no}, {w_write, CUDA_R_32F, D, Transpose::no},
@@ -328,6 +330,7 @@ void LayerCuda::backward(const LayerWeightsCuda& weights, const bf16* u, const b
       r.dx_stride = T * 2 * D;
       r.d_bias = d_bias;
       r.score_grad = scores && scores->read ? scores->read + t * B * N : nullptr;
+      r.detach_scores = options_.detach_read_scores;
       kernels::read_back(r, stream);
       // dh_{t-1} += W_h^T dp_t: dh_next [B, D] += d_pre [B, D] W_h [D, D].
       p.gemm.run(B, D, D, {d_pre, CUDA_R_32F, D, Transpose::no}, {w_h, CUDA_R_32F, D, Transpose::no},

@@ -28,6 +28,7 @@
 
 #include "core/buffer.h"
 #include "core/device.h"
+#include "models/e29a/layer.h"
 
 namespace models::e29a {
 
@@ -92,9 +93,10 @@ class LayerActivationsCuda {
 class LayerCuda {
  public:
   // Sized for up to max_batch sequences of max_steps; checkpoint_interval 0 picks about
-  // sqrt(max_steps). slots in [1, 64] (kernels are built for 8, 16, 32, 64).
+  // sqrt(max_steps). slots in [1, 64] (kernels are built for 8, 16, 32, 64). `options`: the
+  // backward's treatment of the paths through time (layer.h; default exact).
   LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::int64_t slots, std::int64_t max_batch,
-            std::int64_t max_steps, std::int64_t checkpoint_interval = 0);
+            std::int64_t max_steps, std::int64_t checkpoint_interval = 0, const LayerBackwardOptions& options = {});
   ~LayerCuda();
   LayerCuda(LayerCuda&&) noexcept;
   LayerCuda& operator=(LayerCuda&&) = delete;
@@ -125,6 +127,7 @@ class LayerCuda {
   struct Plan;
   const core::DeviceContext* context_;
   std::int64_t dim_, slots_, max_batch_, max_steps_, interval_;
+  LayerBackwardOptions options_;
   core::Buffer scratch_;
   core::Buffer workspace_;
   std::unique_ptr<Plan> plan_;

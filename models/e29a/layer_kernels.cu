@@ -87,9 +87,9 @@ __device__ __forceinline__ void softmax_warp(const Shared<MaxN>& sh, float scale
 }
 
 // Warp 0: ds = attn * ((g - g[0]) - sum_m attn[m] (g[m] - g[0])) with g = sums (the gradient of the
-// attention weights); exactly zero when every g is equal.
+// attention weights); exactly zero when every g is equal, and zero when the scores are detached.
 template <int MaxN>
-__device__ __forceinline__ void softmax_backward_warp(const Shared<MaxN>& sh, int slots) {
+__device__ __forceinline__ void softmax_backward_warp(const Shared<MaxN>& sh, int slots, bool detach) {
   const int lane = threadIdx.x;
   const bool has0 = lane < slots, has1 = MaxN > 32 && lane + 32 < slots;
   const float g_first = sh.sums[0];
@@ -99,8 +99,8 @@ __device__ __forceinline__ void softmax_backward_warp(const Shared<MaxN>& sh, in
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) mean += __shfl_xor_sync(kFull, mean, offset);
   mean = __shfl_sync(kFull, mean, 0);
-  if (has0) sh.ds[lane] = a0 * (g0 - mean);
-  if (has1) sh.ds[lane + 32] = a1 * (g1 - mean);
+  if (has0) sh.ds[lane] = detach ? 0.0f : a0 * (g0 - mean);
+  if (has1) sh.ds[lane + 32] = detach ? 0.0f : a1 * (g1 - mean);
 }
 
 template <int MaxN>
@@ -202,6 +202,18 @@ __global__ void __launch_bounds__(kMaxThreads) write_back_kernel(WriteBackArgs a
   float part[MaxN];
 #pragma unroll
   for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
+  // The carried gradients' factor: 1, or the bound over their joint norm when it is exceeded.
+  float carry = 1.0f;
+  if (a.carry_clip > 0.0f) {
+    float sq = 0.0f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) sq = fmaf(a.dh_next[b * D + d], a.dh_next[b * D + d], sq);
+    for (int i = threadIdx.x; i < N * D; i += blockDim.x) sq = fmaf(dH[i], dH[i], sq);
+    part[0] = sq;
+    block_slot_sums<MaxN>(part, sh, 1);
+    part[0] = 0.0f;
+    const float norm = sqrtf(sh.sums[0]);
+    if (norm > a.carry_clip) carry = a.carry_clip / norm;
+  }
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     // Gate and output: y = h * silu(g), g = z + r + h.
     const float h = a.h[b * D + d];
@@ -211,17 +223,17 @@ __global__ void __launch_bounds__(kMaxThreads) write_back_kernel(WriteBackArgs a
     const float dg = dout * h * (s * (1.0f + g * (1.0f - s)));
     a.d_gate[b * D + d] = dg;
     dz[d] = __float2bfloat16_rn(dg);
-    a.dh_local[b * D + d] = (a.dh_next[b * D + d] + dout * (g * s)) + dg;
+    a.dh_local[b * D + d] = (carry * a.dh_next[b * D + d] + dout * (g * s)) + dg;
     // Gradient of the write attention weights: <dH[n], w - H[n]>.
     const float v = w[d];
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(dH[n * D + d], v - H[n * D + d], part[n]);
+      if (n < N) part[n] = fmaf(carry * dH[n * D + d], v - H[n * D + d], part[n]);
     }
   }
   if (threadIdx.x < N) sh.attn[threadIdx.x] = a.write_attn[b * N + threadIdx.x];
   block_slot_sums<MaxN>(part, sh, N);
-  if (threadIdx.x < 32) softmax_backward_warp<MaxN>(sh, N);
+  if (threadIdx.x < 32) softmax_backward_warp<MaxN>(sh, N, a.detach_scores);
   __syncthreads();
   if (a.score_grad && threadIdx.x < N) a.score_grad[b * N + threadIdx.x] = sh.ds[threadIdx.x];
 
@@ -231,7 +243,7 @@ __global__ void __launch_bounds__(kMaxThreads) write_back_kernel(WriteBackArgs a
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
       if (n < N) {
-        const float dh_n = dH[n * D + d];
+        const float dh_n = carry * dH[n * D + d];
         const float sds = a.scale * sh.ds[n];
         dw = fmaf(sh.attn[n], dh_n, dw);
         dw = fmaf(sds, H[n * D + d], dw);
@@ -273,7 +285,7 @@ __global__ void __launch_bounds__(kMaxThreads) read_back_kernel(ReadBackArgs a) 
   }
   if (threadIdx.x < N) sh.attn[threadIdx.x] = a.read_attn[b * N + threadIdx.x];
   block_slot_sums<MaxN>(part, sh, N);
-  if (threadIdx.x < 32) softmax_backward_warp<MaxN>(sh, N);
+  if (threadIdx.x < 32) softmax_backward_warp<MaxN>(sh, N, a.detach_scores);
   __syncthreads();
   if (a.score_grad && threadIdx.x < N) a.score_grad[b * N + threadIdx.x] = sh.ds[threadIdx.x];
 

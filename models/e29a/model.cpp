@@ -121,7 +121,7 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
     const LayerSaved& s = saved[l];
     layer_backward_cpu<float>(layer_weights(t), s.acts, in(s.normed), in(dx), out(du),
                               {grad(t.w_xz), grad(t.w_h), grad(t.b_h), grad(t.w_write), grad(t.tape0)},
-                              traces_ != nullptr ? &(*traces_)[l] : nullptr);
+                              traces_ != nullptr ? &(*traces_)[l] : nullptr, c.backward);
     ops::rmsnorm_backward_cpu<float>(in(du), in(s.x_in), weight(t.norm), in(s.rstd), n, d, out(dtmp), grad(t.norm));
     for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += dtmp[i];
   }

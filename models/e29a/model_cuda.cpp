@@ -84,7 +84,7 @@ struct E29aCuda::Impl {
     CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffers may still be in use
     acts.clear();
     layer.reset();
-    layer = std::make_unique<LayerCuda>(ctx, c.hidden_size, c.n_slots, b, t, c.checkpoint_interval);
+    layer = std::make_unique<LayerCuda>(ctx, c.hidden_size, c.n_slots, b, t, c.checkpoint_interval, c.backward);
     for (std::size_t l = 0; l < index.layers.size(); ++l) acts.push_back(layer->make_activations());
     layer_batch = b;
     layer_steps = t;

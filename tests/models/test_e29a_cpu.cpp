@@ -8,6 +8,8 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <numeric>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -224,6 +226,162 @@ TEST(E29aCpu, ZeroTapeDegeneracy) {
   EXPECT_GT(max_dev, 0.05);
   EXPECT_GT(max_score, 1e-3);
   EXPECT_NE(g.tape0[0], g.tape0[shape.dim]);
+}
+
+// A second, independent forward of the layer's equations (one sequence at a time, plain loops)
+// whose attentions can be frozen at given values and whose state can be restarted at every step
+// from a given trajectory: the functions the backward's options differentiate. Returns
+// sum_t <y_t, dy_t> over the batch.
+struct FrozenForward {
+  const e29a::LayerShape& shape;
+  const std::vector<double>* read_attn = nullptr;   // [steps, batch, N]: frozen a_r, or computed
+  const std::vector<double>* write_attn = nullptr;  // frozen a_w, or computed
+  const e29a::LayerActivations<double>* restart = nullptr;  // every step starts from this h_{t-1}, H_{t-1}
+
+  double loss(const Params<double>& p, const std::vector<double>& u, const std::vector<double>& dy) const {
+    const std::int64_t B = shape.batch, T = shape.steps, D = shape.dim, N = shape.slots;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    auto softmax = [&](const std::vector<double>& H, const std::vector<double>& v) {
+      std::vector<double> a(static_cast<std::size_t>(N));
+      double m = -1e300, sum = 0.0;
+      for (std::int64_t n = 0; n < N; ++n) {
+        double dot = 0.0;
+        for (std::int64_t d = 0; d < D; ++d) dot += H[n * D + d] * v[d];
+        a[n] = scale * dot;
+        m = std::max(m, a[n]);
+      }
+      for (auto& x : a) sum += (x = std::exp(x - m));
+      for (auto& x : a) x /= sum;
+      return a;
+    };
+    double total = 0.0;
+    for (std::int64_t b = 0; b < B; ++b) {
+      std::vector<double> h(static_cast<std::size_t>(D), 0.0), H(p.tape0);
+      for (std::int64_t t = 0; t < T; ++t) {
+        if (restart != nullptr && t > 0) {
+          for (std::int64_t d = 0; d < D; ++d) h[d] = restart->h[(t * B + b) * D + d];
+          for (std::int64_t i = 0; i < N * D; ++i) H[i] = restart->tape[(t * B + b) * N * D + i];
+        }
+        const double* ut = u.data() + (b * T + t) * D;
+        std::vector<double> x(static_cast<std::size_t>(D)), z(x.size()), r(x.size(), 0.0), w(x.size());
+        for (std::int64_t o = 0; o < 2 * D; ++o) {
+          double acc = 0.0;
+          for (std::int64_t i = 0; i < D; ++i) acc += p.w_xz[o * D + i] * ut[i];
+          (o < D ? x[o] : z[o - D]) = acc;
+        }
+        std::vector<double> ar = softmax(H, h);
+        if (read_attn != nullptr) ar.assign(read_attn->begin() + (t * B + b) * N, read_attn->begin() + (t * B + b + 1) * N);
+        for (std::int64_t n = 0; n < N; ++n) {
+          for (std::int64_t d = 0; d < D; ++d) r[d] += ar[n] * H[n * D + d];
+        }
+        std::vector<double> hn(x.size());
+        for (std::int64_t o = 0; o < D; ++o) {
+          double acc = x[o] + r[o] + p.b_h[o];
+          for (std::int64_t i = 0; i < D; ++i) acc += p.w_h[o * D + i] * h[i];
+          hn[o] = std::tanh(acc);
+        }
+        h = hn;
+        for (std::int64_t o = 0; o < D; ++o) {
+          double acc = 0.0;
+          for (std::int64_t i = 0; i < D; ++i) acc += p.w_write[o * D + i] * h[i];
+          w[o] = acc;
+        }
+        std::vector<double> aw = softmax(H, w);
+        if (write_attn != nullptr) aw.assign(write_attn->begin() + (t * B + b) * N, write_attn->begin() + (t * B + b + 1) * N);
+        for (std::int64_t n = 0; n < N; ++n) {
+          for (std::int64_t d = 0; d < D; ++d) H[n * D + d] = (1.0 - aw[n]) * H[n * D + d] + aw[n] * w[d];
+        }
+        for (std::int64_t d = 0; d < D; ++d) {
+          const double g = z[d] + r[d] + h[d];
+          total += h[d] * (g / (1.0 + std::exp(-g))) * dy[(b * T + t) * D + d];
+        }
+      }
+    }
+    return total;
+  }
+};
+
+// Detached scores: the gradient of the same function with that attention frozen at the values of
+// the forward (finite differences through the independent forward above, attentions held).
+TEST(E29aCpu, DetachedScoresGiveTheGradientWithFrozenAttention) {
+  SingleThread single;
+  std::mt19937_64 rng(test::fresh_seed());
+  const e29a::LayerShape shape{2, 5, 6, 3};
+  for (int variant = 0; variant < 3; ++variant) {
+    e29a::LayerBackwardOptions options;
+    options.detach_read_scores = variant != 1;
+    options.detach_write_scores = variant != 0;
+    SCOPED_TRACE(variant == 0 ? "read" : variant == 1 ? "write" : "both");
+    auto p = random_params(rng, shape.dim, shape.slots);
+    const auto u = optest::random_doubles(rng, shape.batch * shape.steps * shape.dim);
+    const auto dy = optest::random_doubles(rng, u.size());
+    std::vector<double> y(u.size()), du(u.size());
+    e29a::LayerActivations<double> acts;
+    e29a::layer_forward_cpu<double>(shape, p.view(), u, y, &acts);
+    auto g = Params<double>::zeros(shape.dim, shape.slots), exact = g;
+    e29a::LayerBackwardTrace<double> trace;
+    e29a::layer_backward_cpu<double>(p.view(), acts, u, dy, du, g.grads(), &trace, options);
+    e29a::layer_backward_cpu<double>(p.view(), acts, u, dy, du, exact.grads());
+    FrozenForward f{shape};
+    if (options.detach_read_scores) f.read_attn = &acts.read_attn;
+    if (options.detach_write_scores) f.write_attn = &acts.write_attn;
+    const auto loss = [&] { return f.loss(p, u, dy); };
+    EXPECT_NEAR(loss(), std::inner_product(y.begin(), y.end(), dy.begin(), 0.0), 1e-9);
+    EXPECT_TRUE(normwise_matches_fd("dW_h", p.w_h, g.w_h, loss, 1e-7, 1e-12));
+    EXPECT_TRUE(normwise_matches_fd("dW_write", p.w_write, g.w_write, loss, 1e-7, 1e-12));
+    EXPECT_TRUE(normwise_matches_fd("dH_0", p.tape0, g.tape0, loss, 1e-7, 1e-12));
+    EXPECT_TRUE(normwise_matches_fd("db_h", p.b_h, g.b_h, loss, 1e-7, 1e-12));
+    // What was dropped was not nothing: the exact gradient differs, the detached scores are zero.
+    double diff = 0.0;
+    for (std::size_t i = 0; i < g.w_h.size(); ++i) diff = std::max(diff, std::fabs(g.w_h[i] - exact.w_h[i]));
+    EXPECT_GT(diff, 1e-6);
+    if (options.detach_read_scores) {
+      for (const double v : trace.read) ASSERT_EQ(v, 0.0);
+    }
+    if (options.detach_write_scores) {
+      for (const double v : trace.write) ASSERT_EQ(v, 0.0);
+    }
+  }
+}
+
+// The carried gradient's bound: above every carried norm it changes nothing (bit for bit); near
+// zero nothing is carried, and the gradient is that of sum_t <y_t, dy_t> with every step started
+// from the forward's own h_{t-1} and H_{t-1} held fixed; the trace shows the bound acting.
+TEST(E29aCpu, CarryClipBoundsWhatCrossesSteps) {
+  SingleThread single;
+  std::mt19937_64 rng(test::fresh_seed());
+  const e29a::LayerShape shape{2, 6, 5, 3};
+  auto p = random_params(rng, shape.dim, shape.slots);
+  const auto u = optest::random_doubles(rng, shape.batch * shape.steps * shape.dim);
+  const auto dy = optest::random_doubles(rng, u.size());
+  std::vector<double> y(u.size()), du(u.size()), du_loose(u.size());
+  e29a::LayerActivations<double> acts;
+  e29a::layer_forward_cpu<double>(shape, p.view(), u, y, &acts);
+  auto exact = Params<double>::zeros(shape.dim, shape.slots), loose = exact, cut = exact;
+  e29a::layer_backward_cpu<double>(p.view(), acts, u, dy, du, exact.grads());
+  e29a::LayerBackwardOptions options;
+  options.carry_clip = 1e30;
+  e29a::layer_backward_cpu<double>(p.view(), acts, u, dy, du_loose, loose.grads(), nullptr, options);
+  EXPECT_EQ(loose.w_h, exact.w_h);
+  EXPECT_EQ(loose.tape0, exact.tape0);
+  EXPECT_EQ(du_loose, du);
+
+  options.carry_clip = 1e-200;
+  e29a::LayerBackwardTrace<double> trace;
+  e29a::layer_backward_cpu<double>(p.view(), acts, u, dy, du, cut.grads(), &trace, options);
+  FrozenForward f{shape};
+  f.restart = &acts;
+  // h_{t-1} of step t is acts.h[t]; the tape step t reads is acts.tape[t]: FrozenForward reads both
+  // at [t * B + b], which is how they are laid out.
+  const auto loss = [&] { return f.loss(p, u, dy); };
+  EXPECT_TRUE(normwise_matches_fd("dW_h", p.w_h, cut.w_h, loss, 1e-7, 1e-12));
+  EXPECT_TRUE(normwise_matches_fd("dW_write", p.w_write, cut.w_write, loss, 1e-7, 1e-12));
+  EXPECT_TRUE(normwise_matches_fd("dW_xz", p.w_xz, cut.w_xz, loss, 1e-7, 1e-12));
+  // H_0 only reaches step 0 (every later step restarts from the saved tape, step 0 from H_0).
+  EXPECT_TRUE(normwise_matches_fd("dH_0", p.tape0, cut.tape0, loss, 1e-7, 1e-12));
+  double diff = 0.0;
+  for (std::size_t i = 0; i < cut.w_h.size(); ++i) diff = std::max(diff, std::fabs(cut.w_h[i] - exact.w_h[i]));
+  EXPECT_GT(diff, 1e-6);
 }
 
 // Running a sequence in two calls, the second starting from the first's end state, gives the

@@ -28,6 +28,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -230,7 +231,8 @@ struct GpuResult {
 };
 
 GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weights& w, const Bits& u, const Bits& dy,
-                  const std::vector<float>& grad_init, std::int64_t interval = 0) {
+                  const std::vector<float>& grad_init, std::int64_t interval = 0,
+                  const e29a::LayerBackwardOptions& options = {}) {
   const std::int64_t B = c.batch, T = c.steps, D = c.dim, N = c.slots;
   auto slice = [&](std::size_t offset, std::size_t count) {
     return std::vector<float>(grad_init.begin() + offset, grad_init.begin() + offset + count);
@@ -238,7 +240,7 @@ GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weigh
   const auto dd = static_cast<std::size_t>(D * D);
   DeviceLayer layer(w, slice(0, 2 * dd), slice(2 * dd, dd), slice(3 * dd, D), slice(3 * dd + D, dd),
                     slice(4 * dd + D, N * D));
-  e29a::LayerCuda cuda(context, D, N, B, T, interval);
+  e29a::LayerCuda cuda(context, D, N, B, T, interval, options);
   auto acts = cuda.make_activations();
   core::Buffer u_d = to_device(u), dy_d = to_device(dy);
   const std::size_t tokens = static_cast<std::size_t>(B * T * D);
@@ -277,7 +279,8 @@ struct Reference {
   e29a::LayerState<double> end;
 };
 
-Reference run_reference(const Case& c, const Weights& w, const std::vector<double>& u, const std::vector<double>& dy) {
+Reference run_reference(const Case& c, const Weights& w, const std::vector<double>& u, const std::vector<double>& dy,
+                        const e29a::LayerBackwardOptions& options = {}) {
   const std::int64_t B = c.batch, T = c.steps, D = c.dim, N = c.slots;
   const e29a::LayerShape shape{B, T, D, N};
   const e29a::LayerWeights<double> view{w.w_xz.values, w.w_h.values, w.b_h.values, w.w_write.values, w.tape0.values};
@@ -291,7 +294,7 @@ Reference run_reference(const Case& c, const Weights& w, const std::vector<doubl
   r.g_tape0.assign(static_cast<std::size_t>(N * D), 0.0);
   e29a::layer_forward_cpu<double>(shape, view, u, r.y, &r.acts, nullptr, &r.end);
   e29a::layer_backward_cpu<double>(view, r.acts, u, dy, r.du, {r.g_xz, r.g_h, r.g_b, r.g_write, r.g_tape0},
-                                   &r.scores);
+                                   &r.scores, options);
   return r;
 }
 
@@ -314,7 +317,7 @@ double relative_error(const std::vector<float>& actual, const std::vector<double
 // The case's fp32 tolerance: the fp32 CPU reference's largest error on the fp32 paths, times 100
 // (at least kFp32Tolerance), so a draw whose recurrence amplifies rounding gets the room it needs.
 double fp32_tolerance(const Case& c, const Weights& w, const std::vector<double>& u, const std::vector<double>& dy,
-                      const Reference& r) {
+                      const Reference& r, const e29a::LayerBackwardOptions& options = {}) {
   const std::int64_t B = c.batch, T = c.steps, D = c.dim, N = c.slots;
   auto narrow = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
   const std::vector<float> w_xz = narrow(w.w_xz.values), w_h = narrow(w.w_h.values), b_h = narrow(w.b_h.values),
@@ -328,7 +331,7 @@ double fp32_tolerance(const Case& c, const Weights& w, const std::vector<double>
   e29a::LayerBackwardTrace<float> scores;
   e29a::LayerState<float> end;
   e29a::layer_forward_cpu<float>({B, T, D, N}, view, u32, y, &acts, nullptr, &end);
-  e29a::layer_backward_cpu<float>(view, acts, u32, dy32, du, {g_xz, g_h, g_b, g_write, g_tape0}, &scores);
+  e29a::layer_backward_cpu<float>(view, acts, u32, dy32, du, {g_xz, g_h, g_b, g_write, g_tape0}, &scores, options);
   const double e = std::max({relative_error(acts.h, r.acts.h), relative_error(acts.read_attn, r.acts.read_attn),
                              relative_error(acts.write_attn, r.acts.write_attn), relative_error(end.tape, r.end.tape),
                              relative_error(scores.read, r.scores.read), relative_error(scores.write, r.scores.write),
@@ -385,6 +388,37 @@ TEST(E29aGpu, MatchesReference) {
     const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init);
     const Reference r = run_reference(c, w, u.values, dy.values);
     compare(c, g, r, grad_init, fp32_tolerance(c, w, u.values, dy.values, r));
+  }
+}
+
+// The backward's options (detached scores, the carried gradient's bound) on the GPU as in the
+// reference; the bound (1.0) is below the carried norms of these draws, so it acts.
+TEST(E29aGpu, BackwardOptionsMatchReference) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  core::DeviceContext context(core::Device::cuda());
+  const Case cases[] = {{16, 72, 129, 3}, {8, 200, 37, 2}, {64, 64, 65, 1}};
+  e29a::LayerBackwardOptions read, write, both, clip, clip_both;
+  read.detach_read_scores = true;
+  write.detach_write_scores = true;
+  both.detach_read_scores = both.detach_write_scores = true;
+  clip.carry_clip = 1.0;
+  clip_both = both;
+  clip_both.carry_clip = 1.0;
+  const std::pair<const char*, e29a::LayerBackwardOptions> variants[] = {
+      {"detach read", read}, {"detach write", write}, {"detach both", both}, {"carry clip", clip},
+      {"both + clip", clip_both}};
+  for (const Case& c : cases) {
+    for (const auto& [name, options] : variants) {
+      SCOPED_TRACE(describe(c) + ", " + name);
+      const Weights w = random_weights(rng, c.dim, c.slots);
+      const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
+      const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
+      const std::vector<float> grad_init = test::random_normal(rng, gradient_count(c), 0.5f);
+      const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, options);
+      const Reference r = run_reference(c, w, u.values, dy.values, options);
+      compare(c, g, r, grad_init, fp32_tolerance(c, w, u.values, dy.values, r, options));
+    }
   }
 }
 
