@@ -28,7 +28,7 @@ struct SectionSchema;
 const std::vector<SectionSchema>& schema();
 
 // The sections, in the order resolved_yaml writes them.
-const std::vector<std::string>& top_level_keys();
+std::vector<std::string> top_level_keys();
 
 // Bounds that keep every product of batch sizes far from overflow and a step finite in time.
 constexpr std::int64_t kMaxMicroTokens = std::int64_t{1} << 31;  // int32 token indexing on the device
@@ -738,12 +738,9 @@ const std::vector<SectionSchema>& schema() {
   return sections;
 }
 
-const std::vector<std::string>& top_level_keys() {
-  static const std::vector<std::string> keys = [] {
-    std::vector<std::string> k;
-    for (const SectionSchema& section : schema()) k.push_back(section.name);
-    return k;
-  }();
+std::vector<std::string> top_level_keys() {
+  std::vector<std::string> keys;
+  for (const SectionSchema& section : schema()) keys.push_back(section.name);
   return keys;
 }
 

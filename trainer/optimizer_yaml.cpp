@@ -177,12 +177,9 @@ std::string yaml_number(double value) {
   return std::string(buffer, result.ptr);
 }
 
-const std::vector<std::string>& optimizer_config_keys() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> n;
-    for (const Key& k : keys()) n.push_back(k.name);
-    return n;
-  }();
+std::vector<std::string> optimizer_config_keys() {
+  std::vector<std::string> names;
+  for (const Key& k : keys()) names.push_back(k.name);
   return names;
 }
 

@@ -24,7 +24,7 @@ optim::OptimizerConfig optimizer_config_from_yaml(const YAML::Node& node, const 
 void emit_optimizer_config(YAML::Emitter& out, const optim::OptimizerConfig& config);
 
 // Every key optimizer_config_from_yaml reads, in table order.
-const std::vector<std::string>& optimizer_config_keys();
+std::vector<std::string> optimizer_config_keys();
 
 // A double as the shortest text that reads back to the same value.
 std::string yaml_number(double value);
