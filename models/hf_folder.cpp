@@ -8,7 +8,8 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "models/model_config.h"
-#include "models/qwen3/safetensors.h"
+#include "models/registry.h"
+#include "models/safetensors.h"
 
 namespace models {
 

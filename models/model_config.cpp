@@ -6,7 +6,6 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "models/registry.h"
 
 namespace models {
 
@@ -214,24 +213,6 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
     throw core::InputError(path.string() + ": not valid JSON: " + e.what());
   }
 }
-
-const Family& family_of_hf_config(const nlohmann::json& config, const std::string& where) {
-  if (!config.is_object()) throw core::InputError(where + ": expected a JSON object");
-  const auto it = config.find("architectures");
-  if (it == config.end() || !it->is_array() || it->empty() || !(*it)[0].is_string()) {
-    throw core::InputError(where + ": architectures: expected a list naming the model class (e.g. [\"Qwen3ForCausalLM\"])");
-  }
-  const std::string architecture = (*it)[0].get<std::string>();
-  const Family* family = family_for_hf_architecture(architecture);
-  if (family == nullptr) {
-    std::vector<std::string> known;
-    for (const Family* f : families()) known.push_back(f->hf_architecture());
-    throw core::InputError(where + ": architectures: '" + architecture + "' is not supported (known: " + joined(known) + ")");
-  }
-  return *family;
-}
-
-std::unique_ptr<ModelSpec> make_spec(const std::string& name, const Shape& shape) { return family(name).spec(shape); }
 
 std::int64_t ModelSpec::parameter_count() const {
   std::int64_t n = 0;

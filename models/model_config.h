@@ -38,10 +38,4 @@ Shape weights_shape(const Family& family, const Shape& shape);
 // Parses a JSON file; core::InputError with the path and the parser's line and column.
 nlohmann::json read_json_file(const std::filesystem::path& path);
 
-// The family a config.json names (architectures[0]); core::InputError naming the file otherwise.
-const Family& family_of_hf_config(const nlohmann::json& config, const std::string& where);
-
-// The spec of family `family` for a complete, checked shape.
-std::unique_ptr<ModelSpec> make_spec(const std::string& family, const Shape& shape);
-
 }  // namespace models

@@ -41,4 +41,20 @@ const Family* family_for_hf_architecture(const std::string& architecture) {
   return nullptr;
 }
 
+const Family& family_of_hf_config(const nlohmann::json& config, const std::string& where) {
+  if (!config.is_object()) throw core::InputError(where + ": expected a JSON object");
+  const auto it = config.find("architectures");
+  if (it == config.end() || !it->is_array() || it->empty() || !(*it)[0].is_string()) {
+    throw core::InputError(where + ": architectures: expected a list naming the model class (e.g. [\"Qwen3ForCausalLM\"])");
+  }
+  const std::string architecture = (*it)[0].get<std::string>();
+  const Family* found = family_for_hf_architecture(architecture);
+  if (found == nullptr) {
+    std::string known;
+    for (const Family* f : families()) known += (known.empty() ? "" : ", ") + f->hf_architecture();
+    throw core::InputError(where + ": architectures: '" + architecture + "' is not supported (known: " + known + ")");
+  }
+  return *found;
+}
+
 }  // namespace models

@@ -18,4 +18,7 @@ std::vector<const Family*> families();
 // Makes `family` known to this program (it must outlive every use).
 void add_family(const Family& family);
 
+// The family a config.json names (architectures[0]); core::InputError naming the file otherwise.
+const Family& family_of_hf_config(const nlohmann::json& config, const std::string& where);
+
 }  // namespace models

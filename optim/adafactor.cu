@@ -10,10 +10,13 @@
 
 #include "core/error.h"
 #include "optim/adafactor.h"
-#include "optim/block_reduce.cuh"
+#include "core/block_reduce.cuh"
 #include "optim/update_epilogue.cuh"
 
 namespace optim {
+
+using core::block_sum;
+using core::warp_sum;
 
 namespace {
 

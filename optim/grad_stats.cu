@@ -1,9 +1,12 @@
 // Single-launch, deterministic gradient statistics (see grad_stats.h).
 #include "core/error.h"
-#include "optim/block_reduce.cuh"
+#include "core/block_reduce.cuh"
 #include "optim/grad_stats.h"
 
 namespace optim {
+
+using core::block_sum;
+using core::warp_sum;
 
 namespace {
 

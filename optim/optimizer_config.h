@@ -1,4 +1,4 @@
-// The `optimizer` section of a run's config, validated. Hyper-parameters are kept in double,
+// The `optimizer` section of a run's config, validated (read from YAML by trainer/optimizer_yaml.h). Hyper-parameters are kept in double,
 // as PyTorch keeps them, and rounded to fp32 only where the element formulas use them.
 #pragma once
 
@@ -6,8 +6,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <yaml-cpp/yaml.h>
 
 #include "optim/step_scalars.h"
 
@@ -70,16 +68,6 @@ struct OptimizerConfig {
 
 // Throws core::InputError naming `where` and the key when a value is out of range.
 void validate(const OptimizerConfig& config, const std::string& where);
-
-// Reads an `optimizer:` mapping. Keys: type, lr, betas, eps, weight_decay, grad_clip, nonfinite;
-// adamw8bit: min_8bit_size, quantization; adafactor: eps1, eps2, clip_threshold, decay_rate,
-// beta1, relative_step, scale_parameter, warmup_init, eps1_mode, decay_scale.
-// Unknown keys, keys of another optimizer type, wrong types and out-of-range values throw
-// core::InputError naming `file`, the line and the key.
-OptimizerConfig optimizer_config_from_yaml(const YAML::Node& node, const std::string& file);
-
-// Every key optimizer_config_from_yaml reads, in the order listed above.
-const std::vector<std::string>& optimizer_config_keys();
 
 const char* nonfinite_policy_name(NonFinitePolicy policy);
 

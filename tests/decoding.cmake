@@ -1,14 +1,15 @@
 # Stateful generation: KV-cache decoders (cpu reference, cuda), token sampling, text decoding.
-llmtrain_test(test_decoder_cpu cpu models/test_decoder_cpu.cpp)
+llmtrain_test(test_decoder_cpu cpu models/qwen3/test_decoder_cpu.cpp)
 target_link_libraries(test_decoder_cpu PRIVATE models)
-llmtrain_test(test_sampling cpu models/test_sampling.cpp)
+llmtrain_test(test_sampling cpu models/ops/test_sampling.cpp)
 target_link_libraries(test_sampling PRIVATE models)
-llmtrain_test(test_decoder_bpe cpu models/test_decoder_bpe.cpp)
+llmtrain_test(test_decoder_bpe cpu text/test_decoder_bpe.cpp)
 target_link_libraries(test_decoder_bpe PRIVATE text_data)
 # GPU suites with a time limit per test (a hung kernel fails the test instead of stalling the run;
-# tests/models/gpu_watchdog.h also ends the process from inside).
-foreach(name test_decoder_gpu test_sampling_gpu)
-  add_executable(${name} models/${name}.cpp)
+# tests/support/gpu_watchdog.h also ends the process from inside).
+foreach(source models/qwen3/test_decoder_gpu.cpp models/ops/test_sampling_gpu.cpp)
+  get_filename_component(name ${source} NAME_WE)
+  add_executable(${name} ${source})
   target_link_libraries(${name} PRIVATE test_support GTest::gtest_main models OpenMP::OpenMP_CXX)
   target_compile_definitions(${name} PRIVATE LLMTRAIN_FIXTURES_DIR="${CMAKE_CURRENT_SOURCE_DIR}/fixtures")
   gtest_discover_tests(${name} PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "SKIPPED" TIMEOUT 180

@@ -1,11 +1,11 @@
 # E29a: the layer's CPU reference (finite differences, the PyTorch fixture, the zero-tape
 # degeneracy) and its CUDA path against that reference.
-llmtrain_test(test_e29a_cpu cpu models/test_e29a_cpu.cpp)
+llmtrain_test(test_e29a_cpu cpu models/e29a/test_e29a_cpu.cpp)
 target_link_libraries(test_e29a_cpu PRIVATE models OpenMP::OpenMP_CXX nlohmann_json::nlohmann_json)
-llmtrain_test(test_e29a_gpu gpu models/test_e29a_gpu.cpp)
+llmtrain_test(test_e29a_gpu gpu models/e29a/test_e29a_gpu.cpp)
 target_link_libraries(test_e29a_gpu PRIVATE models)
 # The family end to end on the CPU: training with the loss falling, resume on 2 ranks, export, init_from.
-add_test(NAME E29a.TrainResumeExport COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/models/run_e29a_train.sh
+add_test(NAME E29a.TrainResumeExport COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/models/e29a/run_e29a_train.sh
          ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
 set_tests_properties(E29a.TrainResumeExport PROPERTIES LABELS "cpu;mpi" TIMEOUT 600)
 # The multi-rank CPU tests (loss parity over 1/2/3 ranks for each optimizer and ZeRO stage; resume
@@ -16,9 +16,9 @@ foreach(script parity reshard)
   set_tests_properties(E29a.Mpi_${script} PROPERTIES LABELS mpi TIMEOUT 900)
 endforeach()
 # The language model behind the model interface: cpu gradients, decoder; cuda against cpu.
-llmtrain_test(test_e29a_model_cpu cpu models/test_e29a_model_cpu.cpp)
+llmtrain_test(test_e29a_model_cpu cpu models/e29a/test_e29a_model_cpu.cpp)
 target_link_libraries(test_e29a_model_cpu PRIVATE models)
-llmtrain_test(test_e29a_model_gpu gpu models/test_e29a_model_gpu.cpp)
+llmtrain_test(test_e29a_model_gpu gpu models/e29a/test_e29a_model_gpu.cpp)
 target_link_libraries(test_e29a_model_gpu PRIVATE models)
 # The shipped N = 16 upstream config trains 120 steps on the GPU without its gradient exploding.
 add_test(NAME E29a.UpstreamRecipeStable COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/models/run_e29a_recipe.sh

@@ -3,31 +3,32 @@
 #include "trainer/config.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 
 #include <yaml-cpp/yaml.h>
 
 #include "core/error.h"
 #include "models/model_config.h"
 #include "models/registry.h"
+#include "trainer/optimizer_yaml.h"
 
 namespace trainer {
 
 namespace {
 
-// The keys of each section, in the order resolved_yaml writes them.
-const std::vector<std::string>& top_level_keys() {
-  static const std::vector<std::string> keys = {"run",      "device",   "model",      "data", "training", "optimizer",
-                                                "schedule", "parallel", "checkpoint", "eval", "logging",  "sample"};
-  return keys;
-}
+struct SectionSchema;
+const std::vector<SectionSchema>& schema();
+
+// The sections, in the order resolved_yaml writes them.
+std::vector<std::string> top_level_keys();
 
 // Bounds that keep every product of batch sizes far from overflow and a step finite in time.
 constexpr std::int64_t kMaxMicroTokens = std::int64_t{1} << 31;  // int32 token indexing on the device
@@ -44,30 +45,9 @@ std::vector<std::string> model_shape_keys() {
   return keys;
 }
 
-const std::map<std::string, std::vector<std::string>>& section_keys() {
-  // Built at the first use: a program adds its own families (models::add_family) before that.
-  static const std::map<std::string, std::vector<std::string>> sections = [] {
-    std::map<std::string, std::vector<std::string>> s = {
-        {"run", {"name", "output_dir", "seed"}},
-        {"model", {"arch", "preset", "init_from"}},
-        {"data", {"train", "val", "seq_len", "tokenizer"}},
-        {"training", {"micro_batch_size", "global_batch_size", "max_steps", "precision", "grad_clip"}},
-        {"optimizer", {}},
-        {"schedule", {"type", "warmup_steps", "min_lr_ratio", "decay_ratio"}},
-        {"parallel", {"zero_stage", "timeout_s"}},
-        {"checkpoint", {"every", "keep_last", "resume", "at_end", "allow_data_change"}},
-        {"eval", {"every", "batches"}},
-        {"logging", {"every", "tensorboard"}},
-        {"sample", {"every", "tokens", "prompt"}},
-    };
-    for (const auto& key : model_shape_keys()) s["model"].push_back(key);
-    for (const auto& key : optim::optimizer_config_keys()) {
-      if (key != "grad_clip") s["optimizer"].push_back(key);
-    }
-    return s;
-  }();
-  return sections;
-}
+// The keys of each section, from the schema (built at the first use: a program adds its own
+// families, models::add_family, before that).
+const std::map<std::string, std::vector<std::string>>& section_keys();
 
 std::size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<std::size_t> row(b.size() + 1);
@@ -135,12 +115,6 @@ std::size_t invalid_utf8_offset(std::string_view text) {
   return std::string_view::npos;
 }
 
-std::string format_double(double value) {
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
-  return std::string(buffer, result.ptr);
-}
-
 std::string describe(const YAML::Node& node) {
   if (!node.IsDefined() || node.IsNull()) return "nothing";
   if (node.IsScalar()) return "'" + node.Scalar() + "'";
@@ -186,7 +160,7 @@ class Reader {
 class Section {
  public:
   Section(const Reader& reader, const YAML::Node& root, const std::string& name, bool required)
-      : reader_(reader), name_(name), node_(root[name]), present_(node_.IsDefined() && !node_.IsNull()) {
+      : reader_(reader), root_(root), name_(name), node_(root[name]), present_(node_.IsDefined() && !node_.IsNull()) {
     if (!present_) {
       if (required) reader_.fail(name, YAML::Node(), "missing required section");
       return;
@@ -285,8 +259,14 @@ class Section {
     check(value >= minimum, key, "an integer >= " + std::to_string(minimum), std::to_string(value));
   }
 
+  // Where `path` of another section is set (its override, or that section's line).
+  std::string where_in(const std::string& path, const std::string& section) const {
+    return reader_.where(path, root_[section]);
+  }
+
  private:
   const Reader& reader_;
+  const YAML::Node& root_;
   std::string name_;
   YAML::Node node_;
   bool present_;
@@ -408,6 +388,378 @@ void read_model(const Section& s, ModelConfig& m) {
   if (auto error = family.check(m.shape)) s.fail(error->key, error->message);
 }
 
+// The global batch: `auto` (unset) or a number of sequences, a whole number of micro-batches.
+void read_global_batch(const Section& s, RunConfig& c) {
+  if (!s.has("global_batch_size") ||
+      (s.value("global_batch_size").IsScalar() && s.value("global_batch_size").Scalar() == "auto")) {
+    return;
+  }
+  std::int64_t global = 0;
+  s.integer("global_batch_size", global);
+  s.check(global >= c.training.micro_batch_size, "global_batch_size",
+          "auto or a number of sequences >= micro_batch_size (" + std::to_string(c.training.micro_batch_size) + ")",
+          std::to_string(global));
+  s.check(global <= c.training.micro_batch_size * kMaxAccumulation, "global_batch_size",
+          "auto or a number of sequences in [micro_batch_size, micro_batch_size x " + std::to_string(kMaxAccumulation) +
+              "] = [" + std::to_string(c.training.micro_batch_size) + ", " +
+              std::to_string(c.training.micro_batch_size * kMaxAccumulation) + "]",
+          std::to_string(global));
+  c.training.global_batch_size = global;
+}
+
+// The run config's schema: every section and key, each row saying how the key is read (type,
+// default, range) and written back by resolved_yaml. Rows are read and written in table order.
+using ReadKey = std::function<void(const Section&, RunConfig&)>;
+using WriteKey = std::function<void(YAML::Emitter&, const RunConfig&)>;
+
+struct KeySchema {
+  KeySchema(std::string name, ReadKey read, WriteKey write)
+      : name(std::move(name)), read(std::move(read)), write(std::move(write)) {}
+
+  std::string name;
+  ReadKey read;
+  WriteKey write;
+  std::string required;  // non-empty: the key has no default; what is expected
+};
+
+struct SectionSchema {
+  using ReadSection = std::function<void(const Reader&, const YAML::Node& root, RunConfig&)>;
+  using KeyNames = std::function<std::vector<std::string>()>;
+
+  // A mapping of plain keys.
+  SectionSchema(std::string name, bool required, std::vector<KeySchema> keys)
+      : name(std::move(name)), required(required), keys(std::move(keys)) {}
+  // A section not made of plain keys (device, model, optimizer): it reads and writes itself.
+  SectionSchema(std::string name, ReadSection read, WriteKey write, KeyNames key_names, bool scalar = false)
+      : name(std::move(name)), read(std::move(read)), write(std::move(write)), key_names(std::move(key_names)),
+        scalar(scalar) {}
+
+  std::string name;
+  bool required = false;
+  std::vector<KeySchema> keys;
+  ReadSection read;
+  WriteKey write;
+  KeyNames key_names;
+  bool scalar = false;  // a top-level value, not a mapping (device)
+};
+
+void emit(YAML::Emitter& out, const std::string& key, std::int64_t v) { out << YAML::Key << key << YAML::Value << v; }
+void emit(YAML::Emitter& out, const std::string& key, std::uint64_t v) { out << YAML::Key << key << YAML::Value << v; }
+void emit(YAML::Emitter& out, const std::string& key, double v) { out << YAML::Key << key << YAML::Value << yaml_number(v); }
+void emit(YAML::Emitter& out, const std::string& key, bool v) { out << YAML::Key << key << YAML::Value << v; }
+void emit(YAML::Emitter& out, const std::string& key, const std::string& v) { out << YAML::Key << key << YAML::Value << v; }
+// An empty string as null (an unset path).
+void emit_optional(YAML::Emitter& out, const std::string& key, const std::string& v) {
+  out << YAML::Key << key << YAML::Value;
+  if (v.empty()) {
+    out << YAML::Null;
+  } else {
+    out << v;
+  }
+}
+
+template <typename Enum>
+using Choices = std::vector<std::pair<std::string, Enum>>;
+const Choices<Precision> kPrecisions = {{"bf16", Precision::bf16}, {"fp32", Precision::fp32}};
+const Choices<ScheduleType> kSchedules = {{"constant", ScheduleType::constant}, {"linear", ScheduleType::linear},
+                                          {"cosine", ScheduleType::cosine}, {"wsd", ScheduleType::wsd}};
+template <typename Enum>
+std::string choice_name(const Choices<Enum>& choices, Enum e) {
+  for (const auto& [name, value] : choices) {
+    if (value == e) return name;
+  }
+  return "";
+}
+
+void read_value(const Section& s, const std::string& key, std::int64_t& v) { s.integer(key, v); }
+void read_value(const Section& s, const std::string& key, double& v) { s.number(key, v); }
+void read_value(const Section& s, const std::string& key, bool& v) { s.boolean(key, v); }
+void read_value(const Section& s, const std::string& key, std::string& v) { s.string(key, v); }
+
+// A check of a key's value once read; it may look at the keys read before it.
+template <typename T>
+using Check = std::function<void(const Section&, const std::string& key, const T& value, const RunConfig&)>;
+
+Check<std::int64_t> at_least(std::int64_t minimum) {
+  return [minimum](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig&) {
+    s.at_least(v, minimum, key);
+  };
+}
+
+Check<double> in_unit_interval() {
+  return [](const Section& s, const std::string& key, const double& v, const RunConfig&) {
+    s.check(v >= 0 && v <= 1, key, "a number in [0, 1]", yaml_number(v));
+  };
+}
+
+// A key bound to a member of a section of RunConfig: read with its type, checked, written back.
+template <typename S, typename T>
+KeySchema entry(const std::string& key, S RunConfig::*section, T S::*member, std::type_identity_t<Check<T>> check = nullptr) {
+  return {key,
+          [=](const Section& s, RunConfig& c) {
+            read_value(s, key, c.*section.*member);
+            if (check) check(s, key, c.*section.*member, c);
+          },
+          [=](YAML::Emitter& out, const RunConfig& c) { emit(out, key, c.*section.*member); }};
+}
+
+// A choice bound to an enum member.
+template <typename S, typename Enum>
+KeySchema bind_choice(const std::string& key, S RunConfig::*section, Enum S::*member, const Choices<Enum>& choices) {
+  return {key, [=](const Section& s, RunConfig& c) { s.choice<Enum>(key, c.*section.*member, choices); },
+          [=](YAML::Emitter& out, const RunConfig& c) { emit(out, key, choice_name(choices, c.*section.*member)); }};
+}
+
+KeySchema required(KeySchema key, const std::string& expected) {
+  key.required = expected;
+  return key;
+}
+
+// A data file: it must exist and be a regular file.
+Check<std::string> data_file(const std::string& what) {
+  return [what](const Section& s, const std::string& key, const std::string& v, const RunConfig&) {
+    if (v.empty()) return;
+    require_existing_path(s, key, v, what);
+    require_regular_file(s, key, v);
+  };
+}
+
+void read_device(const Reader& reader, const YAML::Node& root, RunConfig& c) {
+  const YAML::Node device = root["device"];
+  if (!device.IsDefined() || device.IsNull()) return;
+  if (device.IsScalar() && device.Scalar() == "cuda") {
+    c.device = Device::cuda;
+  } else if (device.IsScalar() && device.Scalar() == "cpu") {
+    c.device = Device::cpu;
+  } else {
+    reader.fail("device", device, "expected one of [cuda, cpu], got " + describe(device));
+  }
+}
+
+void write_model(YAML::Emitter& out, const RunConfig& c) {
+  emit(out, "arch", c.model.arch);
+  emit_optional(out, "preset", c.model.preset);
+  emit_optional(out, "init_from", c.model.init_from);
+  for (const models::ConfigField& f : models::family(c.model.arch).fields()) {
+    const nlohmann::json& v = c.model.shape.at(f.key);
+    switch (f.type) {
+      case models::FieldType::integer: emit(out, f.key, v.get<std::int64_t>()); break;
+      case models::FieldType::number: emit(out, f.key, v.get<double>()); break;
+      case models::FieldType::boolean: emit(out, f.key, v.get<bool>()); break;
+      case models::FieldType::choice: emit(out, f.key, v.get<std::string>()); break;
+    }
+  }
+}
+
+const std::vector<SectionSchema>& schema() {
+  static const std::vector<SectionSchema> sections = [] {
+    std::vector<SectionSchema> s;
+    s.push_back({"run", true,
+                 {entry("name", &RunConfig::run, &RunSection::name),
+                  required(entry<RunSection, std::string>("output_dir", &RunConfig::run, &RunSection::output_dir,
+                                                         [](const Section& s, const std::string& key, const std::string& v, const RunConfig&) {
+                                                           s.check(!v.empty(), key, "a directory path", "''");
+                                                         }),
+                           "the directory for checkpoints, logs and the resolved config"),
+                  {"seed",
+                   [](const Section& s, RunConfig& c) {
+                     std::int64_t seed = static_cast<std::int64_t>(c.run.seed);
+                     s.integer("seed", seed);
+                     s.at_least(seed, 0, "seed");
+                     c.run.seed = static_cast<std::uint64_t>(seed);
+                   },
+                   [](YAML::Emitter& out, const RunConfig& c) { emit(out, "seed", c.run.seed); }}}});
+    s.push_back({"device", read_device,
+                 [](YAML::Emitter& out, const RunConfig& c) { emit(out, "device", std::string(device_name(c.device))); },
+                 nullptr, true});
+    s.push_back({"model",
+                 [](const Reader& reader, const YAML::Node& root, RunConfig& c) {
+                   read_model(Section(reader, root, "model", true), c.model);
+                 },
+                 write_model,
+                 [] {
+                   std::vector<std::string> keys = {"arch", "preset", "init_from"};
+                   for (const auto& key : model_shape_keys()) keys.push_back(key);
+                   return keys;
+                 }});
+    s.push_back({"data", true,
+                 {required(entry("train", &RunConfig::data, &DataConfig::train, data_file("training data")), "a token shard path"),
+                  {"val",
+                   [](const Section& s, RunConfig& c) {
+                     s.string("val", c.data.val);
+                     data_file("validation data")(s, "val", c.data.val, c);
+                   },
+                   [](YAML::Emitter& out, const RunConfig& c) { emit_optional(out, "val", c.data.val); }},
+                  entry<DataConfig, std::int64_t>("seq_len", &RunConfig::data, &DataConfig::seq_len,
+                                                 [](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig& c) {
+                                                   const auto spec = model_spec(c);
+                                                   s.check(v > 0 && v <= spec->max_sequence_length(), key,
+                                                           "an integer in [1, " + std::to_string(spec->max_sequence_length()) +
+                                                               "] (model max_position_embeddings)",
+                                                           std::to_string(v));
+                                                 }),
+                  entry<DataConfig, std::string>(
+                      "tokenizer", &RunConfig::data, &DataConfig::tokenizer,
+                      [](const Section& s, const std::string& key, const std::string& v, const RunConfig& c) {
+                        if (v != "byte") {
+                          require_existing_path(s, key, v, "tokenizer (byte or a tokenizer.json path)");
+                          return;
+                        }
+                        const auto spec = model_spec(c);
+                        if (spec->vocab_size() < 256) {
+                          throw core::InputError(s.where_in("model.vocab_size", "model") +
+                                                 ": model.vocab_size: the byte tokenizer needs vocab_size >= 256, got " +
+                                                 std::to_string(spec->vocab_size()));
+                        }
+                      })}});
+    s.push_back(
+        {"training", true,
+         {entry<TrainingConfig, std::int64_t>(
+              "micro_batch_size", &RunConfig::training, &TrainingConfig::micro_batch_size,
+              [](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig& c) {
+                s.at_least(v, 1, key);
+                s.check(v <= kMaxMicroTokens / c.data.seq_len, key,
+                        "an integer in [1, " + std::to_string(kMaxMicroTokens / c.data.seq_len) + "] (at most " +
+                            std::to_string(kMaxMicroTokens) + " tokens per micro-batch at seq_len " +
+                            std::to_string(c.data.seq_len) + ")",
+                        std::to_string(v));
+              }),
+          {"global_batch_size", read_global_batch,
+           [](YAML::Emitter& out, const RunConfig& c) {
+             if (c.training.global_batch_size) {
+               emit(out, "global_batch_size", *c.training.global_batch_size);
+             } else {
+               emit(out, "global_batch_size", std::string("auto"));
+             }
+           }},
+          required(entry("max_steps", &RunConfig::training, &TrainingConfig::max_steps, at_least(1)),
+                   "the number of optimizer steps, an integer >= 1"),
+          {"precision",
+           [](const Section& s, RunConfig& c) {
+             const Precision required = c.device == Device::cpu ? Precision::fp32 : Precision::bf16;
+             c.training.precision = required;
+             s.choice<Precision>("precision", c.training.precision, kPrecisions);
+             s.check(c.training.precision == required, "precision",
+                     std::string(precision_name(required)) + " (device " + device_name(c.device) + ")",
+                     precision_name(c.training.precision));
+           },
+           [](YAML::Emitter& out, const RunConfig& c) { emit(out, "precision", choice_name(kPrecisions, c.training.precision)); }},
+          entry<TrainingConfig, double>("grad_clip", &RunConfig::training, &TrainingConfig::grad_clip,
+                                       [](const Section& s, const std::string& key, const double& v, const RunConfig&) {
+                                         s.check(std::isfinite(v) && v >= 0, key, "a finite number >= 0 (0 disables)",
+                                                 yaml_number(v));
+                                       })}});
+    s.push_back({"optimizer",
+                 [](const Reader& reader, const YAML::Node& root, RunConfig& c) {
+                   const Section s(reader, root, "optimizer", false);
+                   if (s.present()) {
+                     try {
+                       c.optimizer = optimizer_config_from_yaml(s.node(), reader.file());
+                     } catch (const core::InputError& e) {
+                       reader.rethrow_optimizer_error(e.what());
+                     }
+                   }
+                   c.optimizer.grad_clip = c.training.grad_clip;
+                 },
+                 [](YAML::Emitter& out, const RunConfig& c) { emit_optimizer_config(out, c.optimizer); },
+                 [] {
+                   std::vector<std::string> keys;
+                   for (const auto& key : optimizer_config_keys()) {
+                     if (key != "grad_clip") keys.push_back(key);
+                   }
+                   return keys;
+                 }});
+    s.push_back(
+        {"schedule", false,
+         {bind_choice("type", &RunConfig::schedule, &ScheduleConfig::type, kSchedules),
+          entry<ScheduleConfig, std::int64_t>(
+              "warmup_steps", &RunConfig::schedule, &ScheduleConfig::warmup_steps,
+              [](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig& c) {
+                s.check(v >= 0 && v <= c.training.max_steps, key,
+                        "an integer in [0, training.max_steps = " + std::to_string(c.training.max_steps) + "]",
+                        std::to_string(v));
+              }),
+          entry("min_lr_ratio", &RunConfig::schedule, &ScheduleConfig::min_lr_ratio, in_unit_interval()),
+          entry<ScheduleConfig, double>(
+              "decay_ratio", &RunConfig::schedule, &ScheduleConfig::decay_ratio,
+              [](const Section& s, const std::string& key, const double& v, const RunConfig& c) {
+                in_unit_interval()(s, key, v, c);
+                if (c.schedule.type != ScheduleType::wsd) return;
+                const std::int64_t decay = wsd_decay_steps(c.schedule, c.training.max_steps);
+                s.check(c.schedule.warmup_steps + decay <= c.training.max_steps, key,
+                        "warmup_steps + decay steps <= training.max_steps (" + std::to_string(c.training.max_steps) + ")",
+                        std::to_string(c.schedule.warmup_steps) + " + " + std::to_string(decay));
+              })}});
+    s.push_back({"parallel", false,
+                 {{"zero_stage",
+                   [](const Section& s, RunConfig& c) {
+                     std::int64_t stage = c.parallel.zero_stage;
+                     s.integer("zero_stage", stage);
+                     s.check(stage >= 0 && stage <= 2, "zero_stage", "one of [0, 1, 2]", std::to_string(stage));
+                     c.parallel.zero_stage = static_cast<int>(stage);
+                   },
+                   [](YAML::Emitter& out, const RunConfig& c) {
+                     emit(out, "zero_stage", static_cast<std::int64_t>(c.parallel.zero_stage));
+                   }},
+                  entry("timeout_s", &RunConfig::parallel, &ParallelConfig::timeout_s, at_least(1))}});
+    s.push_back({"checkpoint", false,
+                 {entry("every", &RunConfig::checkpoint, &CheckpointConfig::every, at_least(0)),
+                  entry("keep_last", &RunConfig::checkpoint, &CheckpointConfig::keep_last, at_least(0)),
+                  entry("at_end", &RunConfig::checkpoint, &CheckpointConfig::at_end),
+                  entry("allow_data_change", &RunConfig::checkpoint, &CheckpointConfig::allow_data_change),
+                  entry<CheckpointConfig, std::string>(
+                      "resume", &RunConfig::checkpoint, &CheckpointConfig::resume,
+                      [](const Section& s, const std::string& key, const std::string& v, const RunConfig&) {
+                        if (v != "auto" && v != "never") {
+                          require_existing_path(s, key, v, "checkpoint (resume: auto, never or a path)");
+                        }
+                      })}});
+    s.push_back({"eval", false,
+                 {{"every",
+                   [](const Section& s, RunConfig& c) {
+                     if (!c.data.val.empty()) c.eval.every = 200;
+                     s.integer("every", c.eval.every);
+                     s.at_least(c.eval.every, 0, "every");
+                     if (c.eval.every > 0 && c.data.val.empty()) {
+                       s.fail("every", "eval.every > 0 needs data.val (or set eval.every: 0)");
+                     }
+                   },
+                   [](YAML::Emitter& out, const RunConfig& c) { emit(out, "every", c.eval.every); }},
+                  entry("batches", &RunConfig::eval, &EvalConfig::batches, at_least(1))}});
+    s.push_back({"logging", false,
+                 {entry("every", &RunConfig::logging, &LoggingConfig::every, at_least(1)),
+                  entry("tensorboard", &RunConfig::logging, &LoggingConfig::tensorboard)}});
+    s.push_back({"sample", false,
+                 {entry("every", &RunConfig::sample, &SampleConfig::every, at_least(0)),
+                  entry("tokens", &RunConfig::sample, &SampleConfig::tokens, at_least(1)),
+                  entry("prompt", &RunConfig::sample, &SampleConfig::prompt)}});
+    return s;
+  }();
+  return sections;
+}
+
+std::vector<std::string> top_level_keys() {
+  std::vector<std::string> keys;
+  for (const SectionSchema& section : schema()) keys.push_back(section.name);
+  return keys;
+}
+
+const std::map<std::string, std::vector<std::string>>& section_keys() {
+  static const std::map<std::string, std::vector<std::string>> sections = [] {
+    std::map<std::string, std::vector<std::string>> s;
+    for (const SectionSchema& section : schema()) {
+      if (section.scalar) continue;
+      if (section.key_names) {
+        s[section.name] = section.key_names();
+        continue;
+      }
+      for (const KeySchema& key : section.keys) s[section.name].push_back(key.name);
+    }
+    return s;
+  }();
+  return sections;
+}
+
 RunConfig read_config(const YAML::Node& root, const Reader& reader) {
   if (!root.IsMap()) {
     throw core::InputError(reader.file() + ": expected a mapping with the sections " + joined(top_level_keys()) +
@@ -420,178 +772,19 @@ RunConfig read_config(const YAML::Node& root, const Reader& reader) {
     if (std::find(top.begin(), top.end(), key) == top.end()) reader.fail(key, item.first, unknown_key_message("", key));
     if (!seen.insert(key).second) reader.fail(key, item.first, "duplicate key");
   }
-
   RunConfig c;
-  {
-    const Section s(reader, root, "run", true);
-    s.require("output_dir", "the directory for checkpoints, logs and the resolved config");
-    s.string("name", c.run.name);
-    s.string("output_dir", c.run.output_dir);
-    s.check(!c.run.output_dir.empty(), "output_dir", "a directory path", "''");
-    std::int64_t seed = static_cast<std::int64_t>(c.run.seed);
-    s.integer("seed", seed);
-    s.at_least(seed, 0, "seed");
-    c.run.seed = static_cast<std::uint64_t>(seed);
-  }
-  const YAML::Node device = root["device"];
-  if (device.IsDefined() && !device.IsNull()) {
-    if (device.IsScalar() && device.Scalar() == "cuda") {
-      c.device = Device::cuda;
-    } else if (device.IsScalar() && device.Scalar() == "cpu") {
-      c.device = Device::cpu;
-    } else {
-      reader.fail("device", device, "expected one of [cuda, cpu], got " + describe(device));
+  for (const SectionSchema& section : schema()) {
+    if (section.read) {
+      section.read(reader, root, c);
+      continue;
     }
-  }
-  {
-    const Section s(reader, root, "model", true);
-    read_model(s, c.model);
-  }
-  {
-    const Section s(reader, root, "data", true);
-    s.require("train", "a token shard path");
-    s.string("train", c.data.train);
-    require_existing_path(s, "train", c.data.train, "training data");
-    require_regular_file(s, "train", c.data.train);
-    s.string("val", c.data.val);
-    if (!c.data.val.empty()) {
-      require_existing_path(s, "val", c.data.val, "validation data");
-      require_regular_file(s, "val", c.data.val);
+    const Section s(reader, root, section.name, section.required);
+    for (const KeySchema& key : section.keys) {
+      if (!key.required.empty()) s.require(key.name, key.required);
     }
-    s.integer("seq_len", c.data.seq_len);
-    const auto spec = model_spec(c);
-    s.check(c.data.seq_len > 0 && c.data.seq_len <= spec->max_sequence_length(), "seq_len",
-            "an integer in [1, " + std::to_string(spec->max_sequence_length()) + "] (model max_position_embeddings)",
-            std::to_string(c.data.seq_len));
-    s.string("tokenizer", c.data.tokenizer);
-    if (c.data.tokenizer == "byte") {
-      if (spec->vocab_size() < 256) {
-        throw core::InputError(reader.where("model.vocab_size", root["model"]) +
-                               ": model.vocab_size: the byte tokenizer needs vocab_size >= 256, got " +
-                               std::to_string(spec->vocab_size()));
-      }
-    } else {
-      require_existing_path(s, "tokenizer", c.data.tokenizer, "tokenizer (byte or a tokenizer.json path)");
-    }
-  }
-  {
-    const Section s(reader, root, "training", true);
-    s.require("max_steps", "the number of optimizer steps, an integer >= 1");
-    s.integer("micro_batch_size", c.training.micro_batch_size);
-    s.at_least(c.training.micro_batch_size, 1, "micro_batch_size");
-    s.check(c.training.micro_batch_size <= kMaxMicroTokens / c.data.seq_len, "micro_batch_size",
-            "an integer in [1, " + std::to_string(kMaxMicroTokens / c.data.seq_len) + "] (at most " +
-                std::to_string(kMaxMicroTokens) + " tokens per micro-batch at seq_len " + std::to_string(c.data.seq_len) + ")",
-            std::to_string(c.training.micro_batch_size));
-    if (s.has("global_batch_size") && !(s.value("global_batch_size").IsScalar() &&
-                                        s.value("global_batch_size").Scalar() == "auto")) {
-      std::int64_t global = 0;
-      s.integer("global_batch_size", global);
-      s.check(global >= c.training.micro_batch_size, "global_batch_size",
-              "auto or a number of sequences >= micro_batch_size (" + std::to_string(c.training.micro_batch_size) + ")",
-              std::to_string(global));
-      s.check(global <= c.training.micro_batch_size * kMaxAccumulation, "global_batch_size",
-              "auto or a number of sequences in [micro_batch_size, micro_batch_size x " + std::to_string(kMaxAccumulation) +
-                  "] = [" + std::to_string(c.training.micro_batch_size) + ", " +
-                  std::to_string(c.training.micro_batch_size * kMaxAccumulation) + "]",
-              std::to_string(global));
-      c.training.global_batch_size = global;
-    }
-    s.integer("max_steps", c.training.max_steps);
-    s.at_least(c.training.max_steps, 1, "max_steps");
-    c.training.precision = c.device == Device::cpu ? Precision::fp32 : Precision::bf16;
-    s.choice<Precision>("precision", c.training.precision, {{"bf16", Precision::bf16}, {"fp32", Precision::fp32}});
-    const Precision required = c.device == Device::cpu ? Precision::fp32 : Precision::bf16;
-    s.check(c.training.precision == required, "precision",
-            std::string(precision_name(required)) + " (device " + device_name(c.device) + ")",
-            precision_name(c.training.precision));
-    s.number("grad_clip", c.training.grad_clip);
-    s.check(std::isfinite(c.training.grad_clip) && c.training.grad_clip >= 0, "grad_clip",
-            "a finite number >= 0 (0 disables)", format_double(c.training.grad_clip));
-  }
-  {
-    const Section s(reader, root, "optimizer", false);
-    if (s.present()) {
-      try {
-        c.optimizer = optim::optimizer_config_from_yaml(s.node(), reader.file());
-      } catch (const core::InputError& e) {
-        reader.rethrow_optimizer_error(e.what());
-      }
-    }
-    c.optimizer.grad_clip = c.training.grad_clip;
-  }
-  {
-    const Section s(reader, root, "schedule", false);
-    s.choice<ScheduleType>("type", c.schedule.type,
-                           {{"constant", ScheduleType::constant}, {"linear", ScheduleType::linear},
-                            {"cosine", ScheduleType::cosine}, {"wsd", ScheduleType::wsd}});
-    s.integer("warmup_steps", c.schedule.warmup_steps);
-    s.check(c.schedule.warmup_steps >= 0 && c.schedule.warmup_steps <= c.training.max_steps, "warmup_steps",
-            "an integer in [0, training.max_steps = " + std::to_string(c.training.max_steps) + "]",
-            std::to_string(c.schedule.warmup_steps));
-    s.number("min_lr_ratio", c.schedule.min_lr_ratio);
-    s.check(c.schedule.min_lr_ratio >= 0 && c.schedule.min_lr_ratio <= 1, "min_lr_ratio", "a number in [0, 1]",
-            format_double(c.schedule.min_lr_ratio));
-    s.number("decay_ratio", c.schedule.decay_ratio);
-    s.check(c.schedule.decay_ratio >= 0 && c.schedule.decay_ratio <= 1, "decay_ratio", "a number in [0, 1]",
-            format_double(c.schedule.decay_ratio));
-    if (c.schedule.type == ScheduleType::wsd) {
-      const std::int64_t decay = wsd_decay_steps(c.schedule, c.training.max_steps);
-      s.check(c.schedule.warmup_steps + decay <= c.training.max_steps, "decay_ratio",
-              "warmup_steps + decay steps <= training.max_steps (" + std::to_string(c.training.max_steps) + ")",
-              std::to_string(c.schedule.warmup_steps) + " + " + std::to_string(decay));
-    }
-  }
-  {
-    const Section s(reader, root, "parallel", false);
-    std::int64_t stage = c.parallel.zero_stage;
-    s.integer("zero_stage", stage);
-    s.check(stage >= 0 && stage <= 2, "zero_stage", "one of [0, 1, 2]", std::to_string(stage));
-    c.parallel.zero_stage = static_cast<int>(stage);
-    s.integer("timeout_s", c.parallel.timeout_s);
-    s.at_least(c.parallel.timeout_s, 1, "timeout_s");
-  }
-  {
-    const Section s(reader, root, "checkpoint", false);
-    s.integer("every", c.checkpoint.every);
-    s.at_least(c.checkpoint.every, 0, "every");
-    s.integer("keep_last", c.checkpoint.keep_last);
-    s.at_least(c.checkpoint.keep_last, 0, "keep_last");
-    s.boolean("at_end", c.checkpoint.at_end);
-    s.boolean("allow_data_change", c.checkpoint.allow_data_change);
-    s.string("resume", c.checkpoint.resume);
-    if (c.checkpoint.resume != "auto" && c.checkpoint.resume != "never") {
-      require_existing_path(s, "resume", c.checkpoint.resume, "checkpoint (resume: auto, never or a path)");
-    }
-  }
-  {
-    const Section s(reader, root, "eval", false);
-    if (!c.data.val.empty()) c.eval.every = 200;
-    s.integer("every", c.eval.every);
-    s.at_least(c.eval.every, 0, "every");
-    if (c.eval.every > 0 && c.data.val.empty()) s.fail("every", "eval.every > 0 needs data.val (or set eval.every: 0)");
-    s.integer("batches", c.eval.batches);
-    s.at_least(c.eval.batches, 1, "batches");
-  }
-  {
-    const Section s(reader, root, "logging", false);
-    s.integer("every", c.logging.every);
-    s.at_least(c.logging.every, 1, "every");
-    s.boolean("tensorboard", c.logging.tensorboard);
-  }
-  {
-    const Section s(reader, root, "sample", false);
-    s.integer("every", c.sample.every);
-    s.at_least(c.sample.every, 0, "every");
-    s.integer("tokens", c.sample.tokens);
-    s.at_least(c.sample.tokens, 1, "tokens");
-    s.string("prompt", c.sample.prompt);
+    for (const KeySchema& key : section.keys) key.read(s, c);
   }
   return c;
-}
-
-const char* quantization_name(optim::Quantization q) {
-  return q == optim::Quantization::companded ? "companded" : "linear";
 }
 
 }  // namespace
@@ -666,131 +859,20 @@ void validate_for_world(const RunConfig& config, int world) {
 
 std::string resolved_yaml(const RunConfig& c) {
   YAML::Emitter out;
-  const auto number = [&](const char* key, double value) { out << YAML::Key << key << YAML::Value << format_double(value); };
-  const auto integer = [&](const char* key, std::int64_t value) { out << YAML::Key << key << YAML::Value << value; };
-  const auto text = [&](const char* key, const std::string& value) { out << YAML::Key << key << YAML::Value << value; };
-  const auto optional_text = [&](const char* key, const std::string& value) {
-    out << YAML::Key << key << YAML::Value;
-    if (value.empty()) {
-      out << YAML::Null;
-    } else {
-      out << value;
-    }
-  };
-  const auto boolean = [&](const char* key, bool value) { out << YAML::Key << key << YAML::Value << value; };
-
   out << YAML::BeginMap;
-  out << YAML::Key << "run" << YAML::Value << YAML::BeginMap;
-  text("name", c.run.name);
-  text("output_dir", c.run.output_dir);
-  out << YAML::Key << "seed" << YAML::Value << c.run.seed;
-  out << YAML::EndMap;
-  text("device", device_name(c.device));
-
-  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-  text("arch", c.model.arch);
-  optional_text("preset", c.model.preset);
-  optional_text("init_from", c.model.init_from);
-  for (const models::ConfigField& f : models::family(c.model.arch).fields()) {
-    const nlohmann::json& v = c.model.shape.at(f.key);
-    switch (f.type) {
-      case models::FieldType::integer: integer(f.key.c_str(), v.get<std::int64_t>()); break;
-      case models::FieldType::number: number(f.key.c_str(), v.get<double>()); break;
-      case models::FieldType::boolean: boolean(f.key.c_str(), v.get<bool>()); break;
-      case models::FieldType::choice: text(f.key.c_str(), v.get<std::string>()); break;
+  for (const SectionSchema& section : schema()) {
+    if (section.scalar) {
+      section.write(out, c);
+      continue;
     }
-  }
-  out << YAML::EndMap;
-
-  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
-  text("train", c.data.train);
-  optional_text("val", c.data.val);
-  integer("seq_len", c.data.seq_len);
-  text("tokenizer", c.data.tokenizer);
-  out << YAML::EndMap;
-
-  out << YAML::Key << "training" << YAML::Value << YAML::BeginMap;
-  integer("micro_batch_size", c.training.micro_batch_size);
-  if (c.training.global_batch_size) {
-    integer("global_batch_size", *c.training.global_batch_size);
-  } else {
-    text("global_batch_size", "auto");
-  }
-  integer("max_steps", c.training.max_steps);
-  text("precision", precision_name(c.training.precision));
-  number("grad_clip", c.training.grad_clip);
-  out << YAML::EndMap;
-
-  const optim::OptimizerConfig& o = c.optimizer;
-  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
-  text("type", o.type);
-  number("lr", o.lr);
-  number("weight_decay", o.weight_decay);
-  text("nonfinite", optim::nonfinite_policy_name(o.nonfinite));
-  if (o.type == "adamw" || o.type == "adamw8bit") {
-    out << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq << format_double(o.beta1)
-        << format_double(o.beta2) << YAML::EndSeq;
-    number("eps", o.eps);
-  }
-  if (o.type == "adamw8bit") {
-    integer("min_8bit_size", o.adamw8bit.min_8bit_size);
-    text("quantization", quantization_name(o.adamw8bit.quantization));
-  }
-  if (o.type == "adafactor") {
-    const optim::AdafactorConfig& a = o.adafactor;
-    number("eps1", a.eps1);
-    number("eps2", a.eps2);
-    number("clip_threshold", a.clip_threshold);
-    number("decay_rate", a.decay_rate);
-    out << YAML::Key << "beta1" << YAML::Value;
-    if (a.beta1) {
-      out << format_double(*a.beta1);
+    out << YAML::Key << section.name << YAML::Value << YAML::BeginMap;
+    if (section.write) {
+      section.write(out, c);
     } else {
-      out << YAML::Null;
+      for (const KeySchema& key : section.keys) key.write(out, c);
     }
-    boolean("relative_step", a.relative_step);
-    boolean("scale_parameter", a.scale_parameter);
-    boolean("warmup_init", a.warmup_init);
-    text("eps1_mode", a.eps1_mode == optim::Eps1Mode::add ? "add" : "clamp");
-    text("decay_scale", a.decay_scale == optim::DecayScale::lr ? "lr" : "alpha");
+    out << YAML::EndMap;
   }
-  out << YAML::EndMap;
-
-  out << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
-  text("type", schedule_type_name(c.schedule.type));
-  integer("warmup_steps", c.schedule.warmup_steps);
-  number("min_lr_ratio", c.schedule.min_lr_ratio);
-  number("decay_ratio", c.schedule.decay_ratio);
-  out << YAML::EndMap;
-
-  out << YAML::Key << "parallel" << YAML::Value << YAML::BeginMap;
-  integer("zero_stage", c.parallel.zero_stage);
-  integer("timeout_s", c.parallel.timeout_s);
-  out << YAML::EndMap;
-
-  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
-  integer("every", c.checkpoint.every);
-  integer("keep_last", c.checkpoint.keep_last);
-  boolean("at_end", c.checkpoint.at_end);
-  boolean("allow_data_change", c.checkpoint.allow_data_change);
-  text("resume", c.checkpoint.resume);
-  out << YAML::EndMap;
-
-  out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap;
-  integer("every", c.eval.every);
-  integer("batches", c.eval.batches);
-  out << YAML::EndMap;
-
-  out << YAML::Key << "logging" << YAML::Value << YAML::BeginMap;
-  integer("every", c.logging.every);
-  boolean("tensorboard", c.logging.tensorboard);
-  out << YAML::EndMap;
-
-  out << YAML::Key << "sample" << YAML::Value << YAML::BeginMap;
-  integer("every", c.sample.every);
-  integer("tokens", c.sample.tokens);
-  text("prompt", c.sample.prompt);
-  out << YAML::EndMap;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -13,7 +13,7 @@
 //               config table in models/<family>/family.cpp: e.g. hidden_size, num_layers, recompute)
 //   data:       train (required), val, seq_len, tokenizer (byte | path to a tokenizer.json)
 //   training:   micro_batch_size, global_batch_size, max_steps (required), precision, grad_clip
-//   optimizer:  the keys of optim::optimizer_config_from_yaml except grad_clip
+//   optimizer:  the keys of trainer/optimizer_yaml.h except grad_clip
 //   schedule:   type (constant | linear | cosine | wsd), warmup_steps, min_lr_ratio, decay_ratio
 //   parallel:   zero_stage (0 | 1 | 2), timeout_s
 //   checkpoint: every, keep_last, resume (auto | never | PATH), at_end, allow_data_change

@@ -220,320 +220,424 @@ std::int64_t test_hang_step(int rank) {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-}  // namespace
+// The loop's state and its named steps. Setup runs in the order the checks need: devices, the
+// checkpoint and the data are verified before anything is written to the run directory.
+class TrainLoop {
+ public:
+  TrainLoop(const RunConfig& requested, const TrainOptions& options)
+      : options_(options),
+        placement_(options.environment ? options.environment->placement() : comm::Placement{}),
+        world_(placement_.world),
+        rank_(placement_.rank),
+        lead_(rank_ == 0),
+        config_(resolved_config(requested, world_)),
+        spec_(model_spec(config_)),
+        cuda_(config_.device == Device::cuda),
+        seq_(config_.data.seq_len),
+        micro_(config_.training.micro_batch_size),
+        accumulation_(accumulation_steps(config_, world_)),
+        global_batch_(global_batch_sequences(config_, world_)),
+        tokens_per_step_(global_batch_ * seq_) {}
 
-TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
-  const comm::Placement placement = options.environment ? options.environment->placement() : comm::Placement{};
-  const int world = placement.world, rank = placement.rank;
-  const bool lead = rank == 0;  // writes logs, metrics and the resolved config
-  validate_for_world(requested, world);
-  // The shape of model.init_from (its config.json or manifest) before anything is written.
-  const RunConfig config = resolve_init_from(requested);
-  const std::unique_ptr<models::ModelSpec> spec = model_spec(config);
-  const bool cuda = config.device == Device::cuda;
-  const int gpus = cuda ? core::cuda_device_count() : 0;
-  if (cuda && gpus == 0) {
-    throw core::InputError("device: cuda was requested but no CUDA device is available (use device=cpu)");
+  TrainSummary run() {
+    open_devices();
+    check_inputs();
+    if (const std::optional<TrainSummary> done = nothing_to_train()) return *done;
+    open_run_directory();
+    build_state();
+    open_outputs();
+    const std::int64_t hang_step = test_hang_step(rank_);
+    for (std::int64_t step = first_step_; step <= config_.training.max_steps; ++step) {
+      const double lr = lr_at(config_.schedule, config_.optimizer.lr, step - 1, config_.training.max_steps);
+      forward_backward();
+      if (step == hang_step) hang(rank_, step);
+      optimizer_step(lr);
+      const bool stop = agree_loss_and_stop(step);
+      if (step % config_.logging.every == 0 || step == config_.training.max_steps) log_step(step, lr);
+      if (config_.eval.every > 0 && step % config_.eval.every == 0) evaluate(step);
+      if (lead_ && config_.sample.every > 0 && step % config_.sample.every == 0) sample(step);
+      if (stop || (step == config_.training.max_steps && config_.checkpoint.at_end) ||
+          (config_.checkpoint.every > 0 && step % config_.checkpoint.every == 0)) {
+        save();
+      }
+      if (stop && step < config_.training.max_steps) return stopped_early(step);
+    }
+    return finish();
   }
-  if (cuda && placement.local_world > gpus) {
-    throw core::InputError("device: cuda: " + std::to_string(placement.local_world) + " ranks on this node but " +
-                           std::to_string(gpus) + " visible GPUs; NCCL needs a GPU of its own for every rank, so "
-                           "start at most " + std::to_string(gpus) + " ranks per node");
+
+ private:
+  static RunConfig resolved_config(const RunConfig& requested, int world) {
+    validate_for_world(requested, world);
+    // The shape of model.init_from (its config.json or manifest) before anything is written.
+    return resolve_init_from(requested);
   }
-  const core::DeviceContext context(cuda ? core::Device::cuda(comm::device_for(placement, gpus)) : core::Device::cpu());
-  std::unique_ptr<comm::Communicator> communicator;
-  if (options.environment) {
-    const double timeout = static_cast<double>(config.parallel.timeout_s);
-    communicator = comm::make_communicator(*options.environment, context,
-                                           {.timeout_s = timeout, .first_step_timeout_s = std::max(4 * timeout, 600.0)});
-  } else {
-    communicator = std::make_unique<comm::SingleRankCommunicator>();
-  }
-  comm::Communicator& comm = *communicator;
-  // The checkpoint to resume from is verified before anything is written.
-  optim::SlabLayout layout(spec->parameters(), world);
-  for (const std::string& name : layout.unsplit()) {
-    if (comm.rank() == 0) {
-      spdlog::warn("{}: its parts start off the 64-element alignment at this shape; the optimizer treats it "
-                      "as one tensor", name);
+
+  // The device context and the communicator of this rank.
+  void open_devices() {
+    const int gpus = cuda_ ? core::cuda_device_count() : 0;
+    if (cuda_ && gpus == 0) {
+      throw core::InputError("device: cuda was requested but no CUDA device is available (use device=cpu)");
+    }
+    if (cuda_ && placement_.local_world > gpus) {
+      throw core::InputError("device: cuda: " + std::to_string(placement_.local_world) + " ranks on this node but " +
+                             std::to_string(gpus) + " visible GPUs; NCCL needs a GPU of its own for every rank, so "
+                             "start at most " + std::to_string(gpus) + " ranks per node");
+    }
+    context_.emplace(cuda_ ? core::Device::cuda(comm::device_for(placement_, gpus)) : core::Device::cpu());
+    if (options_.environment) {
+      const double timeout = static_cast<double>(config_.parallel.timeout_s);
+      communicator_ = comm::make_communicator(*options_.environment, *context_,
+                                              {.timeout_s = timeout, .first_step_timeout_s = std::max(4 * timeout, 600.0)});
+    } else {
+      communicator_ = std::make_unique<comm::SingleRankCommunicator>();
     }
   }
-  const std::optional<VerifiedCheckpoint> resume_from = select_checkpoint(config, layout, &comm);
-  // A write past the file size limit (RLIMIT_FSIZE) fails with EFBIG and is reported with its path,
-  // like a full disk, instead of killing the process with SIGXFSZ.
-  std::signal(SIGXFSZ, SIG_IGN);
-  const StopSignals stop_signals;
-  const std::int64_t seq = config.data.seq_len, micro = config.training.micro_batch_size;
-  const std::int64_t accumulation = accumulation_steps(config, world);
 
-  // The data is checked before the run directory is touched: a refused run leaves it as it was.
-  const text::TokenShard train_shard(config.data.train);
-  check_vocabulary(train_shard, spec->vocab_size());
-  std::optional<text::TokenShard> val_shard;
-  if (!config.data.val.empty()) {
-    val_shard.emplace(config.data.val);
-    check_vocabulary(*val_shard, spec->vocab_size());
-  }
-  if (!config.data.tokenizer.empty() && config.data.tokenizer != "byte") {
-    const text::BpeTokenizer tokenizer(config.data.tokenizer);
-    if (tokenizer.vocab_size() > static_cast<std::uint64_t>(spec->vocab_size())) {
-      throw core::InputError("data.tokenizer: " + config.data.tokenizer + " has " + std::to_string(tokenizer.vocab_size()) +
-                             " ids but model.vocab_size is " + std::to_string(spec->vocab_size()) +
-                             " (expected at least the tokenizer's vocabulary)");
+  // The slab layout, the checkpoint to resume from and the data, all verified before anything is
+  // written: a refused run leaves its directory as it was.
+  void check_inputs() {
+    comm::Communicator& comm = *communicator_;
+    layout_.emplace(spec_->parameters(), world_);
+    for (const std::string& name : layout_->unsplit()) {
+      if (comm.rank() == 0) {
+        spdlog::warn("{}: its parts start off the 64-element alignment at this shape; the optimizer treats it "
+                        "as one tensor", name);
+      }
+    }
+    resume_from_ = select_checkpoint(config_, *layout_, &comm);
+    // A write past the file size limit (RLIMIT_FSIZE) fails with EFBIG and is reported with its path,
+    // like a full disk, instead of killing the process with SIGXFSZ.
+    std::signal(SIGXFSZ, SIG_IGN);
+    stop_signals_.emplace();
+    train_shard_.emplace(config_.data.train);
+    check_vocabulary(*train_shard_, spec_->vocab_size());
+    if (!config_.data.val.empty()) {
+      val_shard_.emplace(config_.data.val);
+      check_vocabulary(*val_shard_, spec_->vocab_size());
+    }
+    if (!config_.data.tokenizer.empty() && config_.data.tokenizer != "byte") {
+      const text::BpeTokenizer tokenizer(config_.data.tokenizer);
+      if (tokenizer.vocab_size() > static_cast<std::uint64_t>(spec_->vocab_size())) {
+        throw core::InputError("data.tokenizer: " + config_.data.tokenizer + " has " + std::to_string(tokenizer.vocab_size()) +
+                               " ids but model.vocab_size is " + std::to_string(spec_->vocab_size()) +
+                               " (expected at least the tokenizer's vocabulary)");
+      }
+    }
+    if (resume_from_) {
+      const TrainingProgress& saved = resume_from_->progress;
+      const bool changed = (saved.seq_len > 0 && saved.seq_len != seq_) || (saved.global_batch > 0 && saved.global_batch != global_batch_);
+      if (changed && !config_.checkpoint.allow_data_change) {
+        throw core::InputError(resume_from_->directory.string() + ": saved with data.seq_len " + std::to_string(saved.seq_len) +
+                               " and " + std::to_string(saved.global_batch) + " sequences per step, resumed with " +
+                               std::to_string(seq_) + " and " + std::to_string(global_batch_) +
+                               ": the data order would change (set checkpoint.allow_data_change: true to continue anyway)");
+      }
     }
   }
-  // The run's tokenizer for the samples, loaded at the first one.
-  std::unique_ptr<text::Tokenizer> tokenizer_for_samples;
-  const auto sample_tokenizer = [&]() -> text::Tokenizer& {
-    if (!tokenizer_for_samples) {
-      tokenizer_for_samples = text::make_tokenizer(config.data.tokenizer.empty() ? "byte" : config.data.tokenizer);
-    }
-    return *tokenizer_for_samples;
-  };
-  const std::int64_t global_batch = global_batch_sequences(config, world);
-  if (resume_from) {
-    const TrainingProgress& saved = resume_from->progress;
-    const bool changed = (saved.seq_len > 0 && saved.seq_len != seq) || (saved.global_batch > 0 && saved.global_batch != global_batch);
-    if (changed && !config.checkpoint.allow_data_change) {
-      throw core::InputError(resume_from->directory.string() + ": saved with data.seq_len " + std::to_string(saved.seq_len) +
-                             " and " + std::to_string(saved.global_batch) + " sequences per step, resumed with " +
-                             std::to_string(seq) + " and " + std::to_string(global_batch) +
-                             ": the data order would change (set checkpoint.allow_data_change: true to continue anyway)");
-    }
-    if (saved.step >= config.training.max_steps) {
-      spdlog::info("{}: the checkpoint is at step {}, training.max_steps is {}: nothing to train",
-                   resume_from->directory.string(), saved.step, config.training.max_steps);
-      TrainSummary done;
-      done.steps = done.resumed_from = saved.step;
-      done.final_loss = -1;
-      return done;
+
+  // A checkpoint already at training.max_steps: the summary of a run with nothing left to do.
+  std::optional<TrainSummary> nothing_to_train() const {
+    if (!resume_from_ || resume_from_->progress.step < config_.training.max_steps) return std::nullopt;
+    const TrainingProgress& saved = resume_from_->progress;
+    spdlog::info("{}: the checkpoint is at step {}, training.max_steps is {}: nothing to train",
+                 resume_from_->directory.string(), saved.step, config_.training.max_steps);
+    TrainSummary done;
+    done.steps = done.resumed_from = saved.step;
+    done.final_loss = -1;
+    return done;
+  }
+
+  // One trainer per run directory (a second one started on it is refused while this one lives);
+  // the resolved config is written first.
+  void open_run_directory() {
+    fs::create_directories(config_.run.output_dir);
+    run_lock_.emplace(lead_ ? fs::path(config_.run.output_dir) : fs::path());
+    if (lead_) {
+      std::ofstream resolved(fs::path(config_.run.output_dir) / "config.yaml");
+      resolved << resolved_yaml(config_);
+      if (!resolved) throw core::Error("cannot write " + (fs::path(config_.run.output_dir) / "config.yaml").string());
     }
   }
-  fs::create_directories(config.run.output_dir);
-  // One trainer per run directory: a second one started on it is refused while this one lives.
-  const RunLock run_lock(lead ? fs::path(config.run.output_dir) : fs::path());
-  if (lead) {
-    std::ofstream resolved(fs::path(config.run.output_dir) / "config.yaml");
-    resolved << resolved_yaml(config);
-    if (!resolved) throw core::Error("cannot write " + (fs::path(config.run.output_dir) / "config.yaml").string());
-  }
 
-  const int stage = config.parallel.zero_stage;
-  const bool sharded = stage >= 1 && world > 1;
-  // ZeRO-2 keeps only the owned shard of the gradients when nothing accumulates across
-  // micro-batches (accumulation must not communicate before the last one, so it needs them all).
-  const bool shard_gradients = cuda && stage == 2 && world > 1 && accumulation == 1;
-  if (cuda && stage == 2 && world > 1 && !shard_gradients) {
-    spdlog::info("ZeRO-2 with {} micro-batches per step keeps the whole gradient buffer: accumulation communicates "
-                 "only after the last micro-batch", accumulation);
-  }
-  optim::Slab slab(std::move(layout), context, {.rank = rank, .zero_stage = stage, .shard_gradients = shard_gradients});
-  if (!resume_from) initialize_weights(config, slab, context);
-  WeightSync weight_sync(comm, slab, context);
-  auto runner = std::make_unique<ModelRunner>(*spec, slab, context, micro * seq, weight_sync.full_weights());
-  auto optimizer = optim::make_optimizer(config.optimizer, slab, context);
-  if (sharded) {
-    optimizer->set_partials_reducer([&comm](const std::vector<optim::Partial>& partials) {
-      comm.group_start();
-      for (const optim::Partial& p : partials) comm.all_reduce(p.data, p.dtype, p.count, comm::ReduceOp::sum, "optimizer statistics");
-      comm.group_end();
-    });
-  }
-  GradientSync gradient_sync(comm, slab, context, shard_gradients ? runner->largest_gradient_range() : 0);
-  runner->set_gradient_sink(&gradient_sync);
-  TrainingProgress progress;
-  progress.sampler_seed = config.run.seed;
-  if (resume_from) progress = load_checkpoint(*resume_from, *optimizer, context);
-  progress.seq_len = seq;
-  progress.global_batch = global_batch;
-  const std::int64_t skipped_before = resume_from ? optimizer->report().skipped_steps : 0;
-  weight_sync.gather();
-  text::Sampler sampler(train_shard.size(), seq, world, rank, progress.sampler_seed);
-  sampler.restore(progress.sampler);
-  const std::int64_t first_step = progress.step + 1;
-  const fs::path checkpoints = checkpoints_root(config);
-  // The logging window continues across a resume.
-  double interval_loss = progress.window_loss;
-  std::int64_t interval_steps = progress.window_steps;
-  auto save = [&] {
-    progress.sampler = sampler.cursor();
-    progress.window_loss = interval_loss;
-    progress.window_steps = interval_steps;
-    save_checkpoint(checkpoints, config, progress, *optimizer, context, &comm);
-    if (lead) prune_checkpoints(checkpoints, config.checkpoint.keep_last);
-  };
-  // TensorBoard event files under RUN/tb (rank 0); a resumed run's file starts at its first step.
-  std::optional<TensorBoardWriter> tensorboard;
-  if (lead && config.logging.tensorboard) tensorboard.emplace(fs::path(config.run.output_dir) / "tb", first_step);
-
-  const std::int64_t tokens_per_step = global_batch_sequences(config, world) * seq;
-  const double flops_per_token = spec->flops_per_token(seq);
-  spdlog::info("{}: {} on {}, {:.1f}M parameters, {} tokens per step ({} x {} x {} accumulation x {} ranks), "
-               "ZeRO-{}, {} steps",
-               config.run.name, config.model.preset.empty() ? config.model.arch : config.model.preset,
-               context.device_name(), static_cast<double>(spec->parameter_count()) / 1e6,
-               tokens_per_step, micro, seq, accumulation, world, stage, config.training.max_steps);
-
-  // What the slab and the optimizer hold on this rank (the terms of the ZeRO memory formula).
-  std::size_t state_bytes = 0;
-  for (const optim::StateBuffer& b : optimizer->state_buffers()) state_bytes += b.buffer->bytes();
-  const double gib = 1024.0 * 1024.0 * 1024.0;
-  const nlohmann::json memory = {{"weights_gib", static_cast<double>(slab.mirror().bytes() + slab.master().bytes()) / gib},
-                                 {"grads_gib", static_cast<double>(slab.grad().bytes() + gradient_sync.staging_bytes()) / gib},
-                                 {"state_gib", static_cast<double>(state_bytes) / gib}};
-  spdlog::info("memory per rank: weights {:.3f} GiB (mirror + master), gradients {:.3f} GiB (with staging), "
-               "optimizer state {:.3f} GiB",
-               memory["weights_gib"].get<double>(), memory["grads_gib"].get<double>(), memory["state_gib"].get<double>());
-
-  std::ofstream metrics;
-  if (lead) {
-    // Records of steps after the one resumed from (logged before a crash) are dropped first, so
-    // every step appears once.
-    drop_records_after(fs::path(config.run.output_dir) / "metrics.jsonl", progress.step);
-    metrics.open(fs::path(config.run.output_dir) / "metrics.jsonl", std::ios::app);
-    if (!metrics) throw core::Error("cannot write metrics.jsonl in " + config.run.output_dir);
-  }
-  if (lead) {
-    metrics << nlohmann::json({{"memory_per_rank", memory}, {"world", world}, {"zero_stage", stage}}).dump() << "\n";
-  }
-  TrainSummary summary;
-  summary.steps = progress.step;
-  summary.resumed_from = progress.step;
-  Batch batch{std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)), {}};
-  batch.targets.resize(batch.ids.size());
-  const auto start = std::chrono::steady_clock::now();
-  auto interval_start = start;
-
-  // One metrics.jsonl record, and its numbers as TensorBoard scalars at its step.
-  auto record = [&](const nlohmann::json& j) {
-    if (!lead) return;
-    metrics << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    metrics.flush();
-    if (!tensorboard || !j.contains("step")) return;
-    const std::int64_t at = j["step"].get<std::int64_t>();
-    for (const auto& [key, value] : j.items()) {
-      if (key == "step" || key == "world" || key == "zero_stage" || !value.is_number()) continue;
-      tensorboard->add_scalar(key, at, value.get<double>());
+  // The slab, the model, the optimizer and the gradient collectives; the progress and the sampler
+  // of a fresh run or of the checkpoint resumed from.
+  void build_state() {
+    comm::Communicator& comm = *communicator_;
+    const core::DeviceContext& context = *context_;
+    const int stage = config_.parallel.zero_stage;
+    const bool sharded = stage >= 1 && world_ > 1;
+    // ZeRO-2 keeps only the owned shard of the gradients when nothing accumulates across
+    // micro-batches (accumulation must not communicate before the last one, so it needs them all).
+    const bool shard_gradients = cuda_ && stage == 2 && world_ > 1 && accumulation_ == 1;
+    if (cuda_ && stage == 2 && world_ > 1 && !shard_gradients) {
+      spdlog::info("ZeRO-2 with {} micro-batches per step keeps the whole gradient buffer: accumulation communicates "
+                   "only after the last micro-batch", accumulation_);
     }
-    if (j.contains("sample") && j["sample"].is_string()) tensorboard->add_text("sample", at, j["sample"].get<std::string>());
-    tensorboard->flush();
-  };
-  auto evaluate = [&](std::int64_t step) {
-    if (!val_shard) return;
-    const double val = validation_loss(*runner, *val_shard, config.eval.batches, micro, seq, comm);
-    summary.final_val_loss = val;
-    spdlog::info("step {}/{} | val_loss {:.4f}", step, config.training.max_steps, val);
-    record({{"step", step}, {"val_loss", val}});
-  };
+    slab_.emplace(std::move(*layout_), context, optim::SlabOptions{.rank = rank_, .zero_stage = stage, .shard_gradients = shard_gradients});
+    if (!resume_from_) initialize_weights(config_, *slab_, context);
+    weight_sync_.emplace(comm, *slab_, context);
+    runner_ = std::make_unique<ModelRunner>(*spec_, *slab_, context, micro_ * seq_, weight_sync_->full_weights());
+    optimizer_ = optim::make_optimizer(config_.optimizer, *slab_, context);
+    if (sharded) {
+      optimizer_->set_partials_reducer([&comm](const std::vector<optim::Partial>& partials) {
+        comm.group_start();
+        for (const optim::Partial& p : partials) comm.all_reduce(p.data, p.dtype, p.count, comm::ReduceOp::sum, "optimizer statistics");
+        comm.group_end();
+      });
+    }
+    gradient_sync_.emplace(comm, *slab_, context, shard_gradients ? runner_->largest_gradient_range() : 0);
+    runner_->set_gradient_sink(&*gradient_sync_);
+    progress_.sampler_seed = config_.run.seed;
+    if (resume_from_) progress_ = load_checkpoint(*resume_from_, *optimizer_, context);
+    progress_.seq_len = seq_;
+    progress_.global_batch = global_batch_;
+    skipped_before_ = resume_from_ ? optimizer_->report().skipped_steps : 0;
+    weight_sync_->gather();
+    sampler_.emplace(train_shard_->size(), seq_, world_, rank_, progress_.sampler_seed);
+    sampler_->restore(progress_.sampler);
+    first_step_ = progress_.step + 1;
+    // The logging window continues across a resume.
+    interval_loss_ = progress_.window_loss;
+    interval_steps_ = progress_.window_steps;
+  }
 
-  const std::int64_t hang_step = test_hang_step(rank);
-  for (std::int64_t step = first_step; step <= config.training.max_steps; ++step) {
-    const double lr = lr_at(config.schedule, config.optimizer.lr, step - 1, config.training.max_steps);
-    for (std::int64_t a = 0; a < accumulation; ++a) {
-      for (std::int64_t s = 0; s < micro; ++s) {
-        train_shard.read_window(sampler.next(), {batch.ids.data() + s * seq, static_cast<std::size_t>(seq)},
-                                {batch.targets.data() + s * seq, static_cast<std::size_t>(seq)});
+  // TensorBoard, the run's banner and memory figures, metrics.jsonl.
+  void open_outputs() {
+    // TensorBoard event files under RUN/tb (rank 0); a resumed run's file starts at its first step.
+    if (lead_ && config_.logging.tensorboard) tensorboard_.emplace(fs::path(config_.run.output_dir) / "tb", first_step_);
+    const int stage = config_.parallel.zero_stage;
+    spdlog::info("{}: {} on {}, {:.1f}M parameters, {} tokens per step ({} x {} x {} accumulation x {} ranks), "
+                 "ZeRO-{}, {} steps",
+                 config_.run.name, config_.model.preset.empty() ? config_.model.arch : config_.model.preset,
+                 context_->device_name(), static_cast<double>(spec_->parameter_count()) / 1e6,
+                 tokens_per_step_, micro_, seq_, accumulation_, world_, stage, config_.training.max_steps);
+
+    // What the slab and the optimizer hold on this rank (the terms of the ZeRO memory formula).
+    std::size_t state_bytes = 0;
+    for (const optim::StateBuffer& b : optimizer_->state_buffers()) state_bytes += b.buffer->bytes();
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const nlohmann::json memory = {{"weights_gib", static_cast<double>(slab_->mirror().bytes() + slab_->master().bytes()) / gib},
+                                   {"grads_gib", static_cast<double>(slab_->grad().bytes() + gradient_sync_->staging_bytes()) / gib},
+                                   {"state_gib", static_cast<double>(state_bytes) / gib}};
+    spdlog::info("memory per rank: weights {:.3f} GiB (mirror + master), gradients {:.3f} GiB (with staging), "
+                 "optimizer state {:.3f} GiB",
+                 memory["weights_gib"].get<double>(), memory["grads_gib"].get<double>(), memory["state_gib"].get<double>());
+
+    if (lead_) {
+      // Records of steps after the one resumed from (logged before a crash) are dropped first, so
+      // every step appears once.
+      drop_records_after(fs::path(config_.run.output_dir) / "metrics.jsonl", progress_.step);
+      metrics_.open(fs::path(config_.run.output_dir) / "metrics.jsonl", std::ios::app);
+      if (!metrics_) throw core::Error("cannot write metrics.jsonl in " + config_.run.output_dir);
+      metrics_ << nlohmann::json({{"memory_per_rank", memory}, {"world", world_}, {"zero_stage", stage}}).dump() << "\n";
+    }
+    summary_.steps = progress_.step;
+    summary_.resumed_from = progress_.step;
+    batch_.ids.resize(static_cast<std::size_t>(micro_ * seq_));
+    batch_.targets.resize(batch_.ids.size());
+    start_ = std::chrono::steady_clock::now();
+    interval_start_ = start_;
+  }
+
+  // Every micro-batch of the step: forward and backward, gradients accumulated in the slab.
+  void forward_backward() {
+    for (std::int64_t a = 0; a < accumulation_; ++a) {
+      for (std::int64_t s = 0; s < micro_; ++s) {
+        train_shard_->read_window(sampler_->next(), {batch_.ids.data() + s * seq_, static_cast<std::size_t>(seq_)},
+                                  {batch_.targets.data() + s * seq_, static_cast<std::size_t>(seq_)});
       }
       // Only the last micro-batch's backward communicates (ZeRO-2 overlaps it layer by layer).
-      gradient_sync.begin_micro_batch(a + 1 == accumulation);
-      runner->micro_step(batch.ids.data(), batch.targets.data(), micro, seq, 1.0f / static_cast<float>(accumulation));
+      gradient_sync_->begin_micro_batch(a + 1 == accumulation_);
+      runner_->micro_step(batch_.ids.data(), batch_.targets.data(), micro_, seq_, 1.0f / static_cast<float>(accumulation_));
     }
-    if (step == hang_step) hang(rank, step);
-    gradient_sync.finish();
-    optimizer->step(lr);
-    weight_sync.gather();
-    const auto losses = runner->take_losses();
+  }
+
+  // The gradient collectives, the optimizer's update and the weight gather after it.
+  void optimizer_step(double lr) {
+    gradient_sync_->finish();
+    optimizer_->step(lr);
+    weight_sync_->gather();
+  }
+
+  // One small host all-reduce per step: the global mean loss and whether any rank must stop.
+  // Advances the progress; returns whether to stop after this step.
+  bool agree_loss_and_stop(std::int64_t step) {
+    const auto losses = runner_->take_losses();
     double loss = 0;
     for (double l : losses) loss += l;
     loss /= static_cast<double>(losses.size());
-    // One small host all-reduce per step: the global mean loss and whether any rank must stop.
-    const bool stop_here = StopSignals::requested() || step == options.stop_after_step;
+    const bool stop_here = StopSignals::requested() || step == options_.stop_after_step;
     const std::vector<double> agreed =
-        comm.all_reduce_host({loss, stop_here ? 1.0 : 0.0}, comm::ReduceOp::sum, "loss and stop flag");
-    loss = agreed[0] / world;
-    const bool stop = agreed[1] > 0;
-    if (step == first_step) comm.mark_first_step_done();
-    interval_loss += loss;
-    ++interval_steps;
-    summary.steps = step;
-    summary.tokens += tokens_per_step;
-    progress.step = step;
-    progress.tokens_seen += tokens_per_step;
+        communicator_->all_reduce_host({loss, stop_here ? 1.0 : 0.0}, comm::ReduceOp::sum, "loss and stop flag");
+    loss = agreed[0] / world_;
+    if (step == first_step_) communicator_->mark_first_step_done();
+    interval_loss_ += loss;
+    ++interval_steps_;
+    summary_.steps = step;
+    summary_.tokens += tokens_per_step_;
+    progress_.step = step;
+    progress_.tokens_seen += tokens_per_step_;
+    return agreed[1] > 0;
+  }
 
-    if (step % config.logging.every == 0 || step == config.training.max_steps) {
-      const optim::StepReport report = optimizer->report();
-      const double elapsed = seconds_since(interval_start);
-      const double tokens_per_s = static_cast<double>(interval_steps * tokens_per_step) / elapsed;
-      const double mean_loss = interval_loss / static_cast<double>(interval_steps);
-      summary.final_loss = mean_loss;
-      double memory_gib = 0;
-      if (cuda) {
-        std::size_t free_bytes = 0, total_bytes = 0;
-        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-        memory_gib = static_cast<double>(total_bytes - free_bytes) / (1 << 30);
-      }
-      // MFU per GPU: every rank does 1/world of the step's tokens.
-      const double mfu = cuda ? tokens_per_s / world * flops_per_token / kPeakBf16Flops : 0.0;
-      const double eta = seconds_since(start) / static_cast<double>(step - first_step + 1) *
-                         static_cast<double>(config.training.max_steps - step);
-      const std::string device_figures =
-          cuda ? fmt::format(" | MFU {:.1f}% | {:.1f} GiB", 100 * mfu, memory_gib) : std::string();
-      spdlog::info("step {}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f}{} | {:.0f} tok/s{} | ETA {}", step,
-                   config.training.max_steps, mean_loss, lr, report.grad_norm,
-                   report.skipped_steps > 0 ? " (" + std::to_string(report.skipped_steps) + " skipped)" : std::string(),
-                   tokens_per_s, device_figures, format_duration(eta));
-      record({{"step", step}, {"loss", mean_loss}, {"lr", lr}, {"grad_norm", report.grad_norm},
-              {"tokens_per_s", tokens_per_s}, {"tokens_per_s_per_rank", tokens_per_s / world}, {"world", world},
-              {"zero_stage", stage}, {"mfu", mfu}, {"memory_gib", memory_gib},
-              {"skipped_steps", report.skipped_steps}, {"elapsed_s", seconds_since(start)}});
-      if (runner->saw_invalid_ids()) throw core::Error("token ids outside the vocabulary reached the model");
-      interval_start = std::chrono::steady_clock::now();
-      interval_loss = 0;
-      interval_steps = 0;
+  // The log line and metrics record of the interval ending at `step`.
+  void log_step(std::int64_t step, double lr) {
+    const optim::StepReport report = optimizer_->report();
+    const double elapsed = seconds_since(interval_start_);
+    const double tokens_per_s = static_cast<double>(interval_steps_ * tokens_per_step_) / elapsed;
+    const double mean_loss = interval_loss_ / static_cast<double>(interval_steps_);
+    summary_.final_loss = mean_loss;
+    double memory_gib = 0;
+    if (cuda_) {
+      std::size_t free_bytes = 0, total_bytes = 0;
+      CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+      memory_gib = static_cast<double>(total_bytes - free_bytes) / (1 << 30);
     }
-    if (config.eval.every > 0 && step % config.eval.every == 0) evaluate(step);
-    if (lead && config.sample.every > 0 && step % config.sample.every == 0) {
-      const auto continuation = sample_text(*spec, slab, context, weight_sync.full_weights(), sample_tokenizer(),
-                                            config.sample.prompt, config.sample.tokens, config.run.seed + step);
-      if (continuation) {
-        const std::string text = config.sample.prompt + *continuation;
-        spdlog::info("sample at step {}: {}", step, text);
-        record({{"step", step}, {"sample", text}});
-      }
-    }
-    if (stop || (step == config.training.max_steps && config.checkpoint.at_end) ||
-        (config.checkpoint.every > 0 && step % config.checkpoint.every == 0)) {
-      save();
-    }
-    if (stop && step < config.training.max_steps) {
-      if (StopSignals::requested()) {
-        spdlog::info("signal {}: stopped after step {} with a checkpoint", StopSignals::signal_number(), step);
-      } else {
-        spdlog::info("stopped after step {} with a checkpoint (another rank was signalled)", step);
-      }
-      summary.stopped_early = true;
-      summary.seconds = seconds_since(start);
-      return summary;
+    // MFU per GPU: every rank does 1/world of the step's tokens.
+    const double mfu = cuda_ ? tokens_per_s / world_ * spec_->flops_per_token(seq_) / kPeakBf16Flops : 0.0;
+    const double eta = seconds_since(start_) / static_cast<double>(step - first_step_ + 1) *
+                       static_cast<double>(config_.training.max_steps - step);
+    const std::string device_figures =
+        cuda_ ? fmt::format(" | MFU {:.1f}% | {:.1f} GiB", 100 * mfu, memory_gib) : std::string();
+    spdlog::info("step {}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f}{} | {:.0f} tok/s{} | ETA {}", step,
+                 config_.training.max_steps, mean_loss, lr, report.grad_norm,
+                 report.skipped_steps > 0 ? " (" + std::to_string(report.skipped_steps) + " skipped)" : std::string(),
+                 tokens_per_s, device_figures, format_duration(eta));
+    record({{"step", step}, {"loss", mean_loss}, {"lr", lr}, {"grad_norm", report.grad_norm},
+            {"tokens_per_s", tokens_per_s}, {"tokens_per_s_per_rank", tokens_per_s / world_}, {"world", world_},
+            {"zero_stage", config_.parallel.zero_stage}, {"mfu", mfu}, {"memory_gib", memory_gib},
+            {"skipped_steps", report.skipped_steps}, {"elapsed_s", seconds_since(start_)}});
+    if (runner_->saw_invalid_ids()) throw core::Error("token ids outside the vocabulary reached the model");
+    interval_start_ = std::chrono::steady_clock::now();
+    interval_loss_ = 0;
+    interval_steps_ = 0;
+  }
+
+  // The validation loss, split across the ranks (nothing without validation data).
+  void evaluate(std::int64_t step) {
+    if (!val_shard_) return;
+    const double val = validation_loss(*runner_, *val_shard_, config_.eval.batches, micro_, seq_, *communicator_);
+    summary_.final_val_loss = val;
+    spdlog::info("step {}/{} | val_loss {:.4f}", step, config_.training.max_steps, val);
+    record({{"step", step}, {"val_loss", val}});
+  }
+
+  // A generated sample, logged and recorded (rank 0).
+  void sample(std::int64_t step) {
+    const auto continuation = sample_text(*spec_, *slab_, *context_, weight_sync_->full_weights(), sample_tokenizer(),
+                                          config_.sample.prompt, config_.sample.tokens, config_.run.seed + step);
+    if (continuation) {
+      const std::string text = config_.sample.prompt + *continuation;
+      spdlog::info("sample at step {}: {}", step, text);
+      record({{"step", step}, {"sample", text}});
     }
   }
-  if (config.eval.every == 0 || config.training.max_steps % config.eval.every != 0) evaluate(config.training.max_steps);
-  summary.seconds = seconds_since(start);
-  const std::int64_t taken = summary.steps - summary.resumed_from;
-  const std::int64_t skipped = optimizer->report().skipped_steps - skipped_before;
-  if (taken > 0 && skipped >= taken) {
-    throw core::Error("every one of the " + std::to_string(taken) + " steps of this run was skipped: the gradients were "
-                      "not finite (optimizer.nonfinite: skip_step); check the data, the learning rate and the weights");
+
+  void save() {
+    progress_.sampler = sampler_->cursor();
+    progress_.window_loss = interval_loss_;
+    progress_.window_steps = interval_steps_;
+    const fs::path checkpoints = checkpoints_root(config_);
+    save_checkpoint(checkpoints, config_, progress_, *optimizer_, *context_, &*communicator_);
+    if (lead_) prune_checkpoints(checkpoints, config_.checkpoint.keep_last);
   }
-  spdlog::info("done: {} steps, {} tokens in {:.1f} s ({:.0f} tok/s), final loss {:.4f}{}", summary.steps, summary.tokens,
-               summary.seconds, static_cast<double>(summary.tokens) / summary.seconds, summary.final_loss,
-               summary.final_val_loss >= 0 ? fmt::format(", validation loss {:.4f}", summary.final_val_loss) : "");
-  if (lead) {
-    const auto text = sample_text(*spec, slab, context, weight_sync.full_weights(), sample_tokenizer(),
-                                  config.sample.prompt, config.sample.tokens, config.run.seed);
-    if (text) std::printf("\n--- sample ---\n%s%s\n--------------\n", config.sample.prompt.c_str(), text->c_str());
+
+  TrainSummary stopped_early(std::int64_t step) {
+    if (StopSignals::requested()) {
+      spdlog::info("signal {}: stopped after step {} with a checkpoint", StopSignals::signal_number(), step);
+    } else {
+      spdlog::info("stopped after step {} with a checkpoint (another rank was signalled)", step);
+    }
+    summary_.stopped_early = true;
+    summary_.seconds = seconds_since(start_);
+    return summary_;
   }
-  comm.barrier("end of training");
-  return summary;
+
+  // The last evaluation, the summary line and a final sample.
+  TrainSummary finish() {
+    if (config_.eval.every == 0 || config_.training.max_steps % config_.eval.every != 0) evaluate(config_.training.max_steps);
+    summary_.seconds = seconds_since(start_);
+    const std::int64_t taken = summary_.steps - summary_.resumed_from;
+    const std::int64_t skipped = optimizer_->report().skipped_steps - skipped_before_;
+    if (taken > 0 && skipped >= taken) {
+      throw core::Error("every one of the " + std::to_string(taken) + " steps of this run was skipped: the gradients were "
+                        "not finite (optimizer.nonfinite: skip_step); check the data, the learning rate and the weights");
+    }
+    spdlog::info("done: {} steps, {} tokens in {:.1f} s ({:.0f} tok/s), final loss {:.4f}{}", summary_.steps, summary_.tokens,
+                 summary_.seconds, static_cast<double>(summary_.tokens) / summary_.seconds, summary_.final_loss,
+                 summary_.final_val_loss >= 0 ? fmt::format(", validation loss {:.4f}", summary_.final_val_loss) : "");
+    if (lead_) {
+      const auto text = sample_text(*spec_, *slab_, *context_, weight_sync_->full_weights(), sample_tokenizer(),
+                                    config_.sample.prompt, config_.sample.tokens, config_.run.seed);
+      if (text) std::printf("\n--- sample ---\n%s%s\n--------------\n", config_.sample.prompt.c_str(), text->c_str());
+    }
+    communicator_->barrier("end of training");
+    return summary_;
+  }
+
+  // One metrics.jsonl record, and its numbers as TensorBoard scalars at its step (rank 0).
+  void record(const nlohmann::json& j) {
+    if (!lead_) return;
+    metrics_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    metrics_.flush();
+    if (!tensorboard_ || !j.contains("step")) return;
+    const std::int64_t at = j["step"].get<std::int64_t>();
+    for (const auto& [key, value] : j.items()) {
+      if (key == "step" || key == "world" || key == "zero_stage" || !value.is_number()) continue;
+      tensorboard_->add_scalar(key, at, value.get<double>());
+    }
+    if (j.contains("sample") && j["sample"].is_string()) tensorboard_->add_text("sample", at, j["sample"].get<std::string>());
+    tensorboard_->flush();
+  }
+
+  // The run's tokenizer for the samples, loaded at the first one.
+  text::Tokenizer& sample_tokenizer() {
+    if (!sample_tokenizer_) {
+      sample_tokenizer_ = text::make_tokenizer(config_.data.tokenizer.empty() ? "byte" : config_.data.tokenizer);
+    }
+    return *sample_tokenizer_;
+  }
+
+  const TrainOptions options_;
+  const comm::Placement placement_;
+  const int world_, rank_;
+  const bool lead_;  // writes logs, metrics and the resolved config
+  const RunConfig config_;
+  const std::unique_ptr<models::ModelSpec> spec_;
+  const bool cuda_;
+  const std::int64_t seq_, micro_, accumulation_, global_batch_, tokens_per_step_;
+
+  // Members in the order setup creates them (and the reverse of their destruction).
+  std::optional<core::DeviceContext> context_;
+  std::unique_ptr<comm::Communicator> communicator_;
+  std::optional<optim::SlabLayout> layout_;
+  std::optional<VerifiedCheckpoint> resume_from_;
+  std::optional<StopSignals> stop_signals_;
+  std::optional<text::TokenShard> train_shard_, val_shard_;
+  std::unique_ptr<text::Tokenizer> sample_tokenizer_;
+  std::optional<RunLock> run_lock_;
+  std::optional<optim::Slab> slab_;
+  std::optional<WeightSync> weight_sync_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::optional<GradientSync> gradient_sync_;
+  TrainingProgress progress_;
+  std::int64_t skipped_before_ = 0;
+  std::optional<text::Sampler> sampler_;
+  std::int64_t first_step_ = 1;
+  double interval_loss_ = 0;  // the logging window's loss sum and step count
+  std::int64_t interval_steps_ = 0;
+  std::optional<TensorBoardWriter> tensorboard_;
+  std::ofstream metrics_;
+  TrainSummary summary_;
+  Batch batch_;
+  std::chrono::steady_clock::time_point start_, interval_start_;
+};
+
+}  // namespace
+
+TrainSummary train(const RunConfig& config, const TrainOptions& options) {
+  return TrainLoop(config, options).run();
 }
 
 }  // namespace trainer

@@ -1,4 +1,5 @@
-// Device helpers shared by the bf16 activation kernels (embedding, rmsnorm, rope, swiglu):
+// Device helpers shared by the bf16 activation kernels (embedding, rmsnorm, rope, swiglu): a
+// grid-stride loop over row chunks,
 // loads and stores of `Vec` consecutive bf16 values converted to and from fp32 (Vec = 8 is one
 // 16-byte access, Vec = 1 the scalar fallback for odd lengths or unaligned rows), a deterministic
 // sum across the lanes of a row group, and the host-side tests that pick the vector width.
@@ -92,6 +93,19 @@ __device__ __forceinline__ float group_sum(float x) {
 #pragma unroll
   for (int offset = Lanes / 2; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xFFFFFFFFu, x, offset, Lanes);
   return x;
+}
+
+// Grid-stride loop over the `Vec`-wide chunks of a row-major [rows, width] matrix: calls
+// chunk(row, column) for each, column a multiple of Vec.
+template <int Vec, class Chunk>
+__device__ __forceinline__ void for_each_chunk(std::int64_t rows, std::int64_t width, Chunk chunk) {
+  const std::int64_t per_row = width / Vec;
+  const std::int64_t total = rows * per_row;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const std::int64_t row = i / per_row;
+    chunk(row, (i - row * per_row) * Vec);
+  }
 }
 
 inline bool aligned_16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }

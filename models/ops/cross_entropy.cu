@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "models/ops/cross_entropy.h"
 #include "models/ops/op_checks.h"
-#include "optim/block_reduce.cuh"
+#include "core/block_reduce.cuh"
 
 namespace models::ops {
 namespace {
@@ -210,7 +210,7 @@ count_targets_kernel(const std::int32_t* __restrict__ targets, std::int64_t toke
   __shared__ int scratch[kReduceThreads / 32];
   int local = 0;
   for (std::int64_t n = threadIdx.x; n < tokens; n += kReduceThreads) local += targets[n] != kIgnoreIndex ? 1 : 0;
-  const int total = optim::block_sum(local, scratch);
+  const int total = core::block_sum(local, scratch);
   if (threadIdx.x == 0) *count = total;
 }
 
@@ -228,9 +228,9 @@ mean_loss_kernel(const float* __restrict__ token_losses, const std::int32_t* __r
     local_sum += static_cast<double>(token_losses[n]);
     if constexpr (kCountTargets) local_count += targets[n] != kIgnoreIndex ? 1 : 0;
   }
-  const double sum = optim::block_sum(local_sum, sum_scratch);
+  const double sum = core::block_sum(local_sum, sum_scratch);
   if constexpr (kCountTargets) {
-    const int total = optim::block_sum(local_count, count_scratch);
+    const int total = core::block_sum(local_count, count_scratch);
     if (threadIdx.x == 0) *count = total;
   }
   if (threadIdx.x == 0) {

@@ -33,12 +33,7 @@ __global__ void __launch_bounds__(kCopyThreads)
 embedding_forward_kernel(const std::int32_t* __restrict__ ids, std::int64_t tokens, const __nv_bfloat16* __restrict__ table,
                          std::int64_t vocab, std::int64_t dim, __nv_bfloat16* __restrict__ out,
                          std::int32_t* invalid_id_flag) {
-  const std::int64_t per_row = dim / Vec;
-  const std::int64_t total = tokens * per_row;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const std::int64_t n = i / per_row;
-    const std::int64_t column = (i - n * per_row) * Vec;
+  gpu::for_each_chunk<Vec>(tokens, dim, [&](std::int64_t n, std::int64_t column) {
     const std::int64_t id = clamp_id(ids[n], vocab, column == 0 ? invalid_id_flag : nullptr);
     const __nv_bfloat16* src = table + id * dim + column;
     __nv_bfloat16* dst = out + n * dim + column;
@@ -47,7 +42,7 @@ embedding_forward_kernel(const std::int32_t* __restrict__ ids, std::int64_t toke
     } else {
       *dst = *src;
     }
-  }
+  });
 }
 
 // Sort input: clamped ids as keys, token indices as values.

@@ -37,15 +37,27 @@ void check_shape(std::string_view op, std::int64_t rows, std::int64_t in_feature
   checks::require_positive(op, "out_features", out_features);
 }
 
-// A device matrix argument: present, aligned to its element, and the byte range it covers.
+// A device matrix argument of a product: its name, data, element size and element count.
+struct Operand {
+  std::string_view name;
+  const void* data;
+  std::size_t element_bytes;
+  std::int64_t elements;
+};
+
 template <typename Element>
-Region matrix(std::string_view op, std::string_view name, const Element* data, std::int64_t elements) {
-  if (data == nullptr) checks::fail(op, std::string(name) + " is null");
-  if (reinterpret_cast<std::uintptr_t>(data) % sizeof(Element) != 0) {
-    checks::fail(op, std::string(name) + " is not aligned to its " + std::to_string(sizeof(Element)) +
+Operand operand(std::string_view name, const Element* data, std::int64_t elements) {
+  return {name, data, sizeof(Element), elements};
+}
+
+// An operand present and aligned to its element; the byte range it covers.
+Region matrix(std::string_view op, const Operand& m) {
+  if (m.data == nullptr) checks::fail(op, std::string(m.name) + " is null");
+  if (reinterpret_cast<std::uintptr_t>(m.data) % m.element_bytes != 0) {
+    checks::fail(op, std::string(m.name) + " is not aligned to its " + std::to_string(m.element_bytes) +
                          "-byte element");
   }
-  return {name, data, static_cast<std::size_t>(elements) * sizeof(Element)};
+  return {m.name, m.data, static_cast<std::size_t>(m.elements) * m.element_bytes};
 }
 
 void check_workspace(std::string_view op, DeviceWorkspace workspace) {
@@ -54,6 +66,18 @@ void check_workspace(std::string_view op, DeviceWorkspace workspace) {
                          " bytes, got " + std::to_string(workspace.bytes) + (workspace.data ? "" : " (null)"));
   }
   if (reinterpret_cast<std::uintptr_t>(workspace.data) % 256 != 0) checks::fail(op, "workspace is not 256-byte aligned");
+}
+
+// The checks of one product, in order: sizes, workspace, operands, the output apart from both
+// inputs. False when there are no rows (nothing to compute).
+bool check_product(std::string_view op, std::int64_t rows, std::int64_t in_features, std::int64_t out_features,
+                   DeviceWorkspace workspace, const Operand& a, const Operand& b, const Operand& out) {
+  check_shape(op, rows, in_features, out_features);
+  check_workspace(op, workspace);
+  if (rows == 0) return false;
+  const Region a_region = matrix(op, a), b_region = matrix(op, b), out_region = matrix(op, out);
+  checks::require_disjoint(op, {out_region}, {a_region, b_region});
+  return true;
 }
 
 }  // namespace
@@ -72,14 +96,11 @@ std::size_t LinearPlan::cached_configurations() const { return gemms_->size(); }
 void LinearPlan::forward(const __nv_bfloat16* x, const __nv_bfloat16* weight, std::int64_t rows,
                          std::int64_t in_features, std::int64_t out_features, __nv_bfloat16* y,
                          DeviceWorkspace workspace) {
-  constexpr std::string_view op = "linear_forward (cuda)";
-  check_shape(op, rows, in_features, out_features);
-  check_workspace(op, workspace);
-  if (rows == 0) return;
-  const Region x_region = matrix(op, "x", x, rows * in_features);
-  const Region w_region = matrix(op, "weight", weight, out_features * in_features);
-  const Region y_region = matrix(op, "y", y, rows * out_features);
-  checks::require_disjoint(op, {y_region}, {x_region, w_region});
+  if (!check_product("linear_forward (cuda)", rows, in_features, out_features, workspace,
+                     operand("x", x, rows * in_features), operand("weight", weight, out_features * in_features),
+                     operand("y", y, rows * out_features))) {
+    return;
+  }
   const detail::GemmShape shape{CUBLAS_OP_T, CUBLAS_OP_N, out_features, rows, in_features,
                                 in_features, in_features, out_features, CUDA_R_16BF, false};
   gemms_->run(shape, weight, x, y, workspace);
@@ -88,14 +109,11 @@ void LinearPlan::forward(const __nv_bfloat16* x, const __nv_bfloat16* weight, st
 void LinearPlan::backward_input(const __nv_bfloat16* dy, const __nv_bfloat16* weight, std::int64_t rows,
                                 std::int64_t in_features, std::int64_t out_features, __nv_bfloat16* dx,
                                 DeviceWorkspace workspace, GradOutput dx_mode) {
-  constexpr std::string_view op = "linear_backward_input (cuda)";
-  check_shape(op, rows, in_features, out_features);
-  check_workspace(op, workspace);
-  if (rows == 0) return;
-  const Region dy_region = matrix(op, "dy", dy, rows * out_features);
-  const Region w_region = matrix(op, "weight", weight, out_features * in_features);
-  const Region dx_region = matrix(op, "dx", dx, rows * in_features);
-  checks::require_disjoint(op, {dx_region}, {dy_region, w_region});
+  if (!check_product("linear_backward_input (cuda)", rows, in_features, out_features, workspace,
+                     operand("dy", dy, rows * out_features), operand("weight", weight, out_features * in_features),
+                     operand("dx", dx, rows * in_features))) {
+    return;
+  }
   const detail::GemmShape shape{CUBLAS_OP_N, CUBLAS_OP_N, in_features, rows, out_features,
                                 in_features, out_features, in_features, CUDA_R_16BF,
                                 dx_mode == GradOutput::accumulate};
@@ -105,14 +123,11 @@ void LinearPlan::backward_input(const __nv_bfloat16* dy, const __nv_bfloat16* we
 void LinearPlan::backward_weight(const __nv_bfloat16* dy, const __nv_bfloat16* x, std::int64_t rows,
                                  std::int64_t in_features, std::int64_t out_features, float* dweight,
                                  DeviceWorkspace workspace) {
-  constexpr std::string_view op = "linear_backward_weight (cuda)";
-  check_shape(op, rows, in_features, out_features);
-  check_workspace(op, workspace);
-  if (rows == 0) return;  // dweight += 0
-  const Region dy_region = matrix(op, "dy", dy, rows * out_features);
-  const Region x_region = matrix(op, "x", x, rows * in_features);
-  const Region dw_region = matrix(op, "dweight", dweight, out_features * in_features);
-  checks::require_disjoint(op, {dw_region}, {dy_region, x_region});
+  if (!check_product("linear_backward_weight (cuda)", rows, in_features, out_features, workspace,
+                     operand("dy", dy, rows * out_features), operand("x", x, rows * in_features),
+                     operand("dweight", dweight, out_features * in_features))) {
+    return;  // dweight += 0
+  }
   const detail::GemmShape shape{CUBLAS_OP_N, CUBLAS_OP_T, in_features, out_features, rows,
                                 in_features, out_features, in_features, CUDA_R_32F, true};
   gemms_->run(shape, x, dy, dweight, workspace);

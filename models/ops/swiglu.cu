@@ -16,12 +16,7 @@ template <int Vec>
 __global__ void __launch_bounds__(kThreads)
 swiglu_forward_kernel(const __nv_bfloat16* __restrict__ gate_up, std::int64_t rows, std::int64_t features,
                       __nv_bfloat16* __restrict__ out) {
-  const std::int64_t per_row = features / Vec;
-  const std::int64_t total = rows * per_row;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const std::int64_t n = i / per_row;
-    const std::int64_t f = (i - n * per_row) * Vec;
+  gpu::for_each_chunk<Vec>(rows, features, [&](std::int64_t n, std::int64_t f) {
     const __nv_bfloat16* gate = gate_up + n * 2 * features + f;
     float g[Vec], u[Vec], y[Vec];
     gpu::load_bf16<Vec>(gate, g);
@@ -29,7 +24,7 @@ swiglu_forward_kernel(const __nv_bfloat16* __restrict__ gate_up, std::int64_t ro
 #pragma unroll
     for (int k = 0; k < Vec; ++k) y[k] = g[k] * sigmoid(g[k]) * u[k];
     gpu::store_bf16<Vec>(out + n * features + f, y);
-  }
+  });
 }
 
 // dgate = dout * up * s * (1 + g * (1 - s)), dup = dout * g * s with s = sigmoid(g).
@@ -37,12 +32,7 @@ template <int Vec>
 __global__ void __launch_bounds__(kThreads)
 swiglu_backward_kernel(const __nv_bfloat16* __restrict__ dout, const __nv_bfloat16* __restrict__ gate_up,
                        std::int64_t rows, std::int64_t features, __nv_bfloat16* __restrict__ dgate_up) {
-  const std::int64_t per_row = features / Vec;
-  const std::int64_t total = rows * per_row;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const std::int64_t n = i / per_row;
-    const std::int64_t f = (i - n * per_row) * Vec;
+  gpu::for_each_chunk<Vec>(rows, features, [&](std::int64_t n, std::int64_t f) {
     const __nv_bfloat16* gate = gate_up + n * 2 * features + f;
     __nv_bfloat16* dgate = dgate_up + n * 2 * features + f;
     float g[Vec], u[Vec], d[Vec], dg[Vec], du[Vec];
@@ -57,7 +47,7 @@ swiglu_backward_kernel(const __nv_bfloat16* __restrict__ dout, const __nv_bfloat
     }
     gpu::store_bf16<Vec>(dgate, dg);
     gpu::store_bf16<Vec>(dgate + features, du);
-  }
+  });
 }
 
 void check_shape(std::string_view op, std::int64_t rows, std::int64_t features) {

@@ -8,10 +8,6 @@ namespace {
 
 std::string layer(std::int64_t i) { return "layers." + std::to_string(i) + "."; }
 
-void require_positive(std::int64_t v, const std::string& where, const char* field) {
-  if (v <= 0) throw core::InputError(where + ": " + field + " must be > 0, got " + std::to_string(v));
-}
-
 }  // namespace
 
 std::int64_t Qwen3Config::parameter_count() const {
@@ -19,63 +15,6 @@ std::int64_t Qwen3Config::parameter_count() const {
                                  hidden_size * q_size() + 3 * intermediate_size * hidden_size;
   return vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + hidden_size;
 }
-
-void validate(const Qwen3Config& c, const std::string& where) {
-  require_positive(c.vocab_size, where, "vocab_size");
-  require_positive(c.hidden_size, where, "hidden_size");
-  require_positive(c.intermediate_size, where, "intermediate_size");
-  require_positive(c.num_layers, where, "num_hidden_layers");
-  require_positive(c.num_heads, where, "num_attention_heads");
-  require_positive(c.num_kv_heads, where, "num_key_value_heads");
-  require_positive(c.head_dim, where, "head_dim");
-  require_positive(c.max_position_embeddings, where, "max_position_embeddings");
-  if (c.num_heads % c.num_kv_heads != 0) {
-    throw core::InputError(where + ": num_attention_heads (" + std::to_string(c.num_heads) +
-                           ") must be a multiple of num_key_value_heads (" + std::to_string(c.num_kv_heads) + ")");
-  }
-  if (c.head_dim % 2 != 0) throw core::InputError(where + ": head_dim must be even (rotary embedding)");
-  if (!(c.rope_theta > 0)) throw core::InputError(where + ": rope_theta must be > 0");
-  if (!(c.rms_norm_eps > 0)) throw core::InputError(where + ": rms_norm_eps must be > 0");
-}
-
-Qwen3Config preset(const std::string& name) {
-  Qwen3Config c;  // defaults are Qwen3-0.6B
-  if (name == "qwen3-0.6b") return c;
-  if (name == "qwen3-1.7b") {
-    c.hidden_size = 2048;
-    c.intermediate_size = 6144;
-    return c;
-  }
-  if (name == "qwen3-tiny") {  // byte-level model for quick runs
-    c.vocab_size = 256;
-    c.hidden_size = 128;
-    c.intermediate_size = 384;
-    c.num_layers = 4;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 64;
-    c.rope_theta = 10000.0;
-    c.max_position_embeddings = 4096;
-    return c;
-  }
-  if (name == "qwen3-test") {  // the shape of tests/fixtures/qwen3
-    c.vocab_size = 1000;
-    c.hidden_size = 64;
-    c.intermediate_size = 160;
-    c.num_layers = 3;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 64;
-    c.rope_theta = 10000.0;
-    c.max_position_embeddings = 256;
-    return c;
-  }
-  std::string known;
-  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-  throw core::InputError("unknown Qwen3 preset '" + name + "' (known: " + known + ")");
-}
-
-std::vector<std::string> preset_names() { return {"qwen3-0.6b", "qwen3-1.7b", "qwen3-tiny", "qwen3-test"}; }
 
 std::vector<optim::ParamSpec> parameter_specs(const Qwen3Config& c) {
   using optim::InitKind;

@@ -1,5 +1,6 @@
-// Qwen3 model shape (as Hugging Face's Qwen3Config), named presets, and the parameter list in
-// slab order. q/k/v projections are one tensor `qkv` and gate/up one tensor `gate_up`, so each
+// Qwen3 model shape (as Hugging Face's Qwen3Config; each member is bound to a row of the config
+// table in models/qwen3/family.cpp, which gives its default), named presets, and the parameter
+// list in slab order. q/k/v projections are one tensor `qkv` and gate/up one tensor `gate_up`, so each
 // is a single GEMM; a layer's tensors are contiguous so its gradients are one slab range.
 #pragma once
 
@@ -33,10 +34,12 @@ struct Qwen3Config {
   bool operator==(const Qwen3Config&) const = default;
 };
 
-// Throws core::InputError naming `where` when a field is out of range or inconsistent.
+// Throws core::InputError naming `where` when a field is out of range or inconsistent: the
+// checks of the config table and the family's rules (models/qwen3/family.cpp), as for YAML.
 void validate(const Qwen3Config& config, const std::string& where);
 
-// qwen3-0.6b, qwen3-1.7b, and test sizes qwen3-tiny (byte vocabulary) and qwen3-test.
+// qwen3-0.6b, qwen3-1.7b, and test sizes qwen3-tiny (byte vocabulary) and qwen3-test (the
+// preset table in models/qwen3/family.cpp).
 Qwen3Config preset(const std::string& name);
 std::vector<std::string> preset_names();
 

@@ -34,6 +34,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/block_reduce.cuh"
 #include "core/error.h"
 #include "models/qwen3/decode_megakernel_plan.h"
 
@@ -171,11 +172,7 @@ __device__ __forceinline__ bool consumer_any(bool pred, int threads) {
   return result != 0;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using core::warp_sum;
 
 __device__ __forceinline__ float bf16_bits_to_float(std::uint16_t bits) {
   return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);

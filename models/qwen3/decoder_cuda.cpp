@@ -105,16 +105,15 @@ struct Qwen3CudaDecoder::Impl {
 
   // Final norm + lm_head of one bf16 row into the fp32 logits (advancing the device position).
   void head_logits(const bf16* row, std::int32_t* advance) {
-    decode::MatvecArgs a;
-    a.weight = w(head);
-    a.rows = c.vocab_size;
-    a.in = c.hidden_size;
-    a.x = row;
-    a.norm_weight = w(final_norm);
-    a.eps = static_cast<float>(c.rms_norm_eps);
-    a.out = at<float>(logits);
-    a.advance = advance;
-    decode::matvec(a, decode::Epilogue::store_f32, matvec_blocks, stream);
+    decode::matvec({.weight = w(head),
+                    .rows = c.vocab_size,
+                    .in = c.hidden_size,
+                    .x = row,
+                    .norm_weight = w(final_norm),
+                    .eps = static_cast<float>(c.rms_norm_eps),
+                    .out = at<float>(logits),
+                    .advance = advance},
+                   decode::Epilogue::store_f32, matvec_blocks, stream);
   }
 
   // One token from x (row 0) at the device position: every layer, the logits, position + 1.
@@ -124,44 +123,32 @@ struct Qwen3CudaDecoder::Impl {
     const std::int32_t* pos = at<std::int32_t>(device_position);
     for (std::size_t l = 0; l < layers.size(); ++l) {
       const LayerWeights& lw = layers[l];
-      decode::MatvecArgs a;
-      a.weight = w(lw.qkv);
-      a.rows = c.qkv_size();
-      a.in = d;
-      a.x = at<bf16>(x);
-      a.norm_weight = w(lw.input_norm);
-      a.eps = eps;
-      a.out = at<bf16>(qkv);
-      decode::matvec(a, decode::Epilogue::store_bf16, matvec_blocks, stream);
+      decode::matvec({.weight = w(lw.qkv),
+                      .rows = c.qkv_size(),
+                      .in = d,
+                      .x = at<bf16>(x),
+                      .norm_weight = w(lw.input_norm),
+                      .eps = eps,
+                      .out = at<bf16>(qkv)},
+                     decode::Epilogue::store_bf16, matvec_blocks, stream);
       decode::qk_norm_rope_append(at<bf16>(qkv), w(lw.q_norm), w(lw.k_norm), static_cast<int>(c.num_heads),
                                   static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim), eps,
                                   at<double>(inv_freq), pos, at<bf16>(q), k_cache(l), v_cache(l), stream);
       decode::cached_attention(at<bf16>(q), qs, k_cache(l), v_cache(l), static_cast<int>(c.num_heads),
                                static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim), pos, 1, splits,
                                at<float>(partial), at<bf16>(att), stream);
-      a = {};
-      a.weight = w(lw.o_proj);
-      a.rows = d;
-      a.in = qs;
-      a.x = at<bf16>(att);
-      a.out = at<bf16>(x);
-      decode::matvec(a, decode::Epilogue::add_bf16, matvec_blocks, stream);
-      a = {};
-      a.weight = w(lw.gate_up);
-      a.rows = f;
-      a.in = d;
-      a.x = at<bf16>(x);
-      a.norm_weight = w(lw.post_norm);
-      a.eps = eps;
-      a.out = at<bf16>(act);
-      decode::matvec(a, decode::Epilogue::swiglu_bf16, matvec_blocks, stream);
-      a = {};
-      a.weight = w(lw.down);
-      a.rows = d;
-      a.in = f;
-      a.x = at<bf16>(act);
-      a.out = at<bf16>(x);
-      decode::matvec(a, decode::Epilogue::add_bf16, matvec_blocks, stream);
+      decode::matvec({.weight = w(lw.o_proj), .rows = d, .in = qs, .x = at<bf16>(att), .out = at<bf16>(x)},
+                     decode::Epilogue::add_bf16, matvec_blocks, stream);
+      decode::matvec({.weight = w(lw.gate_up),
+                      .rows = f,
+                      .in = d,
+                      .x = at<bf16>(x),
+                      .norm_weight = w(lw.post_norm),
+                      .eps = eps,
+                      .out = at<bf16>(act)},
+                     decode::Epilogue::swiglu_bf16, matvec_blocks, stream);
+      decode::matvec({.weight = w(lw.down), .rows = d, .in = f, .x = at<bf16>(act), .out = at<bf16>(x)},
+                     decode::Epilogue::add_bf16, matvec_blocks, stream);
     }
     head_logits(at<bf16>(x), at<std::int32_t>(device_position));
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/block_reduce.cuh"
 #include "core/error.h"
 #include "models/ops/bf16_rows.cuh"
 #include "models/qwen3/decoder_cuda.h"
@@ -19,23 +20,12 @@ constexpr int kMatvecWarps = kMatvecThreads / 32;
 constexpr int kAttentionThreads = 128;
 constexpr std::int64_t kMinSplitKeys = 32;
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-  return v;
-}
+using core::warp_sum;
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024), the same value in every thread.
 __device__ float block_sum(float v) {
   __shared__ float warps[32];
-  v = warp_sum(v);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, count = blockDim.x / 32;
-  if (lane == 0) warps[warp] = v;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < count; ++w) total += warps[w];
-  __syncthreads();  // warps[] may be reused
-  return total;
+  return core::block_sum_all(v, warps);
 }
 
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }

@@ -1,6 +1,8 @@
 #include "models/qwen3/family.h"
 
 #include <cmath>
+#include <type_traits>
+#include <variant>
 
 #include "core/error.h"
 #include "models/model_config.h"
@@ -16,32 +18,81 @@ constexpr double kMaxDim = 1 << 20;
 constexpr double kMaxVocab = 1 << 30;
 constexpr double kMaxLayers = 4096;
 
-ConfigField integer(const char* key, const char* hf_key, std::int64_t fallback, nlohmann::json hf_default, double max,
-                    const char* help) {
-  return {.key = key, .hf_key = hf_key, .type = FieldType::integer, .fallback = fallback,
-          .hf_default = std::move(hf_default), .min = 1, .max = max, .help = help};
+const Qwen3Config kDefaults;  // Qwen3-0.6B: every field's fallback
+
+// A field of the table and the member of Qwen3Config that holds it (none for run options, which
+// the shape carries: recompute). The fallback is the struct's default.
+struct Bound {
+  ConfigField field;
+  std::variant<std::monostate, std::int64_t Qwen3Config::*, double Qwen3Config::*, bool Qwen3Config::*> member;
+};
+
+Bound integer(std::int64_t Qwen3Config::*member, const char* key, const char* hf_key, nlohmann::json hf_default,
+              double max, const char* help) {
+  return {{.key = key, .hf_key = hf_key, .type = FieldType::integer, .fallback = kDefaults.*member,
+           .hf_default = std::move(hf_default), .min = 1, .max = max, .help = help},
+          member};
+}
+
+Bound number(double Qwen3Config::*member, const char* key, const char* hf_key, double hf_default, double min,
+             double max, const char* help) {
+  return {{.key = key, .hf_key = hf_key, .type = FieldType::number, .fallback = kDefaults.*member,
+           .hf_default = hf_default, .min = min, .max = max, .help = help},
+          member};
+}
+
+Bound boolean(bool Qwen3Config::*member, const char* key, const char* hf_key, bool hf_default, const char* help) {
+  return {{.key = key, .hf_key = hf_key, .type = FieldType::boolean, .fallback = kDefaults.*member,
+           .hf_default = hf_default, .help = help},
+          member};
+}
+
+// The one description of Qwen3's config: YAML and shape key, config.json key, what transformers
+// assumes when config.json lacks it, range, meaning.
+const std::vector<Bound>& bound_table() {
+  static const std::vector<Bound> rows = {
+      integer(&Qwen3Config::vocab_size, "vocab_size", "vocab_size", nullptr, kMaxVocab, "vocabulary size"),
+      integer(&Qwen3Config::hidden_size, "hidden_size", "hidden_size", nullptr, kMaxDim, "width of the residual stream"),
+      integer(&Qwen3Config::intermediate_size, "intermediate_size", "intermediate_size", nullptr, kMaxDim, "width of the MLP"),
+      integer(&Qwen3Config::num_layers, "num_layers", "num_hidden_layers", nullptr, kMaxLayers, "decoder layers"),
+      integer(&Qwen3Config::num_heads, "num_heads", "num_attention_heads", nullptr, 4096, "query heads"),
+      integer(&Qwen3Config::num_kv_heads, "num_kv_heads", "num_key_value_heads", nullptr, 4096, "key/value heads (GQA)"),
+      integer(&Qwen3Config::head_dim, "head_dim", "head_dim", 128, 1024, "width of a head"),
+      number(&Qwen3Config::rope_theta, "rope_theta", "rope_parameters.rope_theta|rope_theta", 10000.0, 1e-6, 1e300, "RoPE base"),
+      number(&Qwen3Config::rms_norm_eps, "rms_norm_eps", "rms_norm_eps", 1e-6, 1e-30, 1.0, "RMSNorm epsilon"),
+      boolean(&Qwen3Config::tie_word_embeddings, "tie_word_embeddings", "tie_word_embeddings", false, "lm_head shares the embedding"),
+      integer(&Qwen3Config::max_position_embeddings, "max_position_embeddings", "max_position_embeddings", 32768, 1 << 24, "longest sequence"),
+      {{.key = "recompute", .type = FieldType::choice, .fallback = "none", .choices = {"none", "mlp", "full"},
+        .shape = false, .help = "activation recompute on cuda"},
+       {}},
+  };
+  return rows;
 }
 
 const std::vector<ConfigField>& table() {
-  static const std::vector<ConfigField> fields = {
-      integer("vocab_size", "vocab_size", 151936, nullptr, kMaxVocab, "vocabulary size"),
-      integer("hidden_size", "hidden_size", 1024, nullptr, kMaxDim, "width of the residual stream"),
-      integer("intermediate_size", "intermediate_size", 3072, nullptr, kMaxDim, "width of the MLP"),
-      integer("num_layers", "num_hidden_layers", 28, nullptr, kMaxLayers, "decoder layers"),
-      integer("num_heads", "num_attention_heads", 16, nullptr, 4096, "query heads"),
-      integer("num_kv_heads", "num_key_value_heads", 8, nullptr, 4096, "key/value heads (GQA)"),
-      integer("head_dim", "head_dim", 128, 128, 1024, "width of a head"),
-      {.key = "rope_theta", .hf_key = "rope_parameters.rope_theta|rope_theta", .type = FieldType::number,
-       .fallback = 1e6, .hf_default = 10000.0, .min = 1e-6, .max = 1e300, .help = "RoPE base"},
-      {.key = "rms_norm_eps", .hf_key = "rms_norm_eps", .type = FieldType::number, .fallback = 1e-6,
-       .hf_default = 1e-6, .min = 1e-30, .max = 1.0, .help = "RMSNorm epsilon"},
-      {.key = "tie_word_embeddings", .hf_key = "tie_word_embeddings", .type = FieldType::boolean, .fallback = true,
-       .hf_default = false, .help = "lm_head shares the embedding"},
-      integer("max_position_embeddings", "max_position_embeddings", 40960, 32768, 1 << 24, "longest sequence"),
-      {.key = "recompute", .type = FieldType::choice, .fallback = "none", .choices = {"none", "mlp", "full"},
-       .shape = false, .help = "activation recompute on cuda"},
-  };
+  static const std::vector<ConfigField> fields = [] {
+    std::vector<ConfigField> f;
+    for (const Bound& row : bound_table()) f.push_back(row.field);
+    return f;
+  }();
   return fields;
+}
+
+// The presets: the fields each sets over the defaults.
+const std::vector<std::pair<std::string, Shape>>& preset_table() {
+  static const std::vector<std::pair<std::string, Shape>> presets = {
+      {"qwen3-0.6b", Shape::object()},
+      {"qwen3-1.7b", {{"hidden_size", 2048}, {"intermediate_size", 6144}}},
+      // A byte-level model for quick runs.
+      {"qwen3-tiny", {{"vocab_size", 256}, {"hidden_size", 128}, {"intermediate_size", 384}, {"num_layers", 4},
+                      {"num_heads", 4}, {"num_kv_heads", 2}, {"head_dim", 64}, {"rope_theta", 10000.0},
+                      {"max_position_embeddings", 4096}}},
+      // The shape of tests/fixtures/qwen3.
+      {"qwen3-test", {{"vocab_size", 1000}, {"hidden_size", 64}, {"intermediate_size", 160}, {"num_layers", 3},
+                      {"num_heads", 4}, {"num_kv_heads", 2}, {"head_dim", 64}, {"rope_theta", 10000.0},
+                      {"max_position_embeddings", 256}}},
+  };
+  return presets;
 }
 
 Recompute recompute_of(const Shape& shape) {
@@ -210,35 +261,51 @@ class Qwen3Family final : public Family {
 
 Qwen3Config config_from_shape(const Shape& s) {
   Qwen3Config c;
-  c.vocab_size = s.at("vocab_size");
-  c.hidden_size = s.at("hidden_size");
-  c.intermediate_size = s.at("intermediate_size");
-  c.num_layers = s.at("num_layers");
-  c.num_heads = s.at("num_heads");
-  c.num_kv_heads = s.at("num_kv_heads");
-  c.head_dim = s.at("head_dim");
-  c.rope_theta = s.at("rope_theta");
-  c.rms_norm_eps = s.at("rms_norm_eps");
-  c.tie_word_embeddings = s.at("tie_word_embeddings");
-  c.max_position_embeddings = s.at("max_position_embeddings");
+  for (const Bound& row : bound_table()) {
+    std::visit(
+        [&](auto member) {
+          if constexpr (!std::is_same_v<decltype(member), std::monostate>) {
+            c.*member = s.at(row.field.key).get<std::remove_reference_t<decltype(c.*member)>>();
+          }
+        },
+        row.member);
+  }
   return c;
 }
 
 Shape shape_from_config(const Qwen3Config& c, Recompute recompute) {
   Shape s = Shape::object();
-  s["vocab_size"] = c.vocab_size;
-  s["hidden_size"] = c.hidden_size;
-  s["intermediate_size"] = c.intermediate_size;
-  s["num_layers"] = c.num_layers;
-  s["num_heads"] = c.num_heads;
-  s["num_kv_heads"] = c.num_kv_heads;
-  s["head_dim"] = c.head_dim;
-  s["rope_theta"] = c.rope_theta;
-  s["rms_norm_eps"] = c.rms_norm_eps;
-  s["tie_word_embeddings"] = c.tie_word_embeddings;
-  s["max_position_embeddings"] = c.max_position_embeddings;
+  for (const Bound& row : bound_table()) {
+    std::visit(
+        [&](auto member) {
+          if constexpr (!std::is_same_v<decltype(member), std::monostate>) s[row.field.key] = c.*member;
+        },
+        row.member);
+  }
   s["recompute"] = recompute == Recompute::none ? "none" : recompute == Recompute::mlp ? "mlp" : "full";
   return s;
+}
+
+Qwen3Config preset(const std::string& name) {
+  for (const auto& [preset_name, values] : preset_table()) {
+    if (preset_name != name) continue;
+    Shape s = shape_from_config(kDefaults);
+    s.update(values);
+    return config_from_shape(s);
+  }
+  std::string known;
+  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  throw core::InputError("unknown Qwen3 preset '" + name + "' (known: " + known + ")");
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, _] : preset_table()) names.push_back(name);
+  return names;
+}
+
+void validate(const Qwen3Config& config, const std::string& where) {
+  check_shape(qwen3_family(), shape_from_config(config), where);
 }
 
 const Family& qwen3_family() {

@@ -17,7 +17,7 @@
 #include "fuzz_support.h"
 #include "models/hf_folder.h"
 #include "models/model_config.h"
-#include "models/qwen3/safetensors.h"
+#include "models/safetensors.h"
 #include "models/registry.h"
 #include "trainer/pretrained.h"
 

@@ -10,6 +10,7 @@
 #include "optim/adafactor.h"
 #include "optim/adafactor_support.h"
 #include "optim/sharded_grads_support.h"
+#include "trainer/optimizer_yaml.h"
 #include "support/test_support.h"
 
 namespace {
@@ -36,7 +37,7 @@ TEST(AdafactorGolden, MatchesTorchAndHuggingFaceSemantics) {
     const std::string name = c["name"];
     SCOPED_TRACE("case " + name);
     // The optimizer settings are a JSON object, which is YAML: read them through the config parser.
-    const OptimizerConfig config = optim::optimizer_config_from_yaml(YAML::Load(c["optimizer"].dump()), name);
+    const OptimizerConfig config = trainer::optimizer_config_from_yaml(YAML::Load(c["optimizer"].dump()), name);
     std::vector<ParamSpec> specs;
     for (const auto& p : c["params"]) {
       specs.push_back({.name = p["name"], .shape = p["shape"].get<core::Shape>(), .decay = p["decay"].get<bool>()});

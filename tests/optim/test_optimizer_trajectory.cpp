@@ -16,6 +16,7 @@
 #include "models/model_config.h"
 #include "optim/optimizer.h"
 #include "optim/optimizer_config.h"
+#include "trainer/optimizer_yaml.h"
 #include "support/test_support.h"
 
 namespace {
@@ -41,7 +42,7 @@ void check_case(const std::string& name) {
   ASSERT_TRUE(in) << "missing fixture (made by tests/fixtures/make_optimizer_trajectory.py)";
   const json record = json::parse(in);
   const json& c = record.at("cases").at(name);
-  const optim::OptimizerConfig config = optim::optimizer_config_from_yaml(YAML::Load(c.at("optimizer").dump()), name);
+  const optim::OptimizerConfig config = trainer::optimizer_config_from_yaml(YAML::Load(c.at("optimizer").dump()), name);
 
   const models::HfConfig read = models::read_hf_config(kFixtures / "qwen3/untied");
   const auto spec = read.family->spec(read.shape);

@@ -32,10 +32,10 @@
 #include "models/ops/sampling.h"
 #include "models/qwen3/decoder.h"
 #include "models/qwen3/decoder_cuda.h"
-#include "models/qwen3/hf_import.h"
+#include "support/qwen3/hf_import.h"
 #include "models/qwen3/megakernel_decoder.h"
 #include "models/qwen3/model.h"
-#include "models/qwen3/safetensors.h"
+#include "models/safetensors.h"
 #include "qwen3_gpu_test_model.h"
 #include "support/test_support.h"
 

@@ -9,9 +9,9 @@
 #include <gtest/gtest.h>
 
 #include "core/half.h"
-#include "models/qwen3/hf_export.h"
-#include "models/qwen3/hf_import.h"
-#include "models/qwen3/safetensors.h"
+#include "support/qwen3/hf_export.h"
+#include "support/qwen3/hf_import.h"
+#include "models/safetensors.h"
 #include "support/test_support.h"
 
 namespace {

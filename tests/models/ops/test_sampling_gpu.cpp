@@ -18,7 +18,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "models/ops/sampling.h"
-#include "gpu_watchdog.h"
+#include "support/gpu_watchdog.h"
 #include "support/test_support.h"
 
 namespace {

@@ -10,9 +10,9 @@
 
 #include "core/error.h"
 #include "core/half.h"
-#include "models/qwen3/hf_import.h"
+#include "support/qwen3/hf_import.h"
 #include "models/qwen3/model_cuda.h"
-#include "models/qwen3/safetensors.h"
+#include "models/safetensors.h"
 #include "support/test_support.h"
 
 namespace {

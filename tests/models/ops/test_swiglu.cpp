@@ -3,7 +3,7 @@
 #include <limits>
 
 #include "models/ops/swiglu.h"
-#include "op_test_support.h"
+#include "support/op_test_support.h"
 
 namespace {
 

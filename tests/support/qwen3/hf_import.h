@@ -1,6 +1,6 @@
-// Reading a Hugging Face Qwen3 folder (config.json + model.safetensors, or a sharded
-// model.safetensors.index.json) into a slab's master weights, in the typed Qwen3 config: the
-// Qwen3 face of models/hf_folder.h.
+// Tests: reading a Hugging Face Qwen3 folder (config.json + model.safetensors, or a sharded
+// model.safetensors.index.json) into a slab's master weights, in the typed Qwen3 config (the
+// programs go through models/hf_folder.h with the family's spec).
 #pragma once
 
 #include <string>

@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "models/ops/cross_entropy.h"
-#include "op_test_support.h"
+#include "support/op_test_support.h"
 
 namespace {
 

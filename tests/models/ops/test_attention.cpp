@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "models/ops/attention.h"
-#include "op_test_support.h"
+#include "support/op_test_support.h"
 
 namespace {
 

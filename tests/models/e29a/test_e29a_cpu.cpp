@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/e29a/layer.h"
-#include "op_test_support.h"
+#include "support/op_test_support.h"
 
 namespace {
 

@@ -10,9 +10,9 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "models/qwen3/hf_import.h"
+#include "support/qwen3/hf_import.h"
 #include "models/qwen3/model.h"
-#include "models/qwen3/safetensors.h"
+#include "models/safetensors.h"
 #include "optim/adamw.h"
 #include "support/test_support.h"
 

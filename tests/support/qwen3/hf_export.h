@@ -1,5 +1,5 @@
-// Writing a Hugging Face Qwen3 folder from the master weights of a whole model, in the typed
-// Qwen3 config: the Qwen3 face of models/hf_folder.h (q/k/v and gate/up split, a tied model
+// Tests: writing a Hugging Face Qwen3 folder from the master weights of a whole model, in the
+// typed Qwen3 config, through models/hf_folder.h (q/k/v and gate/up split, a tied model
 // without lm_head.weight).
 #pragma once
 

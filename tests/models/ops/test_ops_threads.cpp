@@ -8,7 +8,7 @@
 #include "models/ops/embedding.h"
 #include "models/ops/linear.h"
 #include "models/ops/rmsnorm.h"
-#include "op_test_support.h"
+#include "support/op_test_support.h"
 
 namespace {
 

@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "models/ops/rope.h"
-#include "op_test_support.h"
+#include "support/op_test_support.h"
 
 namespace {
 

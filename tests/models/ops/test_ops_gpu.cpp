@@ -28,7 +28,7 @@
 #include "models/ops/rmsnorm.h"
 #include "models/ops/rope.h"
 #include "models/ops/swiglu.h"
-#include "op_test_support.h"
+#include "support/op_test_support.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "models/ops/embedding.h"
-#include "op_test_support.h"
+#include "support/op_test_support.h"
 
 namespace {
 

@@ -3,7 +3,7 @@
 #include <limits>
 
 #include "models/ops/rmsnorm.h"
-#include "op_test_support.h"
+#include "support/op_test_support.h"
 
 namespace {
 

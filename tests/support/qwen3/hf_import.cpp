@@ -1,4 +1,4 @@
-#include "models/qwen3/hf_import.h"
+#include "support/qwen3/hf_import.h"
 
 #include <filesystem>
 

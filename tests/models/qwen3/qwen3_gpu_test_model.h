@@ -17,8 +17,8 @@
 #include "core/half.h"
 #include "core/rng.h"
 #include "models/qwen3/config.h"
-#include "models/qwen3/hf_import.h"
-#include "models/qwen3/safetensors.h"
+#include "support/qwen3/hf_import.h"
+#include "models/safetensors.h"
 #include "optim/slab.h"
 
 namespace test {

@@ -16,9 +16,9 @@
 #include "models/generation.h"
 #include "models/qwen3/decoder.h"
 #include "models/qwen3/family.h"
-#include "models/qwen3/hf_import.h"
+#include "support/qwen3/hf_import.h"
 #include "models/qwen3/model.h"
-#include "models/qwen3/safetensors.h"
+#include "models/safetensors.h"
 #include "support/test_support.h"
 
 namespace {

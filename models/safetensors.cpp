@@ -1,4 +1,4 @@
-#include "models/qwen3/safetensors.h"
+#include "models/safetensors.h"
 
 #include <cstdio>
 #include <cstring>

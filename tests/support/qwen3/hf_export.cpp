@@ -1,4 +1,4 @@
-#include "models/qwen3/hf_export.h"
+#include "support/qwen3/hf_export.h"
 
 #include "models/qwen3/family.h"
 

@@ -2,12 +2,12 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "optim/optimizer_config.h"
+#include "trainer/optimizer_yaml.h"
 
 namespace {
 
 optim::OptimizerConfig parse(const std::string& text) {
-  return optim::optimizer_config_from_yaml(YAML::Load(text)["optimizer"], "run.yaml");
+  return trainer::optimizer_config_from_yaml(YAML::Load(text)["optimizer"], "run.yaml");
 }
 
 std::string error_of(const std::string& text) {
