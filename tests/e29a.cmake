@@ -21,6 +21,6 @@ target_link_libraries(test_e29a_model_cpu PRIVATE models)
 llmtrain_test(test_e29a_model_gpu gpu models/e29a/test_e29a_model_gpu.cpp)
 target_link_libraries(test_e29a_model_gpu PRIVATE models)
 # The shipped N = 16 upstream config trains 120 steps on the GPU without its gradient exploding.
-add_test(NAME E29a.UpstreamRecipeStable COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/models/run_e29a_recipe.sh
+add_test(NAME E29a.UpstreamRecipeStable COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/models/e29a/run_e29a_recipe.sh
          ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
 set_tests_properties(E29a.UpstreamRecipeStable PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "SKIPPED" TIMEOUT 400)
