@@ -31,6 +31,7 @@ const std::vector<std::string>& top_level_keys() {
 
 // Bounds that keep every product of batch sizes far from overflow and a step finite in time.
 constexpr std::int64_t kMaxMicroTokens = std::int64_t{1} << 31;  // int32 token indexing on the device
+constexpr std::int64_t kMaxSteps = 1000000000000;
 constexpr std::int64_t kMaxAccumulation = 1 << 16;               // micro-batches per rank per step
 
 // Every family's field keys (a model section is checked against its own family after arch is read).
@@ -55,7 +56,7 @@ const std::map<std::string, std::vector<std::string>>& section_keys() {
         {"optimizer", {}},
         {"schedule", {"type", "warmup_steps", "min_lr_ratio", "decay_ratio"}},
         {"parallel", {"zero_stage", "timeout_s"}},
-        {"checkpoint", {"every", "keep_last", "resume", "at_end", "allow_data_change"}},
+        {"checkpoint", {"every", "keep_last", "resume", "at_end", "allow_data_change", "allow_schedule_change"}},
         {"eval", {"every", "batches"}},
         {"logging", {"every", "tensorboard"}},
         {"sample", {"every", "tokens", "prompt"}},
@@ -498,7 +499,10 @@ RunConfig read_config(const YAML::Node& root, const Reader& reader) {
       c.training.global_batch_size = global;
     }
     s.integer("max_steps", c.training.max_steps);
-    s.at_least(c.training.max_steps, 1, "max_steps");
+    // Far beyond any run (a trillion steps), and small enough that step and schedule arithmetic
+    // (warmup_steps + decay steps, the ETA) cannot overflow.
+    s.check(c.training.max_steps >= 1 && c.training.max_steps <= kMaxSteps, "max_steps",
+            "an integer in [1, " + std::to_string(kMaxSteps) + "]", std::to_string(c.training.max_steps));
     c.training.precision = c.device == Device::cpu ? Precision::fp32 : Precision::bf16;
     s.choice<Precision>("precision", c.training.precision, {{"bf16", Precision::bf16}, {"fp32", Precision::fp32}});
     const Precision required = c.device == Device::cpu ? Precision::fp32 : Precision::bf16;
@@ -535,6 +539,16 @@ RunConfig read_config(const YAML::Node& root, const Reader& reader) {
     s.number("decay_ratio", c.schedule.decay_ratio);
     s.check(c.schedule.decay_ratio >= 0 && c.schedule.decay_ratio <= 1, "decay_ratio", "a number in [0, 1]",
             format_double(c.schedule.decay_ratio));
+    // A value the chosen schedule never reads would be ignored without a word (the default, as a
+    // resolved config.yaml writes it, is fine).
+    const ScheduleConfig defaults;
+    if (c.schedule.type != ScheduleType::wsd && c.schedule.decay_ratio != defaults.decay_ratio) {
+      s.fail("decay_ratio", std::string("only the wsd schedule has a decay phase (schedule.type is ") +
+                                schedule_type_name(c.schedule.type) + ")");
+    }
+    if (c.schedule.type == ScheduleType::constant && c.schedule.min_lr_ratio != defaults.min_lr_ratio) {
+      s.fail("min_lr_ratio", "the constant schedule never decays (use linear, cosine or wsd)");
+    }
     if (c.schedule.type == ScheduleType::wsd) {
       const std::int64_t decay = wsd_decay_steps(c.schedule, c.training.max_steps);
       s.check(c.schedule.warmup_steps + decay <= c.training.max_steps, "decay_ratio",
@@ -559,6 +573,7 @@ RunConfig read_config(const YAML::Node& root, const Reader& reader) {
     s.at_least(c.checkpoint.keep_last, 0, "keep_last");
     s.boolean("at_end", c.checkpoint.at_end);
     s.boolean("allow_data_change", c.checkpoint.allow_data_change);
+    s.boolean("allow_schedule_change", c.checkpoint.allow_schedule_change);
     s.string("resume", c.checkpoint.resume);
     if (c.checkpoint.resume != "auto" && c.checkpoint.resume != "never") {
       require_existing_path(s, "resume", c.checkpoint.resume, "checkpoint (resume: auto, never or a path)");
@@ -773,6 +788,7 @@ std::string resolved_yaml(const RunConfig& c) {
   integer("keep_last", c.checkpoint.keep_last);
   boolean("at_end", c.checkpoint.at_end);
   boolean("allow_data_change", c.checkpoint.allow_data_change);
+  boolean("allow_schedule_change", c.checkpoint.allow_schedule_change);
   text("resume", c.checkpoint.resume);
   out << YAML::EndMap;
 

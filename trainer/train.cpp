@@ -25,6 +25,7 @@
 #include "optim/initialize.h"
 #include "optim/optimizer.h"
 #include "trainer/checkpoint.h"
+#include "trainer/resume_check.h"
 #include "trainer/gradient_sync.h"
 #include "trainer/model_runner.h"
 #include "trainer/pretrained.h"
@@ -273,6 +274,11 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
   if (!config.data.val.empty()) {
     val_shard.emplace(config.data.val);
     check_vocabulary(*val_shard, spec->vocab_size());
+    // The first evaluation would fail only after eval.every steps of training.
+    if (val_shard->size() <= static_cast<std::uint64_t>(seq)) {
+      throw core::InputError("data.val: " + config.data.val + " holds " + std::to_string(val_shard->size()) +
+                             " tokens, fewer than one sequence of data.seq_len + 1 = " + std::to_string(seq + 1));
+    }
   }
   if (!config.data.tokenizer.empty() && config.data.tokenizer != "byte") {
     const text::BpeTokenizer tokenizer(config.data.tokenizer);
@@ -292,6 +298,7 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
   };
   const std::int64_t global_batch = global_batch_sequences(config, world);
   if (resume_from) {
+    check_resume_config(*resume_from, config);
     const TrainingProgress& saved = resume_from->progress;
     const bool changed = (saved.seq_len > 0 && saved.seq_len != seq) || (saved.global_batch > 0 && saved.global_batch != global_batch);
     if (changed && !config.checkpoint.allow_data_change) {
@@ -355,7 +362,12 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
   // The logging window continues across a resume.
   double interval_loss = progress.window_loss;
   std::int64_t interval_steps = progress.window_steps;
+  // elapsed_s continues across a resume, as the step count does.
+  const double elapsed_before = progress.elapsed_s;
+  const auto run_start = std::chrono::steady_clock::now();
+  const auto elapsed_s = [&] { return elapsed_before + seconds_since(run_start); };
   auto save = [&] {
+    progress.elapsed_s = elapsed_s();
     progress.sampler = sampler.cursor();
     progress.window_loss = interval_loss;
     progress.window_steps = interval_steps;
@@ -409,6 +421,11 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
     if (!lead) return;
     metrics << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     metrics.flush();
+    // A record lost to a full disk or a file size limit stops the run, as a checkpoint would.
+    if (!metrics) {
+      throw core::Error("writing " + (fs::path(config.run.output_dir) / "metrics.jsonl").string() + ": " +
+                        std::strerror(errno));
+    }
     if (!tensorboard || !j.contains("step")) return;
     const std::int64_t at = j["step"].get<std::int64_t>();
     for (const auto& [key, value] : j.items()) {
@@ -485,7 +502,7 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
       record({{"step", step}, {"loss", mean_loss}, {"lr", lr}, {"grad_norm", report.grad_norm},
               {"tokens_per_s", tokens_per_s}, {"tokens_per_s_per_rank", tokens_per_s / world}, {"world", world},
               {"zero_stage", stage}, {"mfu", mfu}, {"memory_gib", memory_gib},
-              {"skipped_steps", report.skipped_steps}, {"elapsed_s", seconds_since(start)}});
+              {"skipped_steps", report.skipped_steps}, {"elapsed_s", elapsed_s()}});
       if (runner->saw_invalid_ids()) throw core::Error("token ids outside the vocabulary reached the model");
       interval_start = std::chrono::steady_clock::now();
       interval_loss = 0;
