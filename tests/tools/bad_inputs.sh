@@ -31,7 +31,7 @@ row() {
   esac
   local code=$?
   local message
-  message=$(grep -v '^$' "$work/err.txt" | tail -1)
+  message=$(grep -v '^$' "$work/err.txt" | head -1)
   if [ "$code" -ne "$expected" ]; then
     fail "$tool$quoted $redirect exited $code, expected $expected: $(cat "$work/err.txt")"
   elif [ -n "$phrase" ] && ! grep -qF -- "$phrase" "$work/err.txt"; then
@@ -41,6 +41,7 @@ row() {
   fi
   if [ -n "${BAD_INPUTS_TABLE:-}" ]; then
     local shown="$tool${quoted//$work\//} ${redirect}"
+    case "$redirect" in 'ulimit'*) shown="($redirect; $tool${quoted//$work\//})" ;; esac
     shown=${shown//$source\//}
     message=${message//$work\//}
     message=${message//$source\//}
@@ -69,7 +70,8 @@ generate)
   row 2 "top_p" '' "$g" "$tied" --prompt-ids 1 --top-p 1.5 --device cpu
   row 2 "the prompt is empty" '' "$g" "$tied" --prompt "" --device cpu
   row 2 "no such file" '' "$g" "$work/absent" --prompt-ids 1 --device cpu
-  row 2 "config.json" '' "$g" "$work" --prompt-ids 1 --device cpu
+  mkdir -p empty
+  row 2 "config.json" '' "$g" empty --prompt-ids 1 --device cpu
   row 2 "" '' "$g" "$tied" --prompt-ids 1 --no-such-option
   # A context of 2^24 positions: the KV cache of 16M tokens (49 GB) cannot be allocated in 4 GB.
   mkdir -p long && cp "$tied"/*.safetensors long/ &&

@@ -56,7 +56,8 @@ expect_exit 2 "data.val: $work/tiny.bin holds 3 tokens, fewer than one sequence 
 
 # 4 KiB of metrics.jsonl at most: the run must stop at the first record it cannot write.
 set +e
-( trap '' XFSZ; ulimit -f 4; exec "$trainer" "${base[@]}" run.output_dir="$work/full" training.max_steps=80 \
+# (PMIx's shared-memory store and Open MPI's shared-memory transport write larger files: off.)
+( trap '' XFSZ; ulimit -f 4; export PMIX_MCA_gds=hash OMPI_MCA_btl=self,tcp; exec "$trainer" "${base[@]}" run.output_dir="$work/full" training.max_steps=80 \
     checkpoint.every=0 checkpoint.at_end=false logging.tensorboard=false ) 2>&1 | tail -3 > "$work/full.log"
 code=${PIPESTATUS[0]}
 set -e
