@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <string>
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "core/buffer.h"
 #include "core/error.h"
@@ -77,6 +82,52 @@ void check_decoder_room(std::int64_t position, std::int64_t tokens, std::int64_t
   if (position + tokens > capacity) {
     throw core::InputError("decoder: " + std::to_string(position + tokens) + " tokens exceed its capacity of " +
                            std::to_string(capacity) + " (max_tokens: prompt + new tokens)");
+  }
+}
+
+namespace {
+
+// Bytes this process can still get from the host: /proc/meminfo's MemAvailable (else the physical
+// memory), less where a limit on its address space or data (ulimit -v, -d) is lower.
+double host_available_bytes() {
+  double available = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  double kib = 0;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") available = kib * 1024.0;
+  }
+  for (const int resource : {RLIMIT_AS, RLIMIT_DATA}) {
+    rlimit limit{};
+    if (::getrlimit(resource, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+      available = std::min(available, static_cast<double>(limit.rlim_cur));
+    }
+  }
+  return available;
+}
+
+std::string gigabytes(double bytes) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.0f bytes (%.2f GB)", bytes, bytes / 1e9);
+  return text;
+}
+
+}  // namespace
+
+void check_decoder_state_fits(double bytes, std::int64_t positions, const core::Device& device) {
+  double available = 0;
+  if (device.is_cuda()) {
+    std::size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    available = static_cast<double>(free);
+  } else {
+    available = host_available_bytes();
+  }
+  if (bytes > available) {
+    throw core::InputError("decoder: a KV cache for " + std::to_string(positions) + " positions (prompt + new tokens) needs " +
+                           gigabytes(bytes) + ", more than the " + gigabytes(available) + " " +
+                           (device.is_cuda() ? "free on the GPU" : "of host memory available") +
+                           "; ask for fewer new tokens");
   }
 }
 

@@ -42,6 +42,8 @@ struct ConfigField {
   // true: part of the model's shape (manifests record it; a resume or init_from must agree);
   // false: a run option that leaves the weights' meaning unchanged (e.g. activation recompute).
   bool shape = true;
+  // true: a shape key that only sets the initial weights (a resume may change it: it is unused).
+  bool init_only = false;
   std::string help;
 };
 
@@ -135,6 +137,9 @@ class Decoder {
 // The decoders' input checks (core::InputError): `tokens` more after `position` fit `capacity`;
 // every id is in [0, vocab).
 void check_decoder_room(std::int64_t position, std::int64_t tokens, std::int64_t capacity);
+// A decoder state (KV cache) of `bytes` for `positions` must fit the memory `device` has free
+// (host: MemAvailable; cuda: free device memory); else core::InputError with the bytes.
+void check_decoder_state_fits(double bytes, std::int64_t positions, const core::Device& device);
 void check_decoder_ids(std::span<const std::int32_t> ids, std::int64_t vocab);
 
 // One shape of a family.

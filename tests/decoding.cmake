@@ -20,3 +20,9 @@ endforeach()
 add_test(NAME Generate.CpuFixturesAndRuns COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/models/run_generate.sh
          ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
 set_tests_properties(Generate.CpuFixturesAndRuns PROPERTIES LABELS cpu TIMEOUT 600)
+# What each tool refuses (tests/tools/bad_inputs.sh; the table of docs/bad_inputs.md).
+foreach(tool generate make_shards export_hf plot_metrics)
+  add_test(NAME BadInputs.${tool} COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tools/bad_inputs.sh ${PROJECT_BINARY_DIR}
+           ${PROJECT_SOURCE_DIR} ${tool})
+  set_tests_properties(BadInputs.${tool} PROPERTIES LABELS cpu TIMEOUT 120)
+endforeach()

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/standard_streams.h"
 #include "models/generation.h"
 #include "optim/slab.h"
 #include "text/tokenizer.h"
@@ -84,6 +86,7 @@ std::unique_ptr<text::Tokenizer> pick_tokenizer(const std::string& requested, co
 }  // namespace
 
 int main(int argc, char** argv) {
+  const core::ClosedStreams closed = core::guard_standard_streams();
   CLI::App app{"Generate text from a Hugging Face folder or a training checkpoint (batch 1, KV cache)"};
   std::string path, prompt, prompt_ids, device, tokenizer_spec;
   bool have_prompt = false;
@@ -113,6 +116,7 @@ int main(int argc, char** argv) {
   }
   have_prompt = text_option->count() > 0;
   try {
+    if (closed.out) throw core::InputError("standard output is closed: the generated text would be lost");
     if (!have_prompt && ids_option->count() == 0) throw core::InputError("give --prompt TEXT or --prompt-ids 1,2,3");
     if (!fs::exists(path)) throw core::InputError(path + ": no such file or directory");
     if (device.empty()) device = core::cuda_device_count() > 0 ? "cuda" : "cpu";
@@ -124,6 +128,7 @@ int main(int argc, char** argv) {
 
     const trainer::PretrainedWeights weights = trainer::load_pretrained(path);
     const models::ModelSpec& spec = *weights.spec;
+    if (!weights.checkpoint.empty()) std::fprintf(stderr, "generate: loaded %s\n", weights.checkpoint.c_str());
     const std::unique_ptr<text::Tokenizer> tokenizer = pick_tokenizer(tokenizer_spec, weights.tokenizer, path);
     std::vector<std::int32_t> ids;
     if (have_prompt) {
@@ -138,12 +143,14 @@ int main(int argc, char** argv) {
                                std::to_string(spec.vocab_size()));
       }
     }
-    const std::int64_t needed = static_cast<std::int64_t>(ids.size()) + options.max_new_tokens;
-    if (needed > spec.max_sequence_length()) {
+    // Compared without forming the sum, which a huge --max-new-tokens would overflow.
+    const auto prompt_tokens = static_cast<std::int64_t>(ids.size());
+    if (prompt_tokens > spec.max_sequence_length() || options.max_new_tokens > spec.max_sequence_length() - prompt_tokens) {
       throw core::InputError("prompt (" + std::to_string(ids.size()) + " tokens) + --max-new-tokens (" +
                              std::to_string(options.max_new_tokens) + ") exceed the model's " +
                              std::to_string(spec.max_sequence_length()) + " positions");
     }
+    const std::int64_t needed = prompt_tokens + options.max_new_tokens;
     if (!ignore_eos) {
       add_eos(weights.carried_hf_config, options.stop_ids);
       if (!trainer::is_checkpoint_path(path)) {
@@ -179,7 +186,7 @@ int main(int argc, char** argv) {
     } else {
       std::printf("%s\n", tokenizer->display_text(all, skip_special).c_str());
     }
-    std::fflush(stdout);
+    core::finish_standard_output();
     const double new_tokens = static_cast<double>(result.ids.size());
     std::fprintf(stderr, "prefill: %zu tokens in %.2f ms (%.0f tok/s) | decode: %zu tokens in %.3f s (%.1f tok/s)%s | %s\n",
                  ids.size(), result.prefill_seconds * 1e3, static_cast<double>(ids.size()) / result.prefill_seconds,
@@ -190,6 +197,9 @@ int main(int argc, char** argv) {
   } catch (const core::InputError& e) {
     std::fprintf(stderr, "generate: %s\n", e.what());
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "generate: out of host memory (fewer --max-new-tokens or a smaller model may fit)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "generate: %s\n", e.what());
     return 1;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cctype>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -39,6 +40,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/standard_streams.h"
 #include "text/token_shard.h"
 #include "text/tokenizer.h"
 #include "text/unicode_text.h"
@@ -75,6 +77,54 @@ Input check_input(const std::string& path) {
   return input;
 }
 
+// Two spellings of one file (`t.bin`, `./t.bin`, a link) must count as one: an existing file by
+// device and inode, one still to be made by its resolved path.
+struct FileIdentity {
+  bool exists = false;
+  dev_t device = 0;
+  ino_t inode = 0;
+  fs::path resolved;
+  bool operator==(const FileIdentity& o) const {
+    return exists && o.exists ? device == o.device && inode == o.inode : resolved == o.resolved;
+  }
+};
+
+FileIdentity identity_of(const std::string& path) {
+  FileIdentity id;
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0) {
+    id.exists = true;
+    id.device = info.st_dev;
+    id.inode = info.st_ino;
+  }
+  std::error_code ec;
+  id.resolved = fs::weakly_canonical(fs::absolute(path), ec);
+  if (ec) id.resolved = fs::absolute(path).lexically_normal();
+  return id;
+}
+
+// An output must not be an input or the other output, nor a folder: checked before anything is
+// written, so no corpus is overwritten and no run fails at its last rename.
+void check_outputs(const std::vector<std::string>& inputs, const std::string& train_out, const std::string& val_out) {
+  std::vector<std::pair<std::string, std::string>> outputs = {{"--train-out", train_out}};
+  if (!val_out.empty()) outputs.emplace_back("--val-out", val_out);
+  for (const auto& [option, path] : outputs) {
+    struct stat info {};
+    if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+      throw core::InputError(option + " " + path + ": is a folder; give a file name");
+    }
+    const FileIdentity id = identity_of(path);
+    for (const std::string& input : inputs) {
+      if (input != "-" && identity_of(input) == id) {
+        throw core::InputError(option + " " + path + ": is the input " + input + " (it would be overwritten)");
+      }
+    }
+  }
+  if (outputs.size() == 2 && identity_of(train_out) == identity_of(val_out)) {
+    throw core::InputError("--train-out " + train_out + " and --val-out " + val_out + " name the same file");
+  }
+}
+
 // Where a chunk of a plain-text document may end so that encoding the pieces separately gives the
 // ids of one encode call: right after a '\n' that is followed by whitespace other than line breaks
 // and then a non-whitespace character. The Qwen2 pre-tokenizer always ends a piece there (the
@@ -82,6 +132,20 @@ Input check_input(const std::string& path) {
 // across it, and no added token spans it (checked when the tokenizer is loaded).
 class PlainTextCuts {
  public:
+  // Inside a line, a piece of the pre-tokenizer always ends between an ASCII letter and a space
+  // followed by an ASCII letter (" word" starts a piece whatever precedes it) and between two
+  // ASCII digits (each digit is a piece); NFC composes nothing across them. The last such
+  // position in `text` at or after `from`, or npos: for lines too long to hold whole.
+  static std::size_t last_in_line(std::string_view text, std::size_t from) {
+    const auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+    const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+    for (std::size_t i = text.size() - 1; i > from && i > 0; --i) {
+      if (digit(text[i - 1]) && digit(text[i])) return i;
+      if (text[i] == ' ' && i + 1 < text.size() && letter(text[i - 1]) && letter(text[i + 1])) return i;
+    }
+    return std::string_view::npos;
+  }
+
   // The last cut position in `text` at or after `from` (and > 0), or npos.
   static std::size_t last(std::string_view text, std::size_t from) {
     for (std::size_t i = text.size(); i-- > from;) {
@@ -125,8 +189,9 @@ class PlainTextCuts {
 enum class InputKind { plain_text, jsonl };
 
 // Where chunks of an input may end: after any line (JSONL), anywhere (byte tokenizer), at a
-// PlainTextCuts position (BPE), or only at the end of the input.
-enum class Cuts { lines, anywhere, plain_text, none };
+// PlainTextCuts position (BPE; inside long lines too, or only at lines when an added token could
+// span a cut inside one), or only at the end of the input.
+enum class Cuts { lines, anywhere, plain_text, plain_text_lines, none };
 
 // A piece of one input, cut at a line (JSONL) or safe (plain text) boundary.
 struct Chunk {
@@ -165,6 +230,11 @@ class ChunkReader {
     if (!eof_) {
       std::size_t searched = 0;
       while ((cut = find_cut(searched)) == std::string::npos && !eof_) {
+        // A line longer than a chunk is cut inside, where that is safe, so memory stays bounded.
+        if (cuts_ == Cuts::plain_text && buffer_.size() >= target_ &&
+            (cut = PlainTextCuts::last_in_line(buffer_, searched > 2 ? searched - 2 : 0)) != std::string::npos) {
+          break;
+        }
         searched = buffer_.size();
         fill(buffer_.size() + target_);
       }
@@ -209,6 +279,7 @@ class ChunkReader {
       }
       case Cuts::anywhere: return buffer_.empty() ? std::string::npos : buffer_.size();
       case Cuts::plain_text:
+      case Cuts::plain_text_lines:
         // A candidate's check may need bytes read after it: look again a little before `from`.
         return PlainTextCuts::last(buffer_, from > 4096 ? from - 4096 : 0);
       case Cuts::none: break;
@@ -523,6 +594,18 @@ bool added_token_spans_line_break(const std::string& path) {
   return false;
 }
 
+// Whether an added token could span a cut inside a line (it holds a space or two ASCII digits).
+bool added_token_spans_line_cut(const std::string& path) {
+  for (const auto& token : added_tokens(path)) {
+    const std::string content = token.is_object() ? token.value("content", std::string()) : std::string();
+    if (content.find(' ') != std::string::npos) return true;
+    for (std::size_t i = 1; i < content.size(); ++i) {
+      if (std::isdigit(static_cast<unsigned char>(content[i - 1])) && std::isdigit(static_cast<unsigned char>(content[i]))) return true;
+    }
+  }
+  return false;
+}
+
 // A tokenizer for one more thread: a copy of the loaded one (cheaper than parsing the file again).
 std::unique_ptr<text::Tokenizer> copy_of(const text::Tokenizer& tokenizer) {
   if (const auto* bpe = dynamic_cast<const text::BpeTokenizer*>(&tokenizer)) return std::make_unique<text::BpeTokenizer>(*bpe);
@@ -750,6 +833,7 @@ std::string ids_text(const std::vector<std::uint32_t>& ids) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const core::ClosedStreams closed = core::guard_standard_streams();
   CLI::App app{"text corpora -> token shards (train and validation); docs/data.md has examples"};
   app.footer(
       "Documents: each plain-text INPUT is one document; with --jsonl-field KEY each non-blank line of\n"
@@ -772,34 +856,53 @@ int main(int argc, char** argv) {
       ->default_val("byte");
   app.add_option("--train-out", options.train_out, "training shard to write")->required();
   app.add_option("--val-out", options.val_out, "validation shard to write (needed with --val-fraction or --val-every)");
-  auto* fraction = app.add_option("--val-fraction", options.val_fraction, "fraction of the tokens, taken from the end, for validation")
-                       ->check(CLI::Range(0.0, 1.0));
-  auto* every = app.add_option("--val-every", options.val_every, "every K-th document goes to validation")
-                    ->check(CLI::PositiveNumber);
+  auto* fraction = app.add_option("--val-fraction", options.val_fraction, "fraction of the tokens, taken from the end, for validation");
+  auto* every = app.add_option("--val-every", options.val_every, "every K-th document goes to validation");
   fraction->excludes(every);
   app.add_option("--jsonl-field", options.jsonl_field, "inputs are JSONL; the document is the string under this key");
   auto* text_option = app.add_option("--separator", separator_text,
                                      "text whose ids go between documents (default: '<|endoftext|>' for a BPE "
                                      "tokenizer that has it, none for 'byte'; '' for none)");
-  auto* id_option = app.add_option("--separator-id", separator_id, "one id to put between documents instead")
-                        ->check(CLI::NonNegativeNumber);
+  auto* id_option = app.add_option("--separator-id", separator_id, "one id to put between documents instead");
   text_option->excludes(id_option);
-  app.add_option("--threads", threads, "encoding threads (default: all cores)")->check(CLI::PositiveNumber);
+  auto* threads_option = app.add_option("--threads", threads, "encoding threads (default: all cores)");
   app.add_option("--chunk-kib", chunk_kib, "bytes of input per work item, in KiB (tuning and tests)")
-      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag("--progress", options.progress, "progress bar on stderr even when it is not a terminal");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // usage errors exit 2, as in the other tools
+  }
 
   try {
+    // NaN passes any range comparison, so it is named first.
+    if (fraction->count() > 0 && !(options.val_fraction >= 0.0 && options.val_fraction <= 1.0)) {
+      throw core::InputError("--val-fraction: expected a number in [0, 1], got " + fraction->as<std::string>());
+    }
+    if (every->count() > 0 && options.val_every < 1) throw core::InputError("--val-every: expected a whole number >= 1, got 0");
+    if (id_option->count() > 0 && separator_id < 0) {
+      throw core::InputError("--separator-id: expected an id >= 0, got " + std::to_string(separator_id));
+    }
+    // Each thread holds a tokenizer and chunks in flight: thousands would only exhaust memory.
+    if (threads_option->count() > 0 && (threads < 1 || threads > 1024)) {
+      throw core::InputError("--threads: expected a whole number in [1, 1024], got " + std::to_string(threads));
+    }
+    if (chunk_kib < 1 || chunk_kib > (std::size_t{1} << 20)) {
+      throw core::InputError("--chunk-kib: expected a whole number in [1, 1048576] (1 GiB), got " + std::to_string(chunk_kib));
+    }
+    if (app.get_option("--jsonl-field")->count() > 0 && options.jsonl_field.empty()) {
+      throw core::InputError("--jsonl-field: expected a key name, got ''");
+    }
+    if (std::count(input_paths.begin(), input_paths.end(), "-") > 0 && closed.in) {
+      throw core::InputError("'-' reads standard input, which is closed");
+    }
     if ((options.val_fraction > 0.0 || options.val_every > 0) && options.val_out.empty()) {
       throw core::InputError("--val-fraction and --val-every need --val-out");
     }
-    if (!options.val_out.empty() && fs::weakly_canonical(options.val_out) == fs::weakly_canonical(options.train_out)) {
-      throw core::InputError("--train-out and --val-out name the same file");
-    }
     for (const std::string& path : input_paths) options.inputs.push_back(check_input(path));
     if (std::count(input_paths.begin(), input_paths.end(), "-") > 1) throw core::InputError("'-' given twice");
+    check_outputs(input_paths, options.train_out, options.val_out);
     options.kind = options.jsonl_field.empty() ? InputKind::plain_text : InputKind::jsonl;
     options.cuts = options.kind == InputKind::jsonl          ? Cuts::lines
                    : options.tokenizer_spec == "byte" ? Cuts::anywhere
@@ -820,6 +923,8 @@ int main(int argc, char** argv) {
         options.cuts = Cuts::none;
         std::fprintf(stderr, "make_shards: an added token of %s contains a line break: each plain-text document is "
                              "encoded whole by one thread\n", options.tokenizer_spec.c_str());
+      } else if (options.kind == InputKind::plain_text && added_token_spans_line_cut(options.tokenizer_spec)) {
+        options.cuts = Cuts::plain_text_lines;
       }
     }
     if (text_option->count() > 0) options.separator = tokenizer->encode(separator_text);
@@ -865,6 +970,11 @@ int main(int argc, char** argv) {
       val->finish();
       std::printf("val:   %llu tokens -> %s\n", static_cast<unsigned long long>(val->count()), options.val_out.c_str());
     }
+    core::finish_standard_output();
+  } catch (const core::InputError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "make_shards: %s\n", e.what());
+    return 2;
   } catch (const core::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "make_shards: %s\n", e.what());

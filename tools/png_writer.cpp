@@ -1,27 +1,17 @@
 #include "tools/png_writer.h"
 
 #include <array>
-#include <fstream>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <stdexcept>
+
+#include <unistd.h>
+#include <zlib.h>
 
 namespace tools {
 
 namespace {
-
-std::uint32_t crc32(const std::uint8_t* data, std::size_t n, std::uint32_t crc = 0) {
-  static const auto table = [] {
-    std::array<std::uint32_t, 256> t{};
-    for (std::uint32_t i = 0; i < 256; ++i) {
-      std::uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  crc = ~crc;
-  for (std::size_t i = 0; i < n; ++i) crc = table[(crc ^ data[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
-}
 
 void put32(std::vector<std::uint8_t>& out, std::uint32_t v) {
   for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<std::uint8_t>(v >> s));
@@ -32,7 +22,7 @@ void chunk(std::vector<std::uint8_t>& out, const char* type, const std::vector<s
   std::vector<std::uint8_t> body(type, type + 4);
   body.insert(body.end(), data.begin(), data.end());
   out.insert(out.end(), body.begin(), body.end());
-  put32(out, crc32(body.data(), body.size()));
+  put32(out, static_cast<std::uint32_t>(::crc32(0, body.data(), static_cast<uInt>(body.size()))));
 }
 
 }  // namespace
@@ -46,25 +36,13 @@ void write_png(const std::string& path, const RgbImage& image) {
     raw.insert(raw.end(), image.pixels.begin() + static_cast<std::ptrdiff_t>(y * row),
                image.pixels.begin() + static_cast<std::ptrdiff_t>((y + 1) * row));
   }
-  // zlib stream of stored deflate blocks (at most 65535 bytes each).
-  std::vector<std::uint8_t> z = {0x78, 0x01};
-  std::uint32_t a = 1, b = 0;
-  for (std::uint8_t v : raw) {
-    a = (a + v) % 65521;
-    b = (b + a) % 65521;
+  // Plots are mostly flat colour: deflate shrinks them about a hundredfold.
+  uLongf z_size = compressBound(static_cast<uLong>(raw.size()));
+  std::vector<std::uint8_t> z(z_size);
+  if (compress2(z.data(), &z_size, raw.data(), static_cast<uLong>(raw.size()), Z_BEST_COMPRESSION) != Z_OK) {
+    throw std::runtime_error("deflate failed for " + path);
   }
-  for (std::size_t at = 0; at < raw.size() || at == 0; at += 65535) {
-    const std::size_t n = std::min<std::size_t>(65535, raw.size() - at);
-    const bool last = at + n >= raw.size();
-    z.push_back(last ? 1 : 0);
-    z.push_back(static_cast<std::uint8_t>(n & 0xFF));
-    z.push_back(static_cast<std::uint8_t>(n >> 8));
-    z.push_back(static_cast<std::uint8_t>(~n & 0xFF));
-    z.push_back(static_cast<std::uint8_t>((~n >> 8) & 0xFF));
-    z.insert(z.end(), raw.begin() + static_cast<std::ptrdiff_t>(at), raw.begin() + static_cast<std::ptrdiff_t>(at + n));
-    if (last) break;
-  }
-  put32(z, (b << 16) | a);
+  z.resize(z_size);
 
   std::vector<std::uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
   std::vector<std::uint8_t> header;
@@ -74,9 +52,22 @@ void write_png(const std::string& path, const RgbImage& image) {
   chunk(png, "IHDR", header);
   chunk(png, "IDAT", z);
   chunk(png, "IEND", {});
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
-  if (!out) throw std::runtime_error("cannot write " + path);
+  // Written beside the target and renamed when complete: a failed write leaves no half a PNG.
+  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
+  std::FILE* out = std::fopen(temporary.c_str(), "wb");
+  if (out == nullptr) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+  const bool written = std::fwrite(png.data(), 1, png.size(), out) == png.size();
+  const int write_error = errno;
+  if (std::fclose(out) != 0 || !written) {
+    const int error = written ? errno : write_error;
+    std::remove(temporary.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + std::strerror(error));
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(temporary.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + std::strerror(error));
+  }
 }
 
 }  // namespace tools

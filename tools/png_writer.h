@@ -1,5 +1,5 @@
-// A minimal PNG encoder for RGB images (8-bit, no filtering, stored deflate blocks): enough for
-// plots without an image library. CRC-32 and Adler-32 are computed here.
+// A minimal PNG encoder for RGB images (8-bit, no filtering, zlib's deflate): enough for plots
+// without an image library. zlib also gives the chunks' CRC-32.
 #pragma once
 
 #include <cstdint>

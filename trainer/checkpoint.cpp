@@ -448,10 +448,21 @@ void check_layout(const fs::path& manifest_path, const json& saved, const optim:
   }
 }
 
+// The file a manifest entry lists: a name inside the step directory, never a path that leads out
+// of it ("../x", "/etc/passwd"), which the checksum of a crafted manifest would not stop.
+fs::path listed_file(const fs::path& directory, const json& entry) {
+  const std::string name = entry.at("path").get<std::string>();
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+    throw core::InputError((directory / kManifestName).string() + ": files: path '" + name +
+                           "' is not a file name inside the checkpoint directory");
+  }
+  return directory / name;
+}
+
 // Checks one buffer file against its manifest entry: present, size, and with `contents` its
 // header and CRC32C.
 void verify_buffer_file(const fs::path& directory, const json& entry, bool contents) {
-  const fs::path path = directory / entry.at("path").get<std::string>();
+  const fs::path path = listed_file(directory, entry);
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) throw core::InputError(path.string() + ": missing (listed in manifest.json)");
   const auto expected_bytes = integer<std::uint64_t>(entry.at("file_bytes"));
@@ -515,7 +526,7 @@ void gather_pieces(const VerifiedCheckpoint& checkpoint, const std::string& buff
                              entry.at("elements_per_entry").dump() + " elements per entry in the checkpoint, " +
                              std::to_string(per_entry) + " in the run");
     }
-    const fs::path path = checkpoint.directory / entry.at("path").get<std::string>();
+    const fs::path path = listed_file(checkpoint.directory, entry);
     const std::uint64_t file_bytes = std::min<std::uint64_t>(integer<std::uint64_t>(entry.at("file_bytes")), std::uint64_t{1} << 62);
     const auto file_entries = static_cast<std::int64_t>((file_bytes - std::min<std::uint64_t>(file_bytes, kFileHeaderBytes)) / entry_bytes);
     int fd = -1;
@@ -668,6 +679,7 @@ fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const Tr
           {"sampler", progress.sampler},
           {"log_window", {{"steps", progress.window_steps}, {"loss_sum", progress.window_loss}}},
           {"data_order", {{"seq_len", progress.seq_len}, {"global_batch", progress.global_batch}}},
+          {"elapsed_s", progress.elapsed_s},
           {"world_size", slab.layout().world_size()},
           {"zero_stage", slab.zero_stage()},
           {"layout", layout_json(slab.layout())},
@@ -802,6 +814,10 @@ fs::path newest_checkpoint_directory(const fs::path& path) {
   for (const fs::path& dir : list_checkpoints(root)) {
     if (fs::is_regular_file(dir / kDoneName, ec)) return dir;
   }
+  if (root == path / "checkpoints" || fs::is_regular_file(path / "config.yaml", ec)) {
+    throw core::InputError(path.string() + ": the run has no complete checkpoint yet (the first is written after " +
+                           "checkpoint.every steps; a step directory is complete once it has DONE)");
+  }
   throw core::InputError(path.string() + ": no complete checkpoint (a step directory with DONE) found");
 }
 
@@ -853,6 +869,13 @@ VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::Sla
     if (m.contains("data_order")) {
       out.progress.seq_len = integer<std::int64_t>(m["data_order"].at("seq_len"));
       out.progress.global_batch = integer<std::int64_t>(m["data_order"].at("global_batch"));
+    }
+    if (m.contains("elapsed_s")) {
+      const json& elapsed = m["elapsed_s"];
+      if (!elapsed.is_number() || !(elapsed.get<double>() >= 0 && elapsed.get<double>() < 1e12)) {
+        throw core::InputError(manifest_path.string() + ": elapsed_s: expected seconds in [0, 1e12), got " + elapsed.dump());
+      }
+      out.progress.elapsed_s = elapsed.get<double>();
     }
     out.progress.sampler_seed = integer<std::uint64_t>(m.at("rng").at("sampler_seed"));
     out.progress.sampler = m.at("sampler").get<text::SamplerCursor>();

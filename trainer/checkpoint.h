@@ -38,6 +38,8 @@ struct TrainingProgress {
   // What cuts the data into batches: another value on resume changes the data order.
   std::int64_t seq_len = 0;       // 0: not recorded (checkpoints of earlier versions)
   std::int64_t global_batch = 0;  // sequences per step
+  // Wall time of the run up to the save, over all its resumes: metrics' elapsed_s continues.
+  double elapsed_s = 0;
 
   bool operator==(const TrainingProgress&) const = default;
 };

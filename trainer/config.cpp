@@ -33,6 +33,9 @@ std::vector<std::string> top_level_keys();
 // Bounds that keep every product of batch sizes far from overflow and a step finite in time.
 constexpr std::int64_t kMaxMicroTokens = std::int64_t{1} << 31;  // int32 token indexing on the device
 constexpr std::int64_t kMaxAccumulation = 1 << 16;               // micro-batches per rank per step
+// Far beyond any run (a trillion steps), and small enough that step and schedule arithmetic
+// (warmup_steps + decay steps, the ETA) cannot overflow.
+constexpr std::int64_t kMaxSteps = 1000000000000;
 
 // Every family's field keys (a model section is checked against its own family after arch is read).
 std::vector<std::string> model_shape_keys() {
@@ -632,7 +635,12 @@ const std::vector<SectionSchema>& schema() {
                emit(out, "global_batch_size", std::string("auto"));
              }
            }},
-          required(entry("max_steps", &RunConfig::training, &TrainingConfig::max_steps, at_least(1)),
+          required(entry<TrainingConfig, std::int64_t>(
+                       "max_steps", &RunConfig::training, &TrainingConfig::max_steps,
+                       [](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig&) {
+                         s.check(v >= 1 && v <= kMaxSteps, key, "an integer in [1, " + std::to_string(kMaxSteps) + "]",
+                                 std::to_string(v));
+                       }),
                    "the number of optimizer steps, an integer >= 1"),
           {"precision",
            [](const Section& s, RunConfig& c) {
@@ -679,11 +687,24 @@ const std::vector<SectionSchema>& schema() {
                         "an integer in [0, training.max_steps = " + std::to_string(c.training.max_steps) + "]",
                         std::to_string(v));
               }),
-          entry("min_lr_ratio", &RunConfig::schedule, &ScheduleConfig::min_lr_ratio, in_unit_interval()),
+          // A value the chosen schedule never reads would be ignored without a word (the default,
+          // as a resolved config.yaml writes it, is fine).
+          entry<ScheduleConfig, double>(
+              "min_lr_ratio", &RunConfig::schedule, &ScheduleConfig::min_lr_ratio,
+              [](const Section& s, const std::string& key, const double& v, const RunConfig& c) {
+                in_unit_interval()(s, key, v, c);
+                if (c.schedule.type == ScheduleType::constant && v != ScheduleConfig{}.min_lr_ratio) {
+                  s.fail(key, "the constant schedule never decays (use linear, cosine or wsd)");
+                }
+              }),
           entry<ScheduleConfig, double>(
               "decay_ratio", &RunConfig::schedule, &ScheduleConfig::decay_ratio,
               [](const Section& s, const std::string& key, const double& v, const RunConfig& c) {
                 in_unit_interval()(s, key, v, c);
+                if (c.schedule.type != ScheduleType::wsd && v != ScheduleConfig{}.decay_ratio) {
+                  s.fail(key, std::string("only the wsd schedule has a decay phase (schedule.type is ") +
+                                  schedule_type_name(c.schedule.type) + ")");
+                }
                 if (c.schedule.type != ScheduleType::wsd) return;
                 const std::int64_t decay = wsd_decay_steps(c.schedule, c.training.max_steps);
                 s.check(c.schedule.warmup_steps + decay <= c.training.max_steps, key,
@@ -707,6 +728,7 @@ const std::vector<SectionSchema>& schema() {
                   entry("keep_last", &RunConfig::checkpoint, &CheckpointConfig::keep_last, at_least(0)),
                   entry("at_end", &RunConfig::checkpoint, &CheckpointConfig::at_end),
                   entry("allow_data_change", &RunConfig::checkpoint, &CheckpointConfig::allow_data_change),
+                  entry("allow_schedule_change", &RunConfig::checkpoint, &CheckpointConfig::allow_schedule_change),
                   entry<CheckpointConfig, std::string>(
                       "resume", &RunConfig::checkpoint, &CheckpointConfig::resume,
                       [](const Section& s, const std::string& key, const std::string& v, const RunConfig&) {

@@ -16,7 +16,8 @@
 //   optimizer:  the keys of trainer/optimizer_yaml.h except grad_clip
 //   schedule:   type (constant | linear | cosine | wsd), warmup_steps, min_lr_ratio, decay_ratio
 //   parallel:   zero_stage (0 | 1 | 2), timeout_s
-//   checkpoint: every, keep_last, resume (auto | never | PATH), at_end, allow_data_change
+//   checkpoint: every, keep_last, resume (auto | never | PATH), at_end, allow_data_change,
+//               allow_schedule_change
 //   eval:       every, batches
 //   logging:    every, tensorboard
 //   sample:     every, tokens, prompt
@@ -103,6 +104,7 @@ struct CheckpointConfig {
   // Resuming with another data.seq_len or global batch changes the order in which the data is
   // seen (windows cut at other offsets, or taken at another rate): refused unless this is set.
   bool allow_data_change = false;
+  bool allow_schedule_change = false;  // resume with another lr, schedule.* or max_steps
 
   bool operator==(const CheckpointConfig&) const = default;
 };

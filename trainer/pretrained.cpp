@@ -87,6 +87,8 @@ bool is_checkpoint_path(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);
   if (fs::is_regular_file(p / "manifest.json", ec) || fs::is_directory(p / "checkpoints", ec)) return true;
+  // A run directory before its first checkpoint: the resolved config and metrics, no config.json.
+  if (fs::is_regular_file(p / "config.yaml", ec) && !fs::exists(p / "config.json", ec)) return true;
   if (fs::is_regular_file(p / "config.json", ec)) return false;
   if (fs::is_directory(p, ec)) {
     for (const auto& entry : fs::directory_iterator(p, ec)) {
@@ -101,7 +103,8 @@ PretrainedWeights load_pretrained(const std::string& path) {
   auto spec = source.family->spec(source.shape);
   optim::SlabLayout layout(spec->parameters(), 1);
   PretrainedWeights out{.spec = std::move(spec), .layout = std::move(layout), .master = {},
-                        .carried_hf_config = source.carried, .tokenizer = source.tokenizer};
+                        .carried_hf_config = source.carried, .tokenizer = source.tokenizer,
+                        .checkpoint = source.checkpoint.string()};
   if (!source.checkpoint.empty()) {
     const nlohmann::json manifest = read_verified_manifest(source.checkpoint);
     const std::string where = (source.checkpoint / "manifest.json").string();

@@ -24,9 +24,11 @@ struct PretrainedWeights {
   // checkpoints that recorded none.
   nlohmann::json carried_hf_config;
   std::string tokenizer;  // data.tokenizer of the run that wrote a checkpoint ("byte", a path, or "")
+  std::string checkpoint;  // the step directory read; empty for a Hugging Face folder
 };
 
-// Whether `path` looks like a checkpoint (step or run directory) rather than a Hugging Face folder.
+// Whether `path` looks like a checkpoint (step or run directory, a run's before its first
+// checkpoint too: it has the trainer's config.yaml) rather than a Hugging Face folder.
 bool is_checkpoint_path(const std::string& path);
 
 // With model.init_from: the shape of the folder's config.json or the checkpoint's manifest, which

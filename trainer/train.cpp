@@ -25,6 +25,7 @@
 #include "optim/initialize.h"
 #include "optim/optimizer.h"
 #include "trainer/checkpoint.h"
+#include "trainer/resume_check.h"
 #include "trainer/gradient_sync.h"
 #include "trainer/model_runner.h"
 #include "trainer/pretrained.h"
@@ -314,6 +315,11 @@ class TrainLoop {
     if (!config_.data.val.empty()) {
       val_shard_.emplace(config_.data.val);
       check_vocabulary(*val_shard_, spec_->vocab_size());
+      // The first evaluation would fail only after eval.every steps of training.
+      if (val_shard_->size() <= static_cast<std::uint64_t>(seq_)) {
+        throw core::InputError("data.val: " + config_.data.val + " holds " + std::to_string(val_shard_->size()) +
+                               " tokens, fewer than one sequence of data.seq_len + 1 = " + std::to_string(seq_ + 1));
+      }
     }
     if (!config_.data.tokenizer.empty() && config_.data.tokenizer != "byte") {
       const text::BpeTokenizer tokenizer(config_.data.tokenizer);
@@ -324,6 +330,7 @@ class TrainLoop {
       }
     }
     if (resume_from_) {
+      check_resume_config(*resume_from_, config_);
       const TrainingProgress& saved = resume_from_->progress;
       const bool changed = (saved.seq_len > 0 && saved.seq_len != seq_) || (saved.global_batch > 0 && saved.global_batch != global_batch_);
       if (changed && !config_.checkpoint.allow_data_change) {
@@ -437,6 +444,7 @@ class TrainLoop {
     batch_.targets.resize(batch_.ids.size());
     start_ = std::chrono::steady_clock::now();
     interval_start_ = start_;
+    elapsed_before_ = progress_.elapsed_s;
   }
 
   // Every micro-batch of the step: forward and backward, gradients accumulated in the slab.
@@ -506,7 +514,7 @@ class TrainLoop {
     record({{"step", step}, {"loss", mean_loss}, {"lr", lr}, {"grad_norm", report.grad_norm},
             {"tokens_per_s", tokens_per_s}, {"tokens_per_s_per_rank", tokens_per_s / world_}, {"world", world_},
             {"zero_stage", config_.parallel.zero_stage}, {"mfu", mfu}, {"memory_gib", memory_gib},
-            {"skipped_steps", report.skipped_steps}, {"elapsed_s", seconds_since(start_)}});
+            {"skipped_steps", report.skipped_steps}, {"elapsed_s", elapsed_s()}});
     if (runner_->saw_invalid_ids()) throw core::Error("token ids outside the vocabulary reached the model");
     interval_start_ = std::chrono::steady_clock::now();
     interval_loss_ = 0;
@@ -534,6 +542,7 @@ class TrainLoop {
   }
 
   void save() {
+    progress_.elapsed_s = elapsed_s();
     progress_.sampler = sampler_->cursor();
     progress_.window_loss = interval_loss_;
     progress_.window_steps = interval_steps_;
@@ -580,6 +589,11 @@ class TrainLoop {
     if (!lead_) return;
     metrics_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     metrics_.flush();
+    // A record lost to a full disk or a file size limit stops the run, as a checkpoint would.
+    if (!metrics_) {
+      throw core::Error("writing " + (fs::path(config_.run.output_dir) / "metrics.jsonl").string() + ": " +
+                        std::strerror(errno));
+    }
     if (!tensorboard_ || !j.contains("step")) return;
     const std::int64_t at = j["step"].get<std::int64_t>();
     for (const auto& [key, value] : j.items()) {
@@ -632,6 +646,9 @@ class TrainLoop {
   TrainSummary summary_;
   Batch batch_;
   std::chrono::steady_clock::time_point start_, interval_start_;
+  double elapsed_before_ = 0;  // elapsed_s of the run before this process (a resume)
+  // elapsed_s continues across a resume, as the step count does.
+  double elapsed_s() const { return elapsed_before_ + seconds_since(start_); }
 };
 
 }  // namespace

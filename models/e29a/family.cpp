@@ -32,7 +32,7 @@ const std::vector<ConfigField>& table() {
       {.key = "tie_word_embeddings", .hf_key = "tie_word_embeddings", .type = FieldType::boolean, .fallback = true,
        .hf_default = true, .help = "lm_head shares the embedding"},
       {.key = "tape_init", .hf_key = "tape_init", .type = FieldType::choice, .fallback = "learned",
-       .hf_default = "learned", .choices = {"learned", "zeros"},
+       .hf_default = "learned", .choices = {"learned", "zeros"}, .init_only = true,
        .help = "initial tape H_0: learned (random start) or zeros (upstream's start: every slot stays equal)"},
       {.key = "tape_init_std", .type = FieldType::number, .fallback = 0.5, .min = 0.0, .max = 1e6, .shape = false,
        .help = "standard deviation of the learned tape's initial values"},

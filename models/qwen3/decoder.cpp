@@ -81,6 +81,9 @@ Qwen3CpuDecoder::Qwen3CpuDecoder(const Qwen3Config& config, optim::Slab& slab, c
   final_norm_ = index.final_norm;
   head_ = index.head;
   layers_ = index.layers;
+  check_decoder_state_fits(2.0 * 4.0 * static_cast<double>(config_.num_layers) * static_cast<double>(capacity_) *
+                               static_cast<double>(config_.kv_size()),
+                           capacity_, core::Device::cpu());
   k_cache_.assign(static_cast<std::size_t>(config_.num_layers) * cache_layer_elements(), 0.0f);
   v_cache_.assign(k_cache_.size(), 0.0f);
   logits_.assign(static_cast<std::size_t>(config_.vocab_size), 0.0f);

@@ -4,7 +4,8 @@
 #   generate(do_sample=False) ids (tests/fixtures/qwen3/*/generate.json) to the fixture's length;
 # - bad input exits 2 with a message naming the problem;
 # - a short byte-level training run samples during training (log and metrics.jsonl) and
-#   generates from its run directory, its step directory and its fp32 export alike;
+#   generates from its run directory (naming the step loaded), its step directory and its fp32
+#   export alike; export_hf takes the run directory as well;
 # - a run on a BPE tokenizer samples too, and generate finds the run's tokenizer.
 # usage: run_generate.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -69,11 +70,17 @@ grep -q "sample at step 15: And " "$work/train.log" || fail "no sample in the lo
 [ "$(grep -c '"sample"' "$work/run/metrics.jsonl")" -eq 2 ] || fail "expected 2 samples in metrics.jsonl"
 from_run=$("$generate" "$work/run" --prompt "And " --max-new-tokens 40 --device cpu 2> "$work/stats.txt") ||
   fail "generate from the run directory: $(cat "$work/stats.txt")"
+grep -q "generate: loaded $work/run/checkpoints/step_00000030" "$work/stats.txt" ||
+  fail "generate does not say which step it loaded: $(cat "$work/stats.txt")"
 case "$from_run" in "And "*) ;; *) fail "the text does not start with the prompt: $from_run" ;; esac
 step=$(ls -d "$work/run/checkpoints"/step_* | sort | tail -1)
 from_step=$("$generate" "$step" --prompt "And " --max-new-tokens 40 --device cpu 2> /dev/null)
 [ "$from_step" = "$from_run" ] || fail "step directory and run directory differ"
 "$build/tools/export_hf" "$step" "$work/hf" --dtype fp32 > /dev/null || fail "export_hf"
+# A run directory exports its newest step, as generate reads it.
+"$build/tools/export_hf" "$work/run" "$work/hf_run" --dtype fp32 > "$work/export.txt" || fail "export_hf RUN_DIR"
+grep -q "read $step" "$work/export.txt" || fail "export_hf does not say which step it read: $(cat "$work/export.txt")"
+cmp -s "$work/hf/model.safetensors" "$work/hf_run/model.safetensors" || fail "export_hf RUN_DIR differs from its step"
 from_export=$("$generate" "$work/hf" --prompt "And " --max-new-tokens 40 --device cpu 2> /dev/null)
 [ "$from_export" = "$from_run" ] || fail "the fp32 export generates otherwise:
   run:    $from_run

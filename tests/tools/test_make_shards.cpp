@@ -3,10 +3,11 @@
 // torture text, KJV and cut-boundary corner cases when present), many files and JSONL documents
 // with their separator ids (the end-of-text id by default for BPE, --separator, --separator-id,
 // none), the --val-every and --val-fraction splits, byte-identical shards with 1 and many threads,
-// standard input, and bad inputs refused with a message naming the file (and line), leaving no
+// standard input, one long line cut inside in bounded memory, and bad inputs refused with a message naming the file (and line), leaving no
 // temporary file and an existing output untouched.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <cmath>
@@ -172,6 +173,40 @@ TEST_F(MakeShards, PlainTextEqualsOneEncodeCallQwen3) {
   }
 }
 
+// One line with no line break: the cuts inside it (letter-space-letter, digit-digit) keep the ids
+// of one encode call, also next to contractions, punctuation, combining marks and other scripts.
+std::string long_line(std::size_t bytes) {
+  const std::string words[] = {"In", " the", " beginning", " 1234567", "'s", " it's", " don't", ",", " \u00e9t\u00e9",
+                               " e\u0301", " \u4e2d\u6587", "  two", "\t", " 3.14", "x9", " A", " b", "!!", " Zz"};
+  std::string out;
+  for (std::size_t i = 0; out.size() < bytes; ++i) out += words[(i * 7 + i / 19) % std::size(words)];
+  return out;
+}
+
+TEST_F(MakeShards, LongLineCutInsideEqualsOneEncodeCall) {
+  expect_equal_to_one_encode_call(long_line(200000), kSmallBpe.string());
+  if (const auto qwen3 = test::find_data("LLMTRAIN_QWEN3_TOKENIZER",
+                                         kRepositoryRoot / "../shared/data/qwen3-tokenizer/tokenizer.json")) {
+    expect_equal_to_one_encode_call(long_line(200000), qwen3->string());
+  }
+}
+
+// A single 16 MB line through a BPE tokenizer: encoded whole it needs about ten times its size
+// (the line, its code points twice, the ids); cut into chunks, the peak stays near the baseline.
+TEST_F(MakeShards, LongLineMemoryIsBounded) {
+  constexpr std::size_t kBytes = std::size_t{16} << 20;
+  write_file(file("line.txt"), long_line(kBytes));
+  const Result r = make_shards({file("line.txt").string(), "--tokenizer", kSmallBpe.string(), "--threads", "2",
+                                "--chunk-kib", "256", "--train-out", file("train.tok").string()});
+  ASSERT_EQ(r.status, 0) << r.output;
+  rusage usage{};
+  ::getrusage(RUSAGE_CHILDREN, &usage);
+  const double peak_bytes = static_cast<double>(usage.ru_maxrss) * 1024.0;
+  std::printf("peak resident memory %.1f MB\n", peak_bytes / 1e6);
+  EXPECT_LT(peak_bytes, 3.0 * kBytes) << "peak resident memory of make_shards on one 16 MB line";
+  EXPECT_GT(text::TokenShard(file("train.tok")).size(), kBytes / 8);
+}
+
 TEST_F(MakeShards, ManyFilesWithSeparators) {
   const std::vector<std::string> texts = {"First document.\nTwo lines.\n", "", "Third <|endoftext|> one\n"};
   std::vector<std::string> paths;
@@ -298,7 +333,7 @@ TEST_F(MakeShards, BadInputsRefusedLeavingOutputsAlone) {
   const auto expect_refused = [&](std::vector<std::string> args, const std::string& message) {
     args.insert(args.end(), {"--train-out", file("train.tok").string()});
     const Result r = make_shards(args);
-    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
     EXPECT_EQ(test::read_file(file("train.tok")), "previous");
     for (const auto& entry : fs::directory_iterator(dir_)) {

@@ -234,6 +234,16 @@ TEST_F(ConfigFiles, RejectsBadConfigsNamingFileLineKeyAndExpectation) {
       {b + "schedule:\n  warmup_steps: 101\n", {}, "schedule.warmup_steps: expected an integer in [0, training.max_steps = 100], got 101"},
       {b + "schedule:\n  type: wsd\n  warmup_steps: 90\n", {},
        "schedule.decay_ratio: expected warmup_steps + decay steps <= training.max_steps (100), got 90 + 20"},
+      // Step counts whose schedule arithmetic (warmup_steps + decay steps) would overflow.
+      {b + "schedule:\n  type: wsd\n", {"training.max_steps=9223372036854775807", "schedule.warmup_steps=9223372036854775000"},
+       "training.max_steps: expected an integer in [1, 1000000000000], got 9223372036854775807"},
+      // Values the chosen schedule would never read.
+      {b + "schedule:\n  type: cosine\n  decay_ratio: 0.3\n", {},
+       "schedule.decay_ratio: only the wsd schedule has a decay phase (schedule.type is cosine)"},
+      {b + "schedule:\n  type: constant\n  min_lr_ratio: 0.3\n", {},
+       "schedule.min_lr_ratio: the constant schedule never decays (use linear, cosine or wsd)"},
+      {b + "checkpoint:\n  allow_schedule_change: perhaps\n", {},
+       "checkpoint.allow_schedule_change: expected true or false, got 'perhaps'"},
       {b + "schedule:\n  type: exponential\n", {},
        "run.yaml:10: schedule.type: expected one of [constant, linear, cosine, wsd], got 'exponential'"},
       {b + "device: tpu\n", {}, "run.yaml:9: device: expected one of [cuda, cpu], got 'tpu'"},
