@@ -32,6 +32,7 @@ class E29aCpu final : public TrainableModel {
                         float grad_scale) override;
   void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) override;
   const float* loss() const override { return &loss_; }
+  const float* token_losses() const override { return token_losses_.data(); }
 
  private:
   struct LayerSaved;
@@ -46,6 +47,7 @@ class E29aCpu final : public TrainableModel {
   const float* full_weights_;
   TensorIndex index_;
   float loss_ = 0;
+  std::vector<float> token_losses_;  // of the last forward_loss
 };
 
 class E29aCpuDecoder final : public Decoder {
