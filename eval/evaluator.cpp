@@ -45,17 +45,10 @@ struct Evaluator::Prepared {
   std::int64_t capacity = 0;                   // generative: the longest prompt + new tokens
 };
 
-Evaluator::Evaluator(const ModelAccess& model, text::Tokenizer& tokenizer, EvaluatorOptions options)
-    : model_(model), tokenizer_(tokenizer), options_(std::move(options)) {
-  if (model_.spec == nullptr || model_.slab == nullptr || model_.context == nullptr || model_.scorer == nullptr) {
-    throw core::Error("Evaluator: the model access is incomplete");
-  }
-  if (model_.scorer_tokens <= 0) throw core::Error("Evaluator: scorer_tokens must be positive");
+Evaluator::Evaluator(const models::ModelSpec& spec, text::Tokenizer& tokenizer, EvaluatorOptions options)
+    : spec_(spec), tokenizer_(tokenizer), options_(std::move(options)) {
   if (options_.max_sequence <= 0) throw core::Error("Evaluator: max_sequence must be positive");
   if (options_.max_sequence_name.empty()) options_.max_sequence_name = "the evaluation's sequence limit";
-  const auto bytes = static_cast<std::size_t>(model_.scorer_tokens) * sizeof(std::int32_t);
-  ids_ = core::Buffer(model_.context->device(), bytes);
-  targets_ = core::Buffer(model_.context->device(), bytes);
 }
 
 Evaluator::~Evaluator() = default;
@@ -65,8 +58,8 @@ std::size_t Evaluator::task_count() const { return tasks_.size(); }
 void Evaluator::add(Task task, std::int64_t limit) {
   if (limit < 0) throw core::InputError("the task limit must be >= 0, got " + std::to_string(limit));
   auto p = std::make_unique<Prepared>();
-  const std::int64_t vocab = model_.spec->vocab_size();
-  const std::int64_t positions = model_.spec->max_sequence_length();
+  const std::int64_t vocab = spec_.vocab_size();
+  const std::int64_t positions = spec_.max_sequence_length();
   const std::int64_t longest = std::min(options_.max_sequence, positions);
   const std::string longest_name = options_.max_sequence <= positions
                                        ? options_.max_sequence_name + " (" + std::to_string(options_.max_sequence) + ")"
@@ -104,12 +97,10 @@ void Evaluator::add(Task task, std::int64_t limit) {
         }
         Ids continuation(whole.begin() + static_cast<std::ptrdiff_t>(context_ids.size()), whole.end());
         const auto inputs = static_cast<std::int64_t>(context_ids.size() + continuation.size()) - 1;
-        if (inputs > longest || inputs > model_.scorer_tokens) {
-          throw core::InputError(where(task, item.line) + ": the context and ending " + std::to_string(e) + " take " +
-                                 std::to_string(inputs + 1) + " tokens, more than " +
-                                 (inputs > longest ? longest_name : "one evaluation forward's " +
-                                                                        std::to_string(model_.scorer_tokens)) +
-                                 " allows");
+        if (inputs > longest) {
+          throw core::InputError(where(task, item.line) + ": the context and ending " + std::to_string(e) + " need " +
+                                 std::to_string(inputs) + " positions (" + std::to_string(inputs + 1) +
+                                 " tokens), more than " + longest_name + " allows");
         }
         rows.push_back(std::move(continuation));
       }
@@ -144,9 +135,19 @@ void Evaluator::add(Task task, std::int64_t limit) {
   tasks_.push_back(std::move(p));
 }
 
-std::vector<double> Evaluator::loglikelihoods(const Ids& context, const std::vector<Ids>& continuations) {
+std::vector<double> Evaluator::loglikelihoods(const ModelAccess& model, const Ids& context,
+                                              const std::vector<Ids>& continuations) {
   if (context.empty()) throw core::InputError("loglikelihoods: the context is empty");
-  const core::DeviceContext& ctx = *model_.context;
+  if (model.spec == nullptr || model.slab == nullptr || model.context == nullptr || model.scorer == nullptr ||
+      model.scorer_tokens <= 0) {
+    throw core::Error("Evaluator: the model access is incomplete");
+  }
+  const core::DeviceContext& ctx = *model.context;
+  const auto bytes = static_cast<std::size_t>(model.scorer_tokens) * sizeof(std::int32_t);
+  if (ids_.bytes() < bytes || !(ids_.device() == ctx.device())) {
+    ids_ = core::Buffer(ctx.device(), bytes);
+    targets_ = core::Buffer(ctx.device(), bytes);
+  }
   std::vector<double> out(continuations.size(), 0.0);
   std::size_t first = 0;
   while (first < continuations.size()) {
@@ -156,14 +157,14 @@ std::vector<double> Evaluator::loglikelihoods(const Ids& context, const std::vec
     while (last < continuations.size()) {
       const auto row = static_cast<std::int64_t>(context.size() + continuations[last].size()) - 1;
       const std::int64_t widest = std::max(seq, row);
-      if (last > first && widest * static_cast<std::int64_t>(last - first + 1) > model_.scorer_tokens) break;
+      if (last > first && widest * static_cast<std::int64_t>(last - first + 1) > model.scorer_tokens) break;
       seq = widest;
       ++last;
     }
     const auto batch = static_cast<std::int64_t>(last - first);
-    if (batch * seq > model_.scorer_tokens) {
+    if (batch * seq > model.scorer_tokens) {
       throw core::InputError("loglikelihoods: a continuation of " + std::to_string(seq + 1) +
-                             " tokens exceeds the forward's " + std::to_string(model_.scorer_tokens));
+                             " tokens exceeds the forward's " + std::to_string(model.scorer_tokens));
     }
     std::vector<std::int32_t> ids(static_cast<std::size_t>(batch * seq), 0);
     std::vector<std::int32_t> targets(ids.size(), models::ops::kIgnoreIndex);
@@ -179,10 +180,10 @@ std::vector<double> Evaluator::loglikelihoods(const Ids& context, const std::vec
     }
     core::copy_bytes(ids_.data(), ids.data(), ids.size() * sizeof(std::int32_t), ctx.stream());
     core::copy_bytes(targets_.data(), targets.data(), targets.size() * sizeof(std::int32_t), ctx.stream());
-    model_.scorer->forward_loss(ids_.as<std::int32_t>(), targets_.as<std::int32_t>(), batch, seq);
-    const float* device_losses = model_.scorer->token_losses();
+    model.scorer->forward_loss(ids_.as<std::int32_t>(), targets_.as<std::int32_t>(), batch, seq);
+    const float* device_losses = model.scorer->token_losses();
     if (device_losses == nullptr) {
-      throw core::InputError(model_.spec->family() + " does not report per-token losses on this backend");
+      throw core::InputError(model.spec->family() + " does not report per-token losses on this backend");
     }
     std::vector<float> losses(ids.size());
     core::copy_bytes(losses.data(), device_losses, losses.size() * sizeof(float), ctx.stream());
@@ -200,23 +201,24 @@ std::vector<double> Evaluator::loglikelihoods(const Ids& context, const std::vec
   return out;
 }
 
-void Evaluator::ensure_decoder(std::int64_t capacity) {
-  if (decoder_ && decoder_->capacity() >= capacity) return;
+void Evaluator::ensure_decoder(const ModelAccess& model, std::int64_t capacity) {
+  if (decoder_ && decoder_slab_ == model.slab && decoder_->capacity() >= capacity) return;
   decoder_.reset();
+  decoder_slab_ = model.slab;
   models::DecoderOptions options;
   options.max_tokens = capacity;
-  options.full_weights = model_.full_weights;
+  options.full_weights = model.full_weights;
   options.kind = options_.decoder == DecoderChoice::plain ? models::DecoderKind::plain : models::DecoderKind::megakernel;
   std::string reason;
   options.fallback_reason = &reason;
-  decoder_ = model_.spec->decoder(*model_.slab, *model_.context, options);
+  decoder_ = spec_.decoder(*model.slab, *model.context, options);
   if (!decoder_) {
-    throw core::InputError(model_.spec->family() + " has no decoder on " +
-                           (model_.context->is_cuda() ? "cuda" : "cpu") + " for the generative tasks");
+    throw core::InputError(spec_.family() + " has no decoder on " + (model.context->is_cuda() ? "cuda" : "cpu") +
+                           " for the generative tasks");
   }
   const std::string kind = decoder_->kind();
   if (options.kind == models::DecoderKind::megakernel && kind != "megakernel") {
-    if (reason.empty()) reason = model_.spec->family() + " has no megakernel";
+    if (reason.empty()) reason = spec_.family() + " has no megakernel";
     const std::string message = "evaluation decodes with the " + kind + " decoder: " + reason;
     if (options_.decoder == DecoderChoice::megakernel) {
       spdlog::warn("{} (eval decoder 'megakernel' asked for it)", message);
@@ -227,8 +229,9 @@ void Evaluator::ensure_decoder(std::int64_t capacity) {
   decoder_kind_ = kind;
 }
 
-TaskResult Evaluator::run_task(const Prepared& p, int rank, int world, const SumOverRanks& sum) {
-  const core::DeviceContext& ctx = *model_.context;
+TaskResult Evaluator::run_task(const ModelAccess& model, const Prepared& p, int rank, int world,
+                               const SumOverRanks& sum) {
+  const core::DeviceContext& ctx = *model.context;
   const Task& task = p.task;
   const auto start = std::chrono::steady_clock::now();
   TaskResult result;
@@ -239,7 +242,7 @@ TaskResult Evaluator::run_task(const Prepared& p, int rank, int world, const Sum
   // Two metrics per item; this rank fills its items' entries, the sum over ranks fills the rest.
   std::vector<double> values(2 * task.size(), 0.0);
   if (task.kind == TaskKind::generative) {
-    ensure_decoder(p.capacity);
+    ensure_decoder(model, p.capacity);
     result.decoder = decoder_kind_;
   }
   for (std::size_t i = static_cast<std::size_t>(rank); i < task.size(); i += static_cast<std::size_t>(world)) {
@@ -248,7 +251,7 @@ TaskResult Evaluator::run_task(const Prepared& p, int rank, int world, const Sum
     if (task.kind == TaskKind::multiple_choice) {
       const ChoiceItem& c = task.choice_items[i];
       item.line = c.line;
-      item.loglik = loglikelihoods(p.contexts[i], p.continuations[i]);
+      item.loglik = loglikelihoods(model, p.contexts[i], p.continuations[i]);
       item.choice = score_choices(item.loglik, c.endings, c.label);
       values[2 * i] = item.choice.acc;
       values[2 * i + 1] = item.choice.acc_norm;
@@ -258,7 +261,7 @@ TaskResult Evaluator::run_task(const Prepared& p, int rank, int world, const Sum
       models::GenerationOptions options;
       options.max_new_tokens = p.new_tokens[i];
       const models::GenerationResult generated =
-          models::generate(*decoder_, ctx, model_.spec->vocab_size(), p.prompts[i], options);
+          models::generate(*decoder_, ctx, spec_.vocab_size(), p.prompts[i], options);
       std::vector<std::int32_t> ids = generated.ids;
       const auto end = std::find_if(ids.begin(), ids.end(), [&](std::int32_t id) {
         return std::find(options_.end_ids.begin(), options_.end_ids.end(), id) != options_.end_ids.end();
@@ -289,10 +292,11 @@ TaskResult Evaluator::run_task(const Prepared& p, int rank, int world, const Sum
   return result;
 }
 
-std::vector<TaskResult> Evaluator::run(int rank, int world, const SumOverRanks& sum) {
+std::vector<TaskResult> Evaluator::run(const ModelAccess& model, int rank, int world, const SumOverRanks& sum) {
   if (world < 1 || rank < 0 || rank >= world) throw core::Error("Evaluator::run: bad rank or world");
+  if (model.context == nullptr) throw core::Error("Evaluator: the model access is incomplete");
   std::vector<TaskResult> results;
-  for (const auto& p : tasks_) results.push_back(run_task(*p, rank, world, sum));
+  for (const auto& p : tasks_) results.push_back(run_task(model, *p, rank, world, sum));
   return results;
 }
 

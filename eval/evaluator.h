@@ -81,32 +81,36 @@ using SumOverRanks = std::function<std::vector<double>(std::vector<double>)>;
 
 class Evaluator {
  public:
-  Evaluator(const ModelAccess& model, text::Tokenizer& tokenizer, EvaluatorOptions options);
+  // `spec` (vocabulary, positions) and `tokenizer` must outlive the evaluator.
+  Evaluator(const models::ModelSpec& spec, text::Tokenizer& tokenizer, EvaluatorOptions options);
   ~Evaluator();
 
   // Encodes and checks a task's items (the first `limit` when limit > 0): an item longer than
   // max_sequence or the model's positions, a continuation that encodes to no token, or an id
-  // outside the model's vocabulary is a core::InputError naming the file and the line.
+  // outside the model's vocabulary is a core::InputError naming the file and the line. Needs no
+  // weights, so a run can check its tasks before it allocates anything.
   void add(Task task, std::int64_t limit = 0);
   std::size_t task_count() const;
 
-  // Every task on items rank, rank + world, ... (all ranks must call it together).
-  std::vector<TaskResult> run(int rank, int world, const SumOverRanks& sum);
+  // Every task on items rank, rank + world, ... of `model` (of the spec given at construction;
+  // all ranks must call it together).
+  std::vector<TaskResult> run(const ModelAccess& model, int rank, int world, const SumOverRanks& sum);
 
   // Log-likelihood of each continuation after `context` (ids, non-empty), through the scorer.
-  std::vector<double> loglikelihoods(const std::vector<std::int32_t>& context,
+  std::vector<double> loglikelihoods(const ModelAccess& model, const std::vector<std::int32_t>& context,
                                      const std::vector<std::vector<std::int32_t>>& continuations);
 
  private:
   struct Prepared;
-  TaskResult run_task(const Prepared& task, int rank, int world, const SumOverRanks& sum);
-  void ensure_decoder(std::int64_t capacity);
+  TaskResult run_task(const ModelAccess& model, const Prepared& task, int rank, int world, const SumOverRanks& sum);
+  void ensure_decoder(const ModelAccess& model, std::int64_t capacity);
 
-  ModelAccess model_;
+  const models::ModelSpec& spec_;
   text::Tokenizer& tokenizer_;
   EvaluatorOptions options_;
   std::vector<std::unique_ptr<Prepared>> tasks_;
   std::unique_ptr<models::Decoder> decoder_;
+  const optim::Slab* decoder_slab_ = nullptr;  // what decoder_ reads
   std::string decoder_kind_;
   core::Buffer ids_, targets_;  // the scorer's inputs in the backend's memory
 };

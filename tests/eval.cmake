@@ -20,3 +20,6 @@ set_tests_properties(EvalMpi.SameScoresOn123Ranks PROPERTIES LABELS mpi TIMEOUT 
 add_test(NAME Evaluate.CpuToolAndTasks COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/eval/run_evaluate.sh
          ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
 set_tests_properties(Evaluate.CpuToolAndTasks PROPERTIES LABELS cpu TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1")
+add_test(NAME Evaluate.TrainerTasks COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/eval/run_trainer_tasks.sh
+         ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
+set_tests_properties(Evaluate.TrainerTasks PROPERTIES LABELS cpu TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1")

@@ -93,20 +93,19 @@ int main(int argc, char** argv) {
     tools::ModelSource source = tools::load_model_source(path, device, tokenizer_spec);
     const models::ModelSpec& spec = *source.weights.spec;
     const std::int64_t positions = spec.max_sequence_length();
-    const std::int64_t scorer_tokens = std::min(forward_tokens, positions);
-    const auto scorer = spec.trainable(*source.slab, *source.context, {.max_tokens = scorer_tokens});
-
     eval::EvaluatorOptions options;
-    options.max_sequence = positions;
-    options.max_sequence_name = "the model's positions";
+    options.max_sequence = std::min(forward_tokens, positions);
+    options.max_sequence_name = forward_tokens < positions ? "--forward-tokens" : "the model's positions";
     options.decoder = eval::parse_decoder_choice(decoder);
     options.end_ids = source.eos_ids;
+    eval::Evaluator evaluator(spec, *source.tokenizer, options);
+    for (const eval::Task& task : tasks) evaluator.add(task, limit);
+    const std::int64_t scorer_tokens = options.max_sequence;
+    const auto scorer = spec.trainable(*source.slab, *source.context, {.max_tokens = scorer_tokens});
     const eval::ModelAccess access{.spec = &spec, .slab = source.slab.get(), .context = source.context.get(),
                                    .scorer = scorer.get(), .scorer_tokens = scorer_tokens};
-    eval::Evaluator evaluator(access, *source.tokenizer, options);
-    for (const eval::Task& task : tasks) evaluator.add(task, limit);
     const std::vector<eval::TaskResult> results =
-        evaluator.run(0, 1, [](std::vector<double> values) { return values; });
+        evaluator.run(access, 0, 1, [](std::vector<double> values) { return values; });
 
     std::printf("%-28s %-16s %6s  %-13s %8s %9s\n", "task", "kind", "items", "metric", "value", "seconds");
     for (const eval::TaskResult& r : results) {

@@ -56,7 +56,7 @@ const std::map<std::string, std::vector<std::string>>& section_keys() {
         {"schedule", {"type", "warmup_steps", "min_lr_ratio", "decay_ratio"}},
         {"parallel", {"zero_stage", "timeout_s"}},
         {"checkpoint", {"every", "keep_last", "resume", "at_end", "allow_data_change"}},
-        {"eval", {"every", "batches"}},
+        {"eval", {"every", "batches", "tasks", "tasks_every", "tasks_limit", "decoder"}},
         {"logging", {"every", "tensorboard"}},
         {"sample", {"every", "tokens", "prompt"}},
     };
@@ -572,6 +572,22 @@ RunConfig read_config(const YAML::Node& root, const Reader& reader) {
     if (c.eval.every > 0 && c.data.val.empty()) s.fail("every", "eval.every > 0 needs data.val (or set eval.every: 0)");
     s.integer("batches", c.eval.batches);
     s.at_least(c.eval.batches, 1, "batches");
+    if (s.has("tasks")) {
+      const YAML::Node list = s.value("tasks");
+      if (!list.IsSequence()) s.fail("tasks", "expected a list of task files, got " + describe(list));
+      for (const auto& item : list) {
+        if (!item.IsScalar() || item.Scalar().empty()) s.fail("tasks", "expected task file paths, got " + describe(item));
+        if (!std::filesystem::is_regular_file(item.Scalar())) s.fail("tasks", "task file '" + item.Scalar() + "' does not exist");
+        c.eval.tasks.push_back(item.Scalar());
+      }
+    }
+    s.integer("tasks_every", c.eval.tasks_every);
+    s.at_least(c.eval.tasks_every, 0, "tasks_every");
+    s.integer("tasks_limit", c.eval.tasks_limit);
+    s.at_least(c.eval.tasks_limit, 0, "tasks_limit");
+    s.string("decoder", c.eval.decoder);
+    s.check(c.eval.decoder == "auto" || c.eval.decoder == "megakernel" || c.eval.decoder == "plain", "decoder",
+            "auto, megakernel or plain", "'" + c.eval.decoder + "'");
   }
   {
     const Section s(reader, root, "logging", false);
@@ -779,6 +795,12 @@ std::string resolved_yaml(const RunConfig& c) {
   out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap;
   integer("every", c.eval.every);
   integer("batches", c.eval.batches);
+  out << YAML::Key << "tasks" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const std::string& task : c.eval.tasks) out << task;
+  out << YAML::EndSeq;
+  integer("tasks_every", c.eval.tasks_every);
+  integer("tasks_limit", c.eval.tasks_limit);
+  text("decoder", c.eval.decoder);
   out << YAML::EndMap;
 
   out << YAML::Key << "logging" << YAML::Value << YAML::BeginMap;

@@ -30,6 +30,7 @@
 #include "trainer/pretrained.h"
 #include "text/sampler.h"
 #include "trainer/stop_signals.h"
+#include "trainer/task_evaluation.h"
 #include "trainer/tensorboard.h"
 #include "text/token_shard.h"
 #include "text/tokenizer.h"
@@ -282,6 +283,8 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
                              " (expected at least the tokenizer's vocabulary)");
     }
   }
+  // Task files are read and every item checked here, before the run directory is touched.
+  TaskEvaluation tasks(config, *spec);
   // The run's tokenizer for the samples, loaded at the first one.
   std::unique_ptr<text::Tokenizer> tokenizer_for_samples;
   const auto sample_tokenizer = [&]() -> text::Tokenizer& {
@@ -341,6 +344,7 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
   }
   GradientSync gradient_sync(comm, slab, context, shard_gradients ? runner->largest_gradient_range() : 0);
   runner->set_gradient_sink(&gradient_sync);
+  tasks.attach(*spec, slab, context, *runner, weight_sync.full_weights());
   TrainingProgress progress;
   progress.sampler_seed = config.run.seed;
   if (resume_from) progress = load_checkpoint(*resume_from, *optimizer, context);
@@ -418,6 +422,11 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
     if (j.contains("sample") && j["sample"].is_string()) tensorboard->add_text("sample", at, j["sample"].get<std::string>());
     tensorboard->flush();
   };
+  auto evaluate_tasks = [&](std::int64_t step) {
+    if (!tasks.enabled()) return;
+    const nlohmann::json results = tasks.run(step, comm);
+    if (lead) record(results);
+  };
   auto evaluate = [&](std::int64_t step) {
     if (!val_shard) return;
     const double val = validation_loss(*runner, *val_shard, config.eval.batches, micro, seq, comm);
@@ -492,6 +501,7 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
       interval_steps = 0;
     }
     if (config.eval.every > 0 && step % config.eval.every == 0) evaluate(step);
+    if (config.eval.tasks_every > 0 && step % config.eval.tasks_every == 0) evaluate_tasks(step);
     if (lead && config.sample.every > 0 && step % config.sample.every == 0) {
       const auto continuation = sample_text(*spec, slab, context, weight_sync.full_weights(), sample_tokenizer(),
                                             config.sample.prompt, config.sample.tokens, config.run.seed + step);
@@ -517,6 +527,9 @@ TrainSummary train(const RunConfig& requested, const TrainOptions& options) {
     }
   }
   if (config.eval.every == 0 || config.training.max_steps % config.eval.every != 0) evaluate(config.training.max_steps);
+  if (config.eval.tasks_every == 0 || config.training.max_steps % config.eval.tasks_every != 0) {
+    evaluate_tasks(config.training.max_steps);
+  }
   summary.seconds = seconds_since(start);
   const std::int64_t taken = summary.steps - summary.resumed_from;
   const std::int64_t skipped = optimizer->report().skipped_steps - skipped_before;

@@ -20,14 +20,14 @@ int main(int argc, char** argv) {
   const auto communicator = comm::make_communicator(environment, m.context, {});
   const int rank = communicator->rank(), world = communicator->world();
   text::ByteTokenizer bytes;
-  eval::Evaluator evaluator({.spec = m.spec.get(), .slab = m.slab.get(), .context = &m.context,
-                             .scorer = m.scorer.get(), .scorer_tokens = 4096},
-                            bytes, {.max_sequence = 96, .max_sequence_name = "data.seq_len"});
+  eval::Evaluator evaluator(*m.spec, bytes, {.max_sequence = 96, .max_sequence_name = "data.seq_len"});
+  const eval::ModelAccess model{.spec = m.spec.get(), .slab = m.slab.get(), .context = &m.context,
+                                .scorer = m.scorer.get(), .scorer_tokens = 4096};
   const std::string tasks = std::string(LLMTRAIN_SOURCE_DIR) + "/data/tasks/";
   for (const auto& task : eval::load_tasks({tasks + "kjv_next_verse.jsonl", tasks + "kjv_verse_completion.jsonl"})) {
     evaluator.add(task, 13);
   }
-  const auto results = evaluator.run(rank, world, [&](std::vector<double> values) {
+  const auto results = evaluator.run(model, rank, world, [&](std::vector<double> values) {
     return communicator->all_reduce_host(std::move(values), comm::ReduceOp::sum, "evaluation scores");
   });
   if (rank == 0) {

@@ -173,7 +173,7 @@ double brute_force(test::TinyModel& m, const std::vector<std::int32_t>& context,
 void check_loglikelihoods(test::TinyModel& m) {
   text::ByteTokenizer bytes;
   eval::EvaluatorOptions options{.max_sequence = 200, .max_sequence_name = "test"};
-  eval::Evaluator evaluator(access(m), bytes, options);
+  eval::Evaluator evaluator(*m.spec, bytes, options);
   std::mt19937 rng(5);
   for (int trial = 0; trial < 4; ++trial) {
     std::vector<std::int32_t> context(3 + trial * 5);
@@ -183,7 +183,7 @@ void check_loglikelihoods(test::TinyModel& m) {
       continuations.emplace_back(1 + (trial * 3 + c * 7) % 13);
       for (auto& id : continuations.back()) id = static_cast<std::int32_t>(rng() % 256);
     }
-    const std::vector<double> batched = evaluator.loglikelihoods(context, continuations);
+    const std::vector<double> batched = evaluator.loglikelihoods(access(m), context, continuations);
     for (std::size_t c = 0; c < continuations.size(); ++c) {
       const double want = brute_force(m, context, continuations[c]);
       EXPECT_NEAR(batched[c], want, 1e-5 * std::max(1.0, std::abs(want))) << m.spec->family() << " trial " << trial
@@ -205,14 +205,13 @@ TEST(EvalLoglik, E29aMatchesBruteForce) {
 TEST(EvalLoglik, SplitForwardsEqualOneBatch) {
   auto m = test::TinyModel::qwen3(23);
   text::ByteTokenizer bytes;
-  eval::Evaluator whole(access(m), bytes, {.max_sequence = 200, .max_sequence_name = "test"});
-  auto narrow_access = access(m);
-  narrow_access.scorer_tokens = 30;  // one row per forward
-  eval::Evaluator narrow(narrow_access, bytes, {.max_sequence = 200, .max_sequence_name = "test"});
+  eval::Evaluator evaluator(*m.spec, bytes, {.max_sequence = 200, .max_sequence_name = "test"});
+  auto narrow = access(m);
+  narrow.scorer_tokens = 30;  // one row per forward
   const std::vector<std::int32_t> context = {10, 20, 30, 40, 50};
   const std::vector<std::vector<std::int32_t>> continuations = {{1, 2, 3}, {4}, {5, 6, 7, 8, 9, 10, 11, 12}, {13, 14}};
-  const auto a = whole.loglikelihoods(context, continuations);
-  const auto b = narrow.loglikelihoods(context, continuations);
+  const auto a = evaluator.loglikelihoods(access(m), context, continuations);
+  const auto b = evaluator.loglikelihoods(narrow, context, continuations);
   for (std::size_t c = 0; c < a.size(); ++c) EXPECT_NEAR(a[c], b[c], 1e-5 * std::abs(a[c]));
 }
 
@@ -224,9 +223,9 @@ TEST(EvalRun, ShippedTasksGreedyAndRankSplit) {
       eval::load_tasks({kTasks + "kjv_next_verse.jsonl", kTasks + "kjv_verse_completion.jsonl"});
   ASSERT_GE(tasks[0].size(), 200u);
   ASSERT_GE(tasks[1].size(), 200u);
-  eval::Evaluator one(access(m), bytes, options);
+  eval::Evaluator one(*m.spec, bytes, options);
   for (const auto& t : tasks) one.add(t, 7);
-  const auto results = one.run(0, 1, single());
+  const auto results = one.run(access(m), 0, 1, single());
   ASSERT_EQ(results.size(), 2u);
   EXPECT_EQ(results[0].metrics[0].first, "acc");
   EXPECT_EQ(results[1].metrics[0].first, "exact_match");
@@ -253,7 +252,7 @@ TEST(EvalRun, ShippedTasksGreedyAndRankSplit) {
   // sums give the same metrics.
   std::vector<std::vector<double>> sums(2);
   for (int rank = 0; rank < 3; ++rank) {
-    eval::Evaluator part(access(m), bytes, options);
+    eval::Evaluator part(*m.spec, bytes, options);
     for (const auto& t : tasks) part.add(t, 7);
     std::size_t task = 0;
     const auto collect = [&](std::vector<double> v) {
@@ -262,7 +261,7 @@ TEST(EvalRun, ShippedTasksGreedyAndRankSplit) {
       for (std::size_t i = 0; i < v.size(); ++i) s[i] += v[i];
       return v;
     };
-    for (const auto& r : part.run(rank, 3, collect)) {
+    for (const auto& r : part.run(access(m), rank, 3, collect)) {
       const auto& whole = results[r.kind == eval::TaskKind::multiple_choice ? 0 : 1];
       for (const eval::ItemResult& item : r.mine) {
         EXPECT_EQ(item.index % 3, rank);
@@ -282,7 +281,7 @@ TEST(EvalRun, ShippedTasksGreedyAndRankSplit) {
 TEST(EvalRun, TooLongItemsAreRefusedWithFileAndLine) {
   auto m = test::TinyModel::qwen3(25);
   text::ByteTokenizer bytes;
-  eval::Evaluator evaluator(access(m), bytes, {.max_sequence = 16, .max_sequence_name = "data.seq_len"});
+  eval::Evaluator evaluator(*m.spec, bytes, {.max_sequence = 16, .max_sequence_name = "data.seq_len"});
   const std::string mc = write_file("long_mc.jsonl",
                                     "{\"ctx\": \"short\", \"endings\": [\"a\", \"b\"], \"label\": 0}\n"
                                     "{\"ctx\": \"a much longer context\", \"endings\": [\"a\", \"b\"], \"label\": 0}\n");
@@ -316,15 +315,15 @@ TEST(EvalLoglik, MatchesTransformersFixture) {
     std::copy(w.master.begin(), w.master.end(), slab.master().as<float>());
     const auto scorer = w.spec->trainable(slab, cpu, {.max_tokens = 4096});
     text::ByteTokenizer unused;
-    eval::Evaluator evaluator({.spec = w.spec.get(), .slab = &slab, .context = &cpu, .scorer = scorer.get(),
-                               .scorer_tokens = 4096},
-                              unused, {.max_sequence = w.spec->max_sequence_length(), .max_sequence_name = "positions"});
+    eval::Evaluator evaluator(*w.spec, unused, {.max_sequence = w.spec->max_sequence_length(), .max_sequence_name = "positions"});
+    const eval::ModelAccess model{.spec = w.spec.get(), .slab = &slab, .context = &cpu, .scorer = scorer.get(),
+                                  .scorer_tokens = 4096};
     int agreed = 0;
     for (const auto& item : j.at("items")) {
       const auto context = item.at("context_ids").get<std::vector<std::int32_t>>();
       const auto continuations = item.at("continuation_ids").get<std::vector<std::vector<std::int32_t>>>();
       const auto want = item.at("loglik").get<std::vector<double>>();
-      const auto got = evaluator.loglikelihoods(context, continuations);
+      const auto got = evaluator.loglikelihoods(model, context, continuations);
       ASSERT_EQ(got.size(), want.size());
       for (std::size_t c = 0; c < got.size(); ++c) {
         EXPECT_NEAR(got[c], want[c], 1e-5 * std::abs(want[c])) << name << " choice " << c;
