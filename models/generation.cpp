@@ -47,7 +47,11 @@ GenerationResult generate(Decoder& decoder, const core::DeviceContext& context, 
 
   const bool check_each = !options.stop_ids.empty();
   std::size_t made = 0;
-  for (; made < count; ++made) {
+  // Greedy without stop ids: a decoder with a fused path makes every token in one call.
+  const bool fused = !check_each && options.sampling.temperature == 0.0f && count > 0 &&
+                     decoder.append_greedy(static_cast<std::int64_t>(count), id_slots);
+  if (fused) made = count;
+  for (; !fused && made < count; ++made) {
     sampler.sample(decoder.logits(), options.sampling,
                    ops::sampling_uniform(options.seed, static_cast<std::uint64_t>(made)), id_slots + made);
     if (check_each) {

@@ -144,6 +144,7 @@ LmEndsCuda::bf16* LmEndsCuda::x_final() { return at<bf16>(x_final_); }
 const LmEndsCuda::bf16* LmEndsCuda::x_norm() { return at<bf16>(x_norm_); }
 LmEndsCuda::bf16* LmEndsCuda::dx() { return at<bf16>(dx_); }
 const float* LmEndsCuda::loss_value() const { return at<float>(mean_loss_); }
+const float* LmEndsCuda::token_losses() const { return at<float>(token_losses_); }
 const std::int32_t* LmEndsCuda::invalid_id_flag() const { return at<std::int32_t>(invalid_); }
 
 }  // namespace models

@@ -98,6 +98,7 @@ class LmEndsCuda {
   const bf16* x_norm();
   bf16* dx();
   const float* loss_value() const;
+  const float* token_losses() const;  // [n] of the last loss() (0 for ignored targets)
   const std::int32_t* invalid_id_flag() const;
   std::size_t bytes() const { return memory_.bytes(); }
 

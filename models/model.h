@@ -97,6 +97,10 @@ class TrainableModel {
                             std::int64_t seq) = 0;
   // Mean loss of the last call: fp32 scalar in the device's memory.
   virtual const float* loss() const = 0;
+  // Each token's loss after forward_loss: fp32 [batch * seq] in the device's memory, -log p(target)
+  // (0 where the target is ignored), valid until the next call. Evaluation sums these over a
+  // continuation to score it; nullptr when the backend does not keep them.
+  virtual const float* token_losses() const { return nullptr; }
   // Device int32 flag set when an input id was outside the vocabulary (cuda); nullptr on cpu,
   // which throws core::InputError at once.
   virtual const std::int32_t* invalid_id_flag() const { return nullptr; }
@@ -108,10 +112,17 @@ class TrainableModel {
   virtual std::size_t activation_bytes() const { return 0; }
 };
 
+// Which decoder a family builds. megakernel: a family's single-launch decoder (Qwen3 on cuda);
+// where there is none or it cannot take the model or the GPU, the plain one is built instead and
+// the reason goes to DecoderOptions::fallback_reason.
+enum class DecoderKind { plain, megakernel };
+
 // Options of a decoder.
 struct DecoderOptions {
   std::int64_t max_tokens = 0;  // prompt + new tokens: the state (KV cache) is sized for this
   const float* full_weights = nullptr;  // cpu, as TrainableOptions::full_weights
+  DecoderKind kind = DecoderKind::plain;
+  std::string* fallback_reason = nullptr;  // set when `kind` was asked for and not built
 };
 
 // Stateful generation for one sequence: the state (a KV cache, recurrent states) lives in the
@@ -132,6 +143,12 @@ class Decoder {
   virtual const float* logits() const = 0;
   virtual std::int64_t position() const = 0;
   virtual std::int64_t capacity() const = 0;
+  // Greedy decoding in one call where the decoder has a fused path: appends `count` tokens, each
+  // the argmax of the logits before it (the first: of logits()), their ids to `ids_out` (int32
+  // [count] in the device's memory). false: no such path, nothing done (step one at a time).
+  virtual bool append_greedy(std::int64_t count, std::int32_t* ids_out) { return false; }
+  // "plain" or "megakernel": what DecoderOptions::kind built.
+  virtual std::string kind() const { return "plain"; }
 };
 
 // The decoders' input checks (core::InputError): `tokens` more after `position` fit `capacity`;
@@ -172,7 +189,8 @@ class ModelSpec {
   // master (or options.full_weights).
   virtual std::unique_ptr<TrainableModel> trainable(optim::Slab& slab, const core::DeviceContext& context,
                                                     const TrainableOptions& options) const = 0;
-  // nullptr when the family has no decoder on this backend yet.
+  // nullptr when the family has no decoder on this backend yet. Families without a megakernel
+  // ignore options.kind (the caller sees it in Decoder::kind()).
   virtual std::unique_ptr<Decoder> decoder(optim::Slab& slab, const core::DeviceContext& context,
                                            const DecoderOptions& options) const {
     return nullptr;

@@ -30,7 +30,7 @@
 #include "models/generation.h"
 #include "optim/slab.h"
 #include "text/tokenizer.h"
-#include "trainer/pretrained.h"
+#include "tools/model_source.h"
 
 namespace {
 
@@ -53,34 +53,6 @@ std::vector<std::int32_t> parse_ids(const std::string& list) {
     at = comma + 1;
   }
   return ids;
-}
-
-// End-of-sequence ids of a folder's config.json / generation_config.json (an integer or a list).
-void add_eos(const nlohmann::json& config, std::vector<std::int32_t>& out) {
-  if (!config.is_object() || !config.contains("eos_token_id")) return;
-  const auto& eos = config["eos_token_id"];
-  const auto add = [&](const nlohmann::json& v) {
-    if (v.is_number_integer() && v.get<std::int64_t>() >= 0 && v.get<std::int64_t>() <= INT32_MAX) {
-      out.push_back(v.get<std::int32_t>());
-    }
-  };
-  if (eos.is_array()) {
-    for (const auto& v : eos) add(v);
-  } else {
-    add(eos);
-  }
-}
-
-// The tokenizer to use: --tokenizer, else what the source recorded, else bytes.
-std::unique_ptr<text::Tokenizer> pick_tokenizer(const std::string& requested, const std::string& recorded,
-                                                const std::string& path) {
-  if (!requested.empty()) return text::make_tokenizer(requested);
-  if (recorded.empty() || recorded == "byte") return std::make_unique<text::ByteTokenizer>();
-  if (!fs::is_regular_file(recorded)) {
-    throw core::InputError(path + ": its tokenizer " + recorded + " is not there (paths are relative to the directory "
-                           "the run started in); give one with --tokenizer PATH/tokenizer.json or --tokenizer byte");
-  }
-  return text::make_tokenizer(recorded);
 }
 
 }  // namespace
@@ -118,18 +90,16 @@ int main(int argc, char** argv) {
   try {
     if (closed.out) throw core::InputError("standard output is closed: the generated text would be lost");
     if (!have_prompt && ids_option->count() == 0) throw core::InputError("give --prompt TEXT or --prompt-ids 1,2,3");
-    if (!fs::exists(path)) throw core::InputError(path + ": no such file or directory");
-    if (device.empty()) device = core::cuda_device_count() > 0 ? "cuda" : "cpu";
-    if (device == "cuda" && core::cuda_device_count() == 0) {
-      throw core::InputError("--device cuda: no CUDA device is available (use --device cpu)");
-    }
     models::ops::check_sampling(options.sampling);
     if (options.max_new_tokens < 0) throw core::InputError("--max-new-tokens must be >= 0");
 
-    const trainer::PretrainedWeights weights = trainer::load_pretrained(path);
-    const models::ModelSpec& spec = *weights.spec;
-    if (!weights.checkpoint.empty()) std::fprintf(stderr, "generate: loaded %s\n", weights.checkpoint.c_str());
-    const std::unique_ptr<text::Tokenizer> tokenizer = pick_tokenizer(tokenizer_spec, weights.tokenizer, path);
+    tools::ModelSource source = tools::load_model_source(path, device, tokenizer_spec);
+    device = source.device;
+    const models::ModelSpec& spec = *source.weights.spec;
+    const std::unique_ptr<text::Tokenizer>& tokenizer = source.tokenizer;
+    if (!source.weights.checkpoint.empty()) {
+      std::fprintf(stderr, "generate: loaded %s\n", source.weights.checkpoint.c_str());
+    }
     std::vector<std::int32_t> ids;
     if (have_prompt) {
       for (const std::uint32_t id : tokenizer->encode(prompt)) ids.push_back(static_cast<std::int32_t>(id));
@@ -151,20 +121,9 @@ int main(int argc, char** argv) {
                              std::to_string(spec.max_sequence_length()) + " positions");
     }
     const std::int64_t needed = prompt_tokens + options.max_new_tokens;
-    if (!ignore_eos) {
-      add_eos(weights.carried_hf_config, options.stop_ids);
-      if (!trainer::is_checkpoint_path(path)) {
-        std::ifstream generation(fs::path(path) / "generation_config.json");
-        if (generation) add_eos(nlohmann::json::parse(generation, nullptr, false), options.stop_ids);
-      }
-    }
-
-    const core::DeviceContext context(device == "cuda" ? core::Device::cuda(0) : core::Device::cpu());
-    optim::Slab slab(weights.layout, context);
-    core::copy_bytes(slab.master().data(), weights.master.data(), weights.master.size() * sizeof(float),
-                     context.stream());
-    context.synchronize();
-    if (context.is_cuda()) slab.write_mirror(context);
+    if (!ignore_eos) options.stop_ids = source.eos_ids;
+    const core::DeviceContext& context = *source.context;
+    optim::Slab& slab = *source.slab;
     const auto decoder = spec.decoder(slab, context, {.max_tokens = needed});
     if (!decoder) throw core::InputError(spec.family() + " has no decoder on " + device);
 

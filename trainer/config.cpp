@@ -747,7 +747,35 @@ const std::vector<SectionSchema>& schema() {
                      }
                    },
                    [](YAML::Emitter& out, const RunConfig& c) { emit(out, "every", c.eval.every); }},
-                  entry("batches", &RunConfig::eval, &EvalConfig::batches, at_least(1))}});
+                  entry("batches", &RunConfig::eval, &EvalConfig::batches, at_least(1)),
+                  {"tasks",
+                   [](const Section& s, RunConfig& c) {
+                     if (!s.has("tasks")) return;
+                     const YAML::Node list = s.value("tasks");
+                     if (!list.IsSequence()) s.fail("tasks", "expected a list of task files, got " + describe(list));
+                     for (const auto& item : list) {
+                       if (!item.IsScalar() || item.Scalar().empty()) {
+                         s.fail("tasks", "expected task file paths, got " + describe(item));
+                       }
+                       if (!std::filesystem::is_regular_file(item.Scalar())) {
+                         s.fail("tasks", "task file '" + item.Scalar() + "' does not exist");
+                       }
+                       c.eval.tasks.push_back(item.Scalar());
+                     }
+                   },
+                   [](YAML::Emitter& out, const RunConfig& c) {
+                     out << YAML::Key << "tasks" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+                     for (const std::string& task : c.eval.tasks) out << task;
+                     out << YAML::EndSeq;
+                   }},
+                  entry("tasks_every", &RunConfig::eval, &EvalConfig::tasks_every, at_least(0)),
+                  entry("tasks_limit", &RunConfig::eval, &EvalConfig::tasks_limit, at_least(0)),
+                  entry<EvalConfig, std::string>("decoder", &RunConfig::eval, &EvalConfig::decoder,
+                                                 [](const Section& s, const std::string& key, const std::string& v,
+                                                    const RunConfig&) {
+                                                   s.check(v == "auto" || v == "megakernel" || v == "plain", key,
+                                                           "auto, megakernel or plain", "'" + v + "'");
+                                                 })}});
     s.push_back({"logging", false,
                  {entry("every", &RunConfig::logging, &LoggingConfig::every, at_least(1)),
                   entry("tensorboard", &RunConfig::logging, &LoggingConfig::tensorboard)}});

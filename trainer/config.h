@@ -112,6 +112,13 @@ struct CheckpointConfig {
 struct EvalConfig {
   std::int64_t every = 0;     // steps between validation losses (0: never); defaults to 200 with data.val
   std::int64_t batches = 20;  // micro-batches per rank per validation
+  // Downstream tasks (docs/evaluation.md): JSONL files, run every tasks_every steps (0: only after
+  // the last step), the first tasks_limit items of each (0: all), generating with `decoder`
+  // (auto, megakernel or plain).
+  std::vector<std::string> tasks;
+  std::int64_t tasks_every = 0;
+  std::int64_t tasks_limit = 0;
+  std::string decoder = "auto";
 
   bool operator==(const EvalConfig&) const = default;
 };

@@ -34,6 +34,9 @@ class ModelRunner {
   bool saw_invalid_ids();
   void set_gradient_sink(optim::GradientSink* sink) { model_->set_gradient_sink(sink); }
   std::int64_t largest_gradient_range() const { return model_->largest_gradient_range(); }
+  // The model itself (downstream evaluation scores with its forward_loss and token_losses).
+  models::TrainableModel& model() { return *model_; }
+  std::int64_t max_tokens() const { return max_tokens_; }
 
  private:
   // Copies host ids/targets into the next device staging set; returns its index.

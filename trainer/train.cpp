@@ -31,6 +31,7 @@
 #include "trainer/pretrained.h"
 #include "text/sampler.h"
 #include "trainer/stop_signals.h"
+#include "trainer/task_evaluation.h"
 #include "trainer/tensorboard.h"
 #include "text/token_shard.h"
 #include "text/tokenizer.h"
@@ -256,6 +257,7 @@ class TrainLoop {
       const bool stop = agree_loss_and_stop(step);
       if (step % config_.logging.every == 0 || step == config_.training.max_steps) log_step(step, lr);
       if (config_.eval.every > 0 && step % config_.eval.every == 0) evaluate(step);
+    if (config_.eval.tasks_every > 0 && step % config_.eval.tasks_every == 0) evaluate_tasks(step);
       if (lead_ && config_.sample.every > 0 && step % config_.sample.every == 0) sample(step);
       if (stop || (step == config_.training.max_steps && config_.checkpoint.at_end) ||
           (config_.checkpoint.every > 0 && step % config_.checkpoint.every == 0)) {
@@ -329,6 +331,8 @@ class TrainLoop {
                                " (expected at least the tokenizer's vocabulary)");
       }
     }
+    // Task files are read and every item checked here, before the run directory is touched.
+    tasks_.emplace(config_, *spec_);
     if (resume_from_) {
       check_resume_config(*resume_from_, config_);
       const TrainingProgress& saved = resume_from_->progress;
@@ -394,6 +398,7 @@ class TrainLoop {
     }
     gradient_sync_.emplace(comm, *slab_, context, shard_gradients ? runner_->largest_gradient_range() : 0);
     runner_->set_gradient_sink(&*gradient_sync_);
+    tasks_->attach(*spec_, *slab_, context, *runner_, weight_sync_->full_weights());
     progress_.sampler_seed = config_.run.seed;
     if (resume_from_) progress_ = load_checkpoint(*resume_from_, *optimizer_, context);
     progress_.seq_len = seq_;
@@ -530,6 +535,12 @@ class TrainLoop {
     record({{"step", step}, {"val_loss", val}});
   }
 
+  // The downstream tasks (eval.tasks), all ranks together.
+  void evaluate_tasks(std::int64_t step) {
+    if (!tasks_->enabled()) return;
+    record(tasks_->run(step, *communicator_));
+  }
+
   // A generated sample, logged and recorded (rank 0).
   void sample(std::int64_t step) {
     const auto continuation = sample_text(*spec_, *slab_, *context_, weight_sync_->full_weights(), sample_tokenizer(),
@@ -565,6 +576,9 @@ class TrainLoop {
   // The last evaluation, the summary line and a final sample.
   TrainSummary finish() {
     if (config_.eval.every == 0 || config_.training.max_steps % config_.eval.every != 0) evaluate(config_.training.max_steps);
+    if (config_.eval.tasks_every == 0 || config_.training.max_steps % config_.eval.tasks_every != 0) {
+      evaluate_tasks(config_.training.max_steps);
+    }
     summary_.seconds = seconds_since(start_);
     const std::int64_t taken = summary_.steps - summary_.resumed_from;
     const std::int64_t skipped = optimizer_->report().skipped_steps - skipped_before_;
@@ -632,6 +646,7 @@ class TrainLoop {
   std::optional<RunLock> run_lock_;
   std::optional<optim::Slab> slab_;
   std::optional<WeightSync> weight_sync_;
+  std::optional<TaskEvaluation> tasks_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::optional<GradientSync> gradient_sync_;

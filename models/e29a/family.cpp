@@ -114,6 +114,9 @@ class E29aSpec final : public ModelSpec {
   }
   std::unique_ptr<Decoder> decoder(optim::Slab& slab, const core::DeviceContext& context,
                                    const DecoderOptions& options) const override {
+    if (options.kind == DecoderKind::megakernel && options.fallback_reason != nullptr) {
+      *options.fallback_reason = "e29a has no megakernel; its recurrent decoder runs";
+    }
     if (context.is_cuda()) return std::make_unique<E29aCudaDecoder>(config_, slab, context, options);
     return std::make_unique<E29aCpuDecoder>(config_, slab, context, options);
   }

@@ -107,7 +107,11 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
   Vec final_out(x.size()), final_rstd(static_cast<std::size_t>(n));
   ops::rmsnorm_forward_cpu<float>(in(x), weight(index_.final_norm), n, d, c.rms_norm_eps, out(final_out),
                                   out(final_rstd));
-  if (!backward) return ops::cross_entropy_forward_cpu<float>(in(final_out), weight(index_.head), targets, d, c.vocab_size);
+  if (!backward) {
+    token_losses_.resize(static_cast<std::size_t>(n));
+    return ops::cross_entropy_forward_cpu<float>(in(final_out), weight(index_.head), targets, d, c.vocab_size, 0,
+                                                 out(token_losses_));
+  }
 
   Vec dfinal(final_out.size());
   const ops::CrossEntropyResult result = ops::cross_entropy_backward_cpu<float>(

@@ -34,6 +34,7 @@ class E29aCpu final : public TrainableModel {
   const float* loss() const override { return &loss_; }
   // Diagnostics: while set, each forward_backward fills one trace per layer (layer.h).
   void set_backward_trace(std::vector<LayerBackwardTrace<float>>* traces) { traces_ = traces; }
+  const float* token_losses() const override { return token_losses_.data(); }
 
  private:
   struct LayerSaved;
@@ -49,6 +50,7 @@ class E29aCpu final : public TrainableModel {
   TensorIndex index_;
   float loss_ = 0;
   std::vector<LayerBackwardTrace<float>>* traces_ = nullptr;
+  std::vector<float> token_losses_;  // of the last forward_loss
 };
 
 class E29aCpuDecoder final : public Decoder {

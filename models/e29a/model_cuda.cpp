@@ -184,6 +184,7 @@ void E29aCuda::forward_loss(const std::int32_t* ids, const std::int32_t* targets
 }
 
 const float* E29aCuda::loss() const { return impl_->ends.loss_value(); }
+const float* E29aCuda::token_losses() const { return impl_->ends.token_losses(); }
 const std::int32_t* E29aCuda::invalid_id_flag() const { return impl_->ends.invalid_id_flag(); }
 
 void E29aCuda::set_gradient_sink(optim::GradientSink* sink) {

@@ -28,6 +28,7 @@ class E29aCuda final : public TrainableModel {
                         float grad_scale) override;
   void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) override;
   const float* loss() const override;
+  const float* token_losses() const override;  // device fp32, of the last forward_loss
   const std::int32_t* invalid_id_flag() const override;
   void set_gradient_sink(optim::GradientSink* sink) override;
   std::int64_t largest_gradient_range() const override;

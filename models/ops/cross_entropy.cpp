@@ -54,10 +54,12 @@ struct Gradients {
 template <typename Scalar>
 CrossEntropyResult run(std::span<const Scalar> hidden, std::span<const Scalar> weight,
                        std::span<const std::int32_t> targets, std::int64_t dim, std::int64_t vocab,
-                       std::int64_t count, std::int64_t chunk_tokens, const Gradients<Scalar>* gradients) {
+                       std::int64_t count, std::int64_t chunk_tokens, const Gradients<Scalar>* gradients,
+                       std::span<float> token_losses = {}) {
   const auto tokens = static_cast<std::int64_t>(targets.size());
   const bool backward = gradients != nullptr;
   Scalar* dhidden = backward ? gradients->dhidden : nullptr;
+  std::fill(token_losses.begin(), token_losses.end(), 0.0f);
   if (count == 0) {
     if (dhidden != nullptr) std::fill(dhidden, dhidden + tokens * dim, Scalar{0});
     return {};
@@ -119,6 +121,9 @@ CrossEntropyResult run(std::span<const Scalar> hidden, std::span<const Scalar> w
 
   double total = 0.0;
   for (const double l : row_loss) total += l;
+  if (!token_losses.empty()) {
+    for (std::size_t n = 0; n < row_loss.size(); ++n) token_losses[n] = static_cast<float>(row_loss[n]);
+  }
   return {total / static_cast<double>(count), count};
 }
 
@@ -134,10 +139,15 @@ std::int64_t cross_entropy_chunk_tokens(std::int64_t vocab, std::int64_t request
 template <typename Scalar>
 CrossEntropyResult cross_entropy_forward_cpu(std::span<const Scalar> hidden, std::span<const Scalar> weight,
                                              std::span<const std::int32_t> targets, std::int64_t dim,
-                                             std::int64_t vocab, std::int64_t chunk_tokens) {
+                                             std::int64_t vocab, std::int64_t chunk_tokens,
+                                             std::span<float> token_losses) {
   const std::int64_t count =
       check_arguments("cross_entropy_forward", hidden, weight, targets, dim, vocab, chunk_tokens);
-  return run<Scalar>(hidden, weight, targets, dim, vocab, count, chunk_tokens, nullptr);
+  if (!token_losses.empty()) {
+    checks::require_size("cross_entropy_forward", "token_losses", std::span<const float>(token_losses),
+                         static_cast<std::int64_t>(targets.size()), "tokens");
+  }
+  return run<Scalar>(hidden, weight, targets, dim, vocab, count, chunk_tokens, nullptr, token_losses);
 }
 
 template <typename Scalar>
@@ -181,10 +191,10 @@ void cross_entropy_backward_weight_rows_cpu(std::span<const Scalar> hidden, std:
 
 template CrossEntropyResult cross_entropy_forward_cpu<float>(std::span<const float>, std::span<const float>,
                                                              std::span<const std::int32_t>, std::int64_t,
-                                                             std::int64_t, std::int64_t);
+                                                             std::int64_t, std::int64_t, std::span<float>);
 template CrossEntropyResult cross_entropy_forward_cpu<double>(std::span<const double>, std::span<const double>,
                                                               std::span<const std::int32_t>, std::int64_t,
-                                                              std::int64_t, std::int64_t);
+                                                              std::int64_t, std::int64_t, std::span<float>);
 template CrossEntropyResult cross_entropy_backward_cpu<float>(std::span<const float>, std::span<const float>,
                                                               std::span<const std::int32_t>, std::int64_t,
                                                               std::int64_t, std::span<float>, std::span<float>,

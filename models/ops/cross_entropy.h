@@ -61,10 +61,12 @@ struct CrossEntropyResult {
 // The number of tokens per chunk for `vocab` when `requested` (0 = automatic) is asked for.
 std::int64_t cross_entropy_chunk_tokens(std::int64_t vocab, std::int64_t requested);
 
+// `token_losses` (empty, or [tokens]): each token's loss, logsumexp - logit[target] (0 for ignored).
 template <typename Scalar>
 CrossEntropyResult cross_entropy_forward_cpu(std::span<const Scalar> hidden, std::span<const Scalar> weight,
                                              std::span<const std::int32_t> targets, std::int64_t dim,
-                                             std::int64_t vocab, std::int64_t chunk_tokens = 0);
+                                             std::int64_t vocab, std::int64_t chunk_tokens = 0,
+                                             std::span<float> token_losses = {});
 
 // Gradients of grad_scale * loss, recomputing each chunk's logits:
 //   dlogits = grad_scale * (softmax(logits) - onehot(target)) / count  (zero rows for ignored tokens),

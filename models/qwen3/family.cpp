@@ -8,6 +8,7 @@
 #include "models/model_config.h"
 #include "models/qwen3/decoder.h"
 #include "models/qwen3/decoder_cuda.h"
+#include "models/qwen3/megakernel_decoder.h"
 #include "models/qwen3/model.h"
 
 namespace models::qwen3 {
@@ -111,13 +112,16 @@ class CpuModel final : public TrainableModel {
   }
   void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) override {
     const auto n = static_cast<std::size_t>(batch * seq);
-    loss_ = static_cast<float>(model_.step({ids, n}, {targets, n}, batch, seq, false).loss);
+    token_losses_.resize(n);
+    loss_ = static_cast<float>(model_.step({ids, n}, {targets, n}, batch, seq, false, 1.0, token_losses_).loss);
   }
   const float* loss() const override { return &loss_; }
+  const float* token_losses() const override { return token_losses_.data(); }
 
  private:
   Qwen3Model model_;
   float loss_ = 0;
+  std::vector<float> token_losses_;
 };
 
 class Qwen3Spec final : public ModelSpec {
@@ -187,6 +191,17 @@ class Qwen3Spec final : public ModelSpec {
   }
   std::unique_ptr<Decoder> decoder(optim::Slab& slab, const core::DeviceContext& context,
                                    const DecoderOptions& options) const override {
+    if (options.kind == DecoderKind::megakernel) {
+      std::string reason = "the megakernel runs on cuda only";
+      if (context.is_cuda()) {
+        try {
+          return std::make_unique<MegakernelDecoder>(config_, slab, context, options);
+        } catch (const core::InputError& e) {
+          reason = e.what();  // this GPU or shape: the plain decoder takes it
+        }
+      }
+      if (options.fallback_reason != nullptr) *options.fallback_reason = reason;
+    }
     if (context.is_cuda()) return std::make_unique<Qwen3CudaDecoder>(config_, slab, context, options);
     return std::make_unique<Qwen3CpuDecoder>(config_, slab, context, options);
   }

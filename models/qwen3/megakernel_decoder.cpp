@@ -348,6 +348,12 @@ void MegakernelDecoder::step(std::int32_t token, const std::int32_t* device_toke
   m.launch(p, 1);
 }
 
+bool MegakernelDecoder::append_greedy(std::int64_t count, std::int32_t* ids_out) {
+  greedy(count, ids_out);
+  check();
+  return true;
+}
+
 void MegakernelDecoder::greedy(std::int64_t count, std::int32_t* ids_out) {
   Impl& m = *impl_;
   if (count <= 0) return;

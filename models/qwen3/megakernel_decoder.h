@@ -59,6 +59,9 @@ class MegakernelDecoder final : public Decoder {
   // of logits(), which a prefill, step or greedy call must have produced); the appended ids go
   // to device int32 ids_out[count] when given. logits() then holds the last token's logits.
   void greedy(std::int64_t count, std::int32_t* ids_out = nullptr);
+  // greedy(), then check() (so it waits for the launch).
+  bool append_greedy(std::int64_t count, std::int32_t* ids_out) override;
+  std::string kind() const override { return "megakernel"; }
   // Throws core::Error naming the wait that passed its deadline, if a launch aborted
   // (synchronises the stream). prefill() checks by itself; greedy() and step() do not wait.
   void check() const;

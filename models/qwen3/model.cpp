@@ -141,14 +141,17 @@ void Qwen3Model::forward(std::span<const std::int32_t> ids, std::int64_t batch, 
 }
 
 ops::CrossEntropyResult Qwen3Model::step(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets,
-                                         std::int64_t batch, std::int64_t seq, bool backward, double grad_scale) {
+                                         std::int64_t batch, std::int64_t seq, bool backward, double grad_scale,
+                                         std::span<float> token_losses) {
   const Qwen3Config& c = config_;
   const std::int64_t n = batch * seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), f = c.intermediate_size;
   if (static_cast<std::int64_t>(targets.size()) != n) throw core::Error("Qwen3Model: targets must hold batch * seq tokens");
   std::vector<LayerActivations> saved;
   Vec final_in, final_out, final_rstd;
   forward(ids, batch, seq, saved, final_in, final_out, final_rstd);
-  if (!backward) return ops::cross_entropy_forward_cpu<float>(in(final_out), weight(head_), targets, d, c.vocab_size);
+  if (!backward) {
+    return ops::cross_entropy_forward_cpu<float>(in(final_out), weight(head_), targets, d, c.vocab_size, 0, token_losses);
+  }
 
   Vec dfinal(final_out.size());
   const ops::CrossEntropyResult result = ops::cross_entropy_backward_cpu<float>(

@@ -27,9 +27,11 @@ class Qwen3Model {
   void initialize(std::uint64_t seed);
 
   // Mean cross-entropy of `targets` (ignore index -100) given `ids`, both [batch, seq]; with
-  // `backward`, adds the gradient of grad_scale * loss to the slab's gradients.
+  // `backward`, adds the gradient of grad_scale * loss to the slab's gradients. Without it,
+  // `token_losses` (empty or [batch * seq]) receives each token's loss.
   ops::CrossEntropyResult step(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets,
-                               std::int64_t batch, std::int64_t seq, bool backward, double grad_scale = 1.0);
+                               std::int64_t batch, std::int64_t seq, bool backward, double grad_scale = 1.0,
+                               std::span<float> token_losses = {});
 
   // Logits [batch * seq, vocab] for `ids`.
   void logits(std::span<const std::int32_t> ids, std::int64_t batch, std::int64_t seq, std::span<float> out);

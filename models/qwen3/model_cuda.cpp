@@ -352,6 +352,7 @@ void Qwen3Cuda::set_gradient_sink(optim::GradientSink* sink) {
 std::int64_t Qwen3Cuda::largest_gradient_range() const { return impl_->largest_group(); }
 
 const float* Qwen3Cuda::loss() const { return impl_->ends->loss_value(); }
+const float* Qwen3Cuda::token_losses() const { return impl_->ends->token_losses(); }
 const std::int32_t* Qwen3Cuda::invalid_id_flag() const { return impl_->ends->invalid_id_flag(); }
 
 }  // namespace models::qwen3
