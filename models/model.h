@@ -108,7 +108,7 @@ class TrainableModel {
 
 // Options of a decoder.
 struct DecoderOptions {
-  std::int64_t max_tokens = 0;  // prompt + new tokens: the state (KV cache) is sized for this
+  std::int64_t max_tokens = 0;          // prompt + new tokens: the state (KV cache) is sized for this
   const float* full_weights = nullptr;  // cpu, as TrainableOptions::full_weights
 };
 

@@ -115,7 +115,9 @@ int main(int argc, char** argv) {
   const int width = 900, height = 560, left = 80, right = 30, top = 40, bottom = 60;
   tools::RgbImage img(width, height);
   auto px = [&](double x) { return left + static_cast<int>((width - left - right) * x / x_max); };
-  auto py = [&](double y) { return height - bottom - static_cast<int>((height - top - bottom) * (y - y_min) / (y_max - y_min)); };
+  auto py = [&](double y) {
+    return height - bottom - static_cast<int>((height - top - bottom) * (y - y_min) / (y_max - y_min));
+  };
   for (int t = 0; t <= 5; ++t) {  // grid and tick labels
     const double yv = y_min + (y_max - y_min) * t / 5, xv = x_max * t / 5;
     line(img, left, py(yv), width - right, py(yv), {225, 225, 225});
@@ -127,11 +129,15 @@ int main(int argc, char** argv) {
   line(img, left, height - bottom, width - right, height - bottom, {60, 60, 60});
   for (std::size_t i = 1; i < train.size(); ++i) {
     if (!std::isfinite(train[i - 1].second) || !std::isfinite(train[i].second)) continue;
-    line(img, px(train[i - 1].first), py(train[i - 1].second), px(train[i].first), py(train[i].second), {31, 119, 180}, 2);
+    line(img, px(train[i - 1].first), py(train[i - 1].second), px(train[i].first), py(train[i].second), {31, 119, 180},
+         2);
   }
   for (std::size_t i = 0; i < val.size(); ++i) {
-    if (i > 0) line(img, px(val[i - 1].first), py(val[i - 1].second), px(val[i].first), py(val[i].second), {214, 39, 40}, 2);
-    for (int d = -3; d <= 3; ++d) line(img, px(val[i].first) - 3, py(val[i].second) + d, px(val[i].first) + 3, py(val[i].second) + d, {214, 39, 40});
+    if (i > 0)
+      line(img, px(val[i - 1].first), py(val[i - 1].second), px(val[i].first), py(val[i].second), {214, 39, 40}, 2);
+    for (int d = -3; d <= 3; ++d)
+      line(img, px(val[i].first) - 3, py(val[i].second) + d, px(val[i].first) + 3, py(val[i].second) + d,
+           {214, 39, 40});
   }
   line(img, width - 200, 20, width - 170, 20, {31, 119, 180}, 3);
   text(img, width - 160, 15, "train loss");

@@ -19,8 +19,14 @@ constexpr std::int64_t kMaxSequence = std::int64_t{1} << 24;
 
 ConfigField integer(const char* key, const char* hf_key, std::int64_t fallback, double min, double max,
                     const char* help) {
-  return {.key = key, .hf_key = hf_key, .type = FieldType::integer, .fallback = fallback, .hf_default = nullptr,
-          .min = min, .max = max, .help = help};
+  return {.key = key,
+          .hf_key = hf_key,
+          .type = FieldType::integer,
+          .fallback = fallback,
+          .hf_default = nullptr,
+          .min = min,
+          .max = max,
+          .help = help};
 }
 
 const std::vector<ConfigField>& table() {
@@ -29,17 +35,41 @@ const std::vector<ConfigField>& table() {
       integer("hidden_size", "hidden_size", 1024, 1, kMaxDim, "width D of the residual stream and the recurrence"),
       integer("num_layers", "num_hidden_layers", 8, 1, kMaxLayers, "E29a layers"),
       integer("n_slots", "n_slots", 8, 1, kernels::kMaxSlots, "tape slots N"),
-      {.key = "tie_word_embeddings", .hf_key = "tie_word_embeddings", .type = FieldType::boolean, .fallback = true,
-       .hf_default = true, .help = "lm_head shares the embedding"},
-      {.key = "tape_init", .hf_key = "tape_init", .type = FieldType::choice, .fallback = "learned",
-       .hf_default = "learned", .choices = {"learned", "zeros"},
+      {.key = "tie_word_embeddings",
+       .hf_key = "tie_word_embeddings",
+       .type = FieldType::boolean,
+       .fallback = true,
+       .hf_default = true,
+       .help = "lm_head shares the embedding"},
+      {.key = "tape_init",
+       .hf_key = "tape_init",
+       .type = FieldType::choice,
+       .fallback = "learned",
+       .hf_default = "learned",
+       .choices = {"learned", "zeros"},
        .help = "initial tape H_0: learned (random start) or zeros (upstream's start: every slot stays equal)"},
-      {.key = "tape_init_std", .type = FieldType::number, .fallback = 0.5, .min = 0.0, .max = 1e6, .shape = false,
+      {.key = "tape_init_std",
+       .type = FieldType::number,
+       .fallback = 0.5,
+       .min = 0.0,
+       .max = 1e6,
+       .shape = false,
        .help = "standard deviation of the learned tape's initial values"},
-      {.key = "rms_norm_eps", .hf_key = "rms_norm_eps", .type = FieldType::number, .fallback = 1e-6,
-       .hf_default = 1e-6, .min = 1e-30, .max = 1.0, .help = "RMSNorm epsilon"},
-      {.key = "checkpoint_interval", .type = FieldType::integer, .fallback = 0, .min = 0, .max = kMaxSequence,
-       .shape = false, .help = "cuda: tape checkpoint every K steps for the backward (0: about sqrt(seq_len))"},
+      {.key = "rms_norm_eps",
+       .hf_key = "rms_norm_eps",
+       .type = FieldType::number,
+       .fallback = 1e-6,
+       .hf_default = 1e-6,
+       .min = 1e-30,
+       .max = 1.0,
+       .help = "RMSNorm epsilon"},
+      {.key = "checkpoint_interval",
+       .type = FieldType::integer,
+       .fallback = 0,
+       .min = 0,
+       .max = kMaxSequence,
+       .shape = false,
+       .help = "cuda: tape checkpoint every K steps for the backward (0: about sqrt(seq_len))"},
   };
   return fields;
 }
@@ -144,7 +174,8 @@ class E29aFamily final : public Family {
   }
   std::optional<FieldError> check(const Shape& s) const override {
     const double params = static_cast<double>(config_from_shape(s).parameter_count());
-    if (params > 1e12) return FieldError{"hidden_size", "the shape has " + std::to_string(params) + " parameters, more than 1e12"};
+    if (params > 1e12)
+      return FieldError{"hidden_size", "the shape has " + std::to_string(params) + " parameters, more than 1e12"};
     return std::nullopt;
   }
   std::optional<FieldError> check_hf(const nlohmann::json& j) const override {
