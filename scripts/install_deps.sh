@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the build dependencies from the distribution (Debian 12 / Ubuntu 24.04) when they are
-# missing: cmake, ninja, g++, Open MPI, yaml-cpp, spdlog, nlohmann-json, CLI11, GoogleTest.
+# missing: cmake, ninja, g++, Open MPI, yaml-cpp, spdlog, nlohmann-json, CLI11, GoogleTest, and
+# clang-format 14 for the format check.
 # The CUDA toolkit (nvcc, cuBLASLt, NCCL) is expected under /usr/local/cuda or on the PATH.
 set -euo pipefail
 
@@ -15,6 +16,7 @@ have_header spdlog/spdlog.h || missing+=(libspdlog-dev)
 have_header nlohmann/json.hpp || missing+=(nlohmann-json3-dev)
 have_header CLI/CLI.hpp || missing+=(libcli11-dev)
 have_header gtest/gtest.h || missing+=(libgtest-dev)
+command -v clang-format-14 >/dev/null || missing+=(clang-format-14)
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install_deps: installing ${missing[*]}"
