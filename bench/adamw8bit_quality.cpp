@@ -31,9 +31,9 @@
 
 namespace {
 
-constexpr int kContext = 8;                  // previous bytes seen
-constexpr int kEmbed = 32;                   // embedding width per byte
-constexpr int kInput = kContext * kEmbed;    // 256
+constexpr int kContext = 8;                // previous bytes seen
+constexpr int kEmbed = 32;                 // embedding width per byte
+constexpr int kInput = kContext * kEmbed;  // 256
 constexpr int kHidden = 512;
 constexpr int kVocab = 256;
 
@@ -64,11 +64,16 @@ std::vector<optim::ParamSpec> model_params() {
 class MlpLm {
  public:
   explicit MlpLm(optim::Slab& slab)
-      : emb_(slab.master_view(0).as<float>()), w1_(slab.master_view(1).as<float>()),
-        b1_(slab.master_view(2).as<float>()), w2_(slab.master_view(3).as<float>()),
-        b2_(slab.master_view(4).as<float>()), d_emb_(slab.grad_view(0).as<float>()),
-        d_w1_(slab.grad_view(1).as<float>()), d_b1_(slab.grad_view(2).as<float>()),
-        d_w2_(slab.grad_view(3).as<float>()), d_b2_(slab.grad_view(4).as<float>()) {}
+      : emb_(slab.master_view(0).as<float>()),
+        w1_(slab.master_view(1).as<float>()),
+        b1_(slab.master_view(2).as<float>()),
+        w2_(slab.master_view(3).as<float>()),
+        b2_(slab.master_view(4).as<float>()),
+        d_emb_(slab.grad_view(0).as<float>()),
+        d_w1_(slab.grad_view(1).as<float>()),
+        d_b1_(slab.grad_view(2).as<float>()),
+        d_w2_(slab.grad_view(3).as<float>()),
+        d_b2_(slab.grad_view(4).as<float>()) {}
 
   void init(std::uint64_t seed) {
     std::mt19937_64 rng(seed);
@@ -260,14 +265,16 @@ TrainResult train(const Corpus& corpus, const optim::OptimizerConfig& config, co
   }
   // Held-out loss over every `eval_stride`-th position of the held-out text, in fixed chunks.
   std::vector<std::int64_t> held_out;
-  for (std::int64_t p = corpus.train_end + kContext; p < static_cast<std::int64_t>(corpus.bytes.size()); p += o.eval_stride) {
+  for (std::int64_t p = corpus.train_end + kContext; p < static_cast<std::int64_t>(corpus.bytes.size());
+       p += o.eval_stride) {
     held_out.push_back(p);
   }
   double total = 0;
   const std::size_t chunk = 4096;
   for (std::size_t b = 0; b < held_out.size(); b += chunk) {
-    const std::vector<std::int64_t> part(held_out.begin() + static_cast<std::ptrdiff_t>(b),
-                                         held_out.begin() + static_cast<std::ptrdiff_t>(std::min(held_out.size(), b + chunk)));
+    const std::vector<std::int64_t> part(
+        held_out.begin() + static_cast<std::ptrdiff_t>(b),
+        held_out.begin() + static_cast<std::ptrdiff_t>(std::min(held_out.size(), b + chunk)));
     total += model.run(text, part, /*backward=*/false) * static_cast<double>(part.size());
   }
   TrainResult r;
@@ -311,7 +318,8 @@ int main(int argc, char** argv) {
 
   try {
     if (o.steps < 1 || o.batch < 1 || o.warmup < 1 || o.eval_stride < 1 || !(held_out > 0 && held_out < 0.5)) {
-      throw core::InputError("adamw8bit_quality: steps, batch, warmup and eval-stride must be >= 1, held-out in (0, 0.5)");
+      throw core::InputError(
+          "adamw8bit_quality: steps, batch, warmup and eval-stride must be >= 1, held-out in (0, 0.5)");
     }
     const Corpus corpus = load_corpus(data, held_out);
     std::fprintf(stderr, "corpus %zu bytes (%lld train), %d steps x %d positions, %d threads\n", corpus.bytes.size(),

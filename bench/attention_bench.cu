@@ -124,9 +124,8 @@ int main(int argc, char** argv) {
       ops::attention_forward_cuda(shape, q, k, v, out.as<std::uint16_t>(), lse.as<float>(), stream, variant);
     };
     auto backward = [&](int variant) {
-      ops::attention_backward_cuda(shape, q, k, v, out.as<std::uint16_t>(), lse.as<float>(),
-                                   dout.as<std::uint16_t>(), dq, dk, dv, workspace.data(), workspace.bytes(), stream,
-                                   variant);
+      ops::attention_backward_cuda(shape, q, k, v, out.as<std::uint16_t>(), lse.as<float>(), dout.as<std::uint16_t>(),
+                                   dq, dk, dv, workspace.data(), workspace.bytes(), stream, variant);
     };
 
     const double forward_flop = 4.0 * static_cast<double>(shape.batch * shape.q_heads) *
@@ -140,7 +139,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < ops::attention_cuda_variant_count(hd, false); ++i) {
       if (!selected(i)) continue;
       const double ms = time_ms(stream, warmup, reps, [&] { forward(i); });
-      forward_sweep.push_back({{"variant", ops::attention_cuda_variant_name(hd, false, i)}, {"ms", ms},
+      forward_sweep.push_back({{"variant", ops::attention_cuda_variant_name(hd, false, i)},
+                               {"ms", ms},
                                {"tflops", tflops(forward_flop, ms)}});
       std::fprintf(stderr, "forward  hd%lld %-45s %8.4f ms %7.1f TFLOP/s\n", static_cast<long long>(hd),
                    ops::attention_cuda_variant_name(hd, false, i), ms, tflops(forward_flop, ms));
@@ -150,7 +150,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < ops::attention_cuda_variant_count(hd, true); ++i) {
       if (!selected(i)) continue;
       const double ms = time_ms(stream, warmup, reps, [&] { backward(i); });
-      backward_sweep.push_back({{"variant", ops::attention_cuda_variant_name(hd, true, i)}, {"ms", ms},
+      backward_sweep.push_back({{"variant", ops::attention_cuda_variant_name(hd, true, i)},
+                                {"ms", ms},
                                 {"tflops", tflops(backward_flop, ms)}});
       std::fprintf(stderr, "backward hd%lld %-45s %8.4f ms %7.1f TFLOP/s\n", static_cast<long long>(hd),
                    ops::attention_cuda_variant_name(hd, true, i), ms, tflops(backward_flop, ms));

@@ -113,7 +113,8 @@ int main(int argc, char** argv) {
       const auto config = models::qwen3::config_from_shape(shape);
       const auto measure = [&](models::qwen3::CudaDecoderSettings settings, bool long_too) {
         models::qwen3::Qwen3CudaDecoder decoder(config, slab, ctx, {.max_tokens = capacity}, settings);
-        nlohmann::json row = {{"cuda_graph", settings.cuda_graph}, {"attention_splits", settings.attention_splits},
+        nlohmann::json row = {{"cuda_graph", settings.cuda_graph},
+                              {"attention_splits", settings.attention_splits},
                               {"matvec_blocks", settings.matvec_blocks},
                               {"step_ms_ctx" + std::to_string(short_context), step_ms(decoder, short_context)}};
         if (long_too) row["step_ms_ctx" + std::to_string(long_context)] = step_ms(decoder, long_context);

@@ -130,8 +130,7 @@ int main(int argc, char** argv) {
       const std::string shape = std::to_string(p.in) + "x" + std::to_string(p.out);
       const std::vector<std::pair<std::string, std::function<void()>>> passes = {
           {"forward", [&] { plan.forward(x.as<bf16>(), w.as<bf16>(), tokens, p.in, p.out, y.as<bf16>(), ws); }},
-          {"dgrad",
-           [&] { plan.backward_input(dy.as<bf16>(), w.as<bf16>(), tokens, p.in, p.out, dx.as<bf16>(), ws); }},
+          {"dgrad", [&] { plan.backward_input(dy.as<bf16>(), w.as<bf16>(), tokens, p.in, p.out, dx.as<bf16>(), ws); }},
           {"wgrad",
            [&] { plan.backward_weight(dy.as<bf16>(), x.as<bf16>(), tokens, p.in, p.out, dw.as<float>(), ws); }},
       };
@@ -177,21 +176,26 @@ int main(int argc, char** argv) {
       };
       context.synchronize();
       const int ce_samples = std::max(5, samples / 3);
-      const double ms = time_ms(context, [&] { backward(0); }, 3, ce_samples, 1);
+      const double ms = time_ms(
+          context, [&] { backward(0); }, 3, ce_samples, 1);
       const double flop = 6.0 * static_cast<double>(tokens) * static_cast<double>(vocab) * static_cast<double>(hidden);
       // Other chunk sizes, and the three products of one default chunk timed alone (the row
       // kernel is the rest of the chunk's share of the total).
       nlohmann::json sweep = nlohmann::json::object();
-      for (const std::int64_t c : ce_chunks) sweep[std::to_string(c)] = time_ms(context, [&] { backward(c); }, 2, ce_samples, 1);
-      const ops::DeviceWorkspace gemm_ws{static_cast<char*>(ce_workspace.data()) + (workspace_bytes - ops::linear_workspace_bytes()),
-                                         ops::linear_workspace_bytes()};
+      for (const std::int64_t c : ce_chunks)
+        sweep[std::to_string(c)] = time_ms(
+            context, [&] { backward(c); }, 2, ce_samples, 1);
+      const ops::DeviceWorkspace gemm_ws{
+          static_cast<char*>(ce_workspace.data()) + (workspace_bytes - ops::linear_workspace_bytes()),
+          ops::linear_workspace_bytes()};
       auto* logits = ce_workspace.as<bf16>();
       ops::LinearPlan ce_gemms(context);
       const double logits_ms = time_ms(
-          context, [&] { ce_gemms.forward(h.as<bf16>(), head.as<bf16>(), chunk, hidden, vocab, logits, gemm_ws); }, warmup,
-          samples, 1);
+          context, [&] { ce_gemms.forward(h.as<bf16>(), head.as<bf16>(), chunk, hidden, vocab, logits, gemm_ws); },
+          warmup, samples, 1);
       const double dhidden_ms = time_ms(
-          context, [&] { ce_gemms.backward_input(logits, head.as<bf16>(), chunk, hidden, vocab, dh.as<bf16>(), gemm_ws); },
+          context,
+          [&] { ce_gemms.backward_input(logits, head.as<bf16>(), chunk, hidden, vocab, dh.as<bf16>(), gemm_ws); },
           warmup, samples, 1);
       const double dweight_ms = time_ms(
           context,
@@ -221,10 +225,13 @@ int main(int argc, char** argv) {
       // windows of `rows` vocabulary rows, each window's two products timed alone too.
       core::Buffer lse(context.device(), n(tokens) * sizeof(float));
       const ops::DeviceWorkspace ce_ws{ce_workspace.data(), ce_workspace.bytes()};
-      const double pass1_ms = time_ms(context, [&] {
-        ce.backward_hidden(h.as<bf16>(), head.as<bf16>(), targets.as<std::int32_t>(), tokens, hidden, vocab,
-                           dh.as<bf16>(), 1.0f, outputs, lse.as<float>(), ce_ws);
-      }, 3, ce_samples, 1);
+      const double pass1_ms = time_ms(
+          context,
+          [&] {
+            ce.backward_hidden(h.as<bf16>(), head.as<bf16>(), targets.as<std::int32_t>(), tokens, hidden, vocab,
+                               dh.as<bf16>(), 1.0f, outputs, lse.as<float>(), ce_ws);
+          },
+          3, ce_samples, 1);
       nlohmann::json split = nlohmann::json::array();
       for (const std::int64_t rows : split_rows) {
         const auto pass2 = [&] {
@@ -240,11 +247,16 @@ int main(int argc, char** argv) {
             context, [&] { ce_gemms.forward(h.as<bf16>(), head.as<bf16>(), tokens, hidden, rows, logits, gemm_ws); },
             warmup, samples, 1);
         const double window_dweight_ms = time_ms(
-            context, [&] { ce_gemms.backward_weight(logits, h.as<bf16>(), tokens, hidden, rows, dhead.as<float>(), gemm_ws); },
+            context,
+            [&] { ce_gemms.backward_weight(logits, h.as<bf16>(), tokens, hidden, rows, dhead.as<float>(), gemm_ws); },
             warmup, samples, 1);
-        split.push_back({{"window_rows", rows}, {"pass1_ms", pass1_ms}, {"pass2_ms", pass2_ms},
-                         {"window_logits_gemm_ms", window_logits_ms}, {"window_dweight_gemm_ms", window_dweight_ms}});
-        std::fprintf(stderr, "vocabulary split, %6lld rows: pass 1 %.3f ms, pass 2 %.3f ms (window: logits %.3f, dW %.3f)\n",
+        split.push_back({{"window_rows", rows},
+                         {"pass1_ms", pass1_ms},
+                         {"pass2_ms", pass2_ms},
+                         {"window_logits_gemm_ms", window_logits_ms},
+                         {"window_dweight_gemm_ms", window_dweight_ms}});
+        std::fprintf(stderr,
+                     "vocabulary split, %6lld rows: pass 1 %.3f ms, pass 2 %.3f ms (window: logits %.3f, dW %.3f)\n",
                      static_cast<long long>(rows), pass1_ms, pass2_ms, window_logits_ms, window_dweight_ms);
       }
       results.back()["vocabulary_split"] = split;

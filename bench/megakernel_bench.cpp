@@ -169,7 +169,8 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, ctx.device().index));
     const double bandwidth = copy_bandwidth(ctx);
-    std::fprintf(stderr, "%s, %d SMs, copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount, bandwidth / 1e9);
+    std::fprintf(stderr, "%s, %d SMs, copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount,
+                 bandwidth / 1e9);
     nlohmann::ordered_json report;
     report["bench"] = "megakernel";
     report["device"] = prop.name;
@@ -205,7 +206,8 @@ int main(int argc, char** argv) {
           times.push_back(result.decode_seconds);
         }
         preset_json["plain_tokens_per_s"] = static_cast<double>(new_tokens) / median(times);
-        std::fprintf(stderr, "%s plain decoder: %.0f tokens/s\n", preset.c_str(), static_cast<double>(new_tokens) / median(times));
+        std::fprintf(stderr, "%s plain decoder: %.0f tokens/s\n", preset.c_str(),
+                     static_cast<double>(new_tokens) / median(times));
       }
 
       nlohmann::ordered_json rows = nlohmann::json::array();
@@ -272,9 +274,9 @@ int main(int argc, char** argv) {
             c["tokens_per_s"] = static_cast<double>(context_tokens) / median(times);
             c["floor_tokens_per_s"] = static_cast<double>(context_tokens) / f;
             c["pct_of_floor"] = 100.0 * f / median(times);
-            std::fprintf(stderr, "    context %6lld: %7.0f tok/s (%5.1f%% of floor %6.0f)\n", static_cast<long long>(context),
-                         static_cast<double>(context_tokens) / median(times), 100.0 * f / median(times),
-                         static_cast<double>(context_tokens) / f);
+            std::fprintf(stderr, "    context %6lld: %7.0f tok/s (%5.1f%% of floor %6.0f)\n",
+                         static_cast<long long>(context), static_cast<double>(context_tokens) / median(times),
+                         100.0 * f / median(times), static_cast<double>(context_tokens) / f);
             context_rows.push_back(c);
           }
           row["contexts"] = context_rows;

@@ -154,7 +154,8 @@ int main(int argc, char** argv) {
         CUDA_CHECK(cudaEventSynchronize(marks.back()));
         for (int p = 0; p < phases; ++p) {
           float e = 0;
-          CUDA_CHECK(cudaEventElapsedTime(&e, marks[static_cast<std::size_t>(p)], marks[static_cast<std::size_t>(p) + 1]));
+          CUDA_CHECK(
+              cudaEventElapsedTime(&e, marks[static_cast<std::size_t>(p)], marks[static_cast<std::size_t>(p) + 1]));
           phase_ms[static_cast<std::size_t>(p)].push_back(e);
         }
       }
@@ -164,8 +165,8 @@ int main(int argc, char** argv) {
       const auto report = optimizer->report();
       if (report.step != warmup + 2 * reps) throw core::Error("benchmark steps were skipped");
       const double med = median(ms);
-      sweep.push_back({{"chunk_elements", chunk}, {"ms", med}, {"gbps", bytes / (med * 1e-3) / 1e9},
-                       {"phase_ms", phase_medians}});
+      sweep.push_back(
+          {{"chunk_elements", chunk}, {"ms", med}, {"gbps", bytes / (med * 1e-3) / 1e9}, {"phase_ms", phase_medians}});
       if (med < best_ms) {
         best_ms = med;
         best_chunk = chunk;

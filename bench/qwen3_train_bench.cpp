@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
     std::mt19937 rng(2);
     std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(spec->vocab_size() - 1));
     for (auto& x : ids) x = token(rng);
-    for (std::size_t i = 0; i < ids.size(); ++i) targets[i] = (i + 1) % static_cast<std::size_t>(seq) ? ids[i + 1] : -100;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      targets[i] = (i + 1) % static_cast<std::size_t>(seq) ? ids[i + 1] : -100;
     core::Buffer ids_d(ctx.device(), ids.size() * 4), targets_d(ctx.device(), targets.size() * 4);
     core::copy_bytes(ids_d.data(), ids.data(), ids_d.bytes(), ctx.stream());
     core::copy_bytes(targets_d.data(), targets.data(), targets_d.bytes(), ctx.stream());

@@ -33,7 +33,7 @@ enum class ReduceOp { sum, avg, max };
 struct Placement {
   int rank = 0;
   int world = 1;
-  int local_rank = 0;   // rank among the processes of this node (MPI_Comm_split_type shared)
+  int local_rank = 0;  // rank among the processes of this node (MPI_Comm_split_type shared)
   int local_world = 1;
 };
 
@@ -53,8 +53,8 @@ class Environment {
 // A collective's clock starts when it is issued (enqueued, on cuda), so the timeout also covers
 // the compute queued before it. 0 or less: never times out.
 struct CommOptions {
-  double timeout_s = 300;            // parallel.timeout_s
-  double first_step_timeout_s = 1200; // until mark_first_step_done()
+  double timeout_s = 300;              // parallel.timeout_s
+  double first_step_timeout_s = 1200;  // until mark_first_step_done()
 };
 
 class Communicator {

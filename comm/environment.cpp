@@ -35,8 +35,10 @@ Environment::Environment(int* argc, char*** argv) {
       MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
       we_initialized = true;
       if (provided < MPI_THREAD_MULTIPLE) {
-        spdlog::warn("MPI provides thread level {} below MPI_THREAD_MULTIPLE ({}): the watchdog's MPI_Abort "
-                     "from its own thread is not guaranteed to work", provided, MPI_THREAD_MULTIPLE);
+        spdlog::warn(
+            "MPI provides thread level {} below MPI_THREAD_MULTIPLE ({}): the watchdog's MPI_Abort "
+            "from its own thread is not guaranteed to work",
+            provided, MPI_THREAD_MULTIPLE);
       }
     }
     ++environments;

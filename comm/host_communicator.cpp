@@ -23,8 +23,8 @@ void check_root(int root, int world, const char* operation, const char* what) {
 }
 
 void check_op(core::DType dtype, ReduceOp op, const char* operation, const char* what) {
-  const bool floating = dtype == core::DType::f32 || dtype == core::DType::f64 || dtype == core::DType::bf16 ||
-                        dtype == core::DType::f16;
+  const bool floating =
+      dtype == core::DType::f32 || dtype == core::DType::f64 || dtype == core::DType::bf16 || dtype == core::DType::f16;
   if (op == ReduceOp::avg && !floating) {
     throw core::Error("comm: " + describe(operation, what) + ": avg needs a floating-point type, got " +
                       std::string(core::dtype_name(dtype)));

@@ -55,7 +55,8 @@ void MpiCommunicator::reduce_scatter(void* data, core::DType dtype, std::size_t 
     mpi_.reduce_scatter(data, dtype, count_per_rank, detail::mpi_op(op));
   }
   if (op == ReduceOp::avg) {
-    auto* mine = static_cast<std::byte*>(data) + static_cast<std::size_t>(rank()) * count_per_rank * core::dtype_size(dtype);
+    auto* mine =
+        static_cast<std::byte*>(data) + static_cast<std::size_t>(rank()) * count_per_rank * core::dtype_size(dtype);
     finish_average(mine, dtype, count_per_rank, world());
   }
 }
@@ -72,7 +73,8 @@ void MpiCommunicator::reduce_into(const void* send, void* recv, core::DType dtyp
   detail::check_root(root, world(), "reduce", what);
   const bool lands_here = rank() == root;
   if (count == 0) return;
-  if (lands_here && recv == nullptr) throw core::Error("comm: " + detail::describe("reduce", what) + ": recv is null on the root");
+  if (lands_here && recv == nullptr)
+    throw core::Error("comm: " + detail::describe("reduce", what) + ": recv is null on the root");
   const std::size_t bytes = count * core::dtype_size(dtype);
   // The root reduces in place in `recv`, so its own contribution goes there first.
   if (lands_here && send != recv) std::memmove(recv, send, bytes);

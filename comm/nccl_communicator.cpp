@@ -187,7 +187,8 @@ void NcclCommunicator::all_reduce(void* data, core::DType dtype, std::size_t cou
   if (world() == 1 || count == 0) return;
   wait_for_compute();
   {
-    auto watch = watchdog_.watch_host("all_reduce", what, count * core::dtype_size(dtype));  // enqueueing may block (first connection to a peer)
+    auto watch = watchdog_.watch_host(
+        "all_reduce", what, count * core::dtype_size(dtype));  // enqueueing may block (first connection to a peer)
     NcclSection section(*this);
     NCCL_CHECK(ncclAllReduce(data, data, count, type, nccl_op(op), comm_, stream_));
   }
@@ -198,7 +199,8 @@ void NcclCommunicator::reduce_scatter(void* data, core::DType dtype, std::size_t
                                       const char* what) {
   const ncclDataType_t type = checked_type(dtype, op, "reduce_scatter", what);
   if (world() == 1 || count_per_rank == 0) return;
-  auto* mine = static_cast<std::byte*>(data) + static_cast<std::size_t>(rank()) * count_per_rank * core::dtype_size(dtype);
+  auto* mine =
+      static_cast<std::byte*>(data) + static_cast<std::size_t>(rank()) * count_per_rank * core::dtype_size(dtype);
   wait_for_compute();
   {
     auto watch = watchdog_.watch_host("reduce_scatter", what, count_per_rank * world() * core::dtype_size(dtype));
@@ -227,7 +229,8 @@ void NcclCommunicator::reduce_into(const void* send, void* recv, core::DType dty
   detail::check_root(root, world(), "reduce", what);
   const bool lands_here = rank() == root;
   if (count == 0) return;
-  if (lands_here && recv == nullptr) throw core::Error("comm: " + detail::describe("reduce", what) + ": recv is null on the root");
+  if (lands_here && recv == nullptr)
+    throw core::Error("comm: " + detail::describe("reduce", what) + ": recv is null on the root");
   if (world() == 1) {
     if (send != recv) {
       CUDA_CHECK(cudaMemcpyAsync(recv, send, count * core::dtype_size(dtype), cudaMemcpyDeviceToDevice, compute_));

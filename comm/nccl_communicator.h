@@ -45,6 +45,7 @@ class NcclCommunicator final : public detail::HostCommunicator {
   class NcclSection {
    public:
     explicit NcclSection(NcclCommunicator& owner);
+
    private:
     std::lock_guard<std::timed_mutex> lock_;
   };

@@ -48,7 +48,8 @@ std::string process_state(std::int64_t pid) {
   const char* close = std::strrchr(buffer, ')');  // the state follows the parenthesised name
   if (n == 0 || close == nullptr || close[1] != ' ') return {};
   switch (close[2]) {
-    case 'T': case 't': return ", process stopped";
+    case 'T':
+    case 't': return ", process stopped";
     case 'Z': return ", process exited (zombie)";
     case 'D': return ", process in uninterruptible sleep";
     default: return {};

@@ -18,7 +18,8 @@ class SingleRankCommunicator final : public Communicator {
   void all_gather(void*, core::DType, std::size_t, const char*) override {}
   // With one rank the reduction is a copy, which this communicator cannot make: it does not know
   // whether the buffers are host or device memory. Only the in-place form is a no-op.
-  void reduce_into(const void* send, void* recv, core::DType, std::size_t count, ReduceOp, int, const char* what) override {
+  void reduce_into(const void* send, void* recv, core::DType, std::size_t count, ReduceOp, int,
+                   const char* what) override {
     if (send != recv && count > 0) {
       throw core::Error(std::string("comm: out-of-place reduce '") + (what ? what : "") +
                         "' needs a communicator of the job's device (single-rank communicator)");

@@ -203,7 +203,8 @@ void Watchdog::run() {
 
 void Watchdog::abort_job(const std::string& failure) {
   const std::string diagnosis = progress_ ? progress_->diagnose() : std::string();
-  const std::string message = diagnosis.empty() ? failure : failure + "\n  rank " + std::to_string(rank_) + ": " + diagnosis;
+  const std::string message =
+      diagnosis.empty() ? failure : failure + "\n  rank " + std::to_string(rank_) + ": " + diagnosis;
   spdlog::critical("{}", message);
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);

@@ -113,7 +113,7 @@ class Watchdog {
   std::function<std::string()> health_check_;
 
   std::unique_ptr<ProgressRecord> progress_;  // used by the calling thread; read by abort_job
-  std::thread thread_;  // last: starts after everything above exists
+  std::thread thread_;                        // last: starts after everything above exists
 };
 
 }  // namespace comm

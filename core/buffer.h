@@ -27,8 +27,14 @@ class Buffer {
 
   void* data() { return data_; }
   const void* data() const { return data_; }
-  template <typename T> T* as() { return static_cast<T*>(data_); }
-  template <typename T> const T* as() const { return static_cast<const T*>(data_); }
+  template <typename T>
+  T* as() {
+    return static_cast<T*>(data_);
+  }
+  template <typename T>
+  const T* as() const {
+    return static_cast<const T*>(data_);
+  }
   std::size_t bytes() const { return bytes_; }
   const Device& device() const { return device_; }
   MemoryKind kind() const { return kind_; }

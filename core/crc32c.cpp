@@ -13,7 +13,7 @@ namespace {
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(std::uint32_t state, const unsigned char* p,
-                                                               std::size_t n) {
+                                                             std::size_t n) {
   std::uint64_t c = state;
   for (; n >= 8; p += 8, n -= 8) {
     std::uint64_t word;

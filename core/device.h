@@ -39,8 +39,8 @@ class DeviceContext {
 
   const Device& device() const { return device_; }
   bool is_cuda() const { return device_.is_cuda(); }
-  cudaStream_t stream() const { return stream_; }           // nullptr on cpu
-  cublasLtHandle_t cublaslt() const { return cublaslt_; }   // nullptr on cpu
+  cudaStream_t stream() const { return stream_; }          // nullptr on cpu
+  cublasLtHandle_t cublaslt() const { return cublaslt_; }  // nullptr on cpu
   int multiprocessor_count() const { return multiprocessors_; }
   std::string device_name() const { return name_; }
 

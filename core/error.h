@@ -27,8 +27,8 @@ class InputError : public Error {
 
 inline void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
   if (status != cudaSuccess) {
-    throw_call_error("CUDA", call, std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status),
-                     file, line);
+    throw_call_error("CUDA", call, std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status), file,
+                     line);
   }
 }
 

@@ -7,20 +7,18 @@ namespace core {
 
 std::uint16_t float_to_bf16(float x) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
-  if (std::isnan(x)) return 0x7FFFu;  // the canonical NaN the GPU conversion produces
-  const std::uint32_t rounding = 0x7FFFu + ((u >> 16) & 1u);                  // ties to even
+  if (std::isnan(x)) return 0x7FFFu;                          // the canonical NaN the GPU conversion produces
+  const std::uint32_t rounding = 0x7FFFu + ((u >> 16) & 1u);  // ties to even
   return static_cast<std::uint16_t>((u + rounding) >> 16);
 }
 
-float bf16_to_float(std::uint16_t bits) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
-}
+float bf16_to_float(std::uint16_t bits) { return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16); }
 
 std::uint16_t float_to_fp16(float x) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
   const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t abs = u & 0x7FFFFFFFu;
-  if (abs > 0x7F800000u) return 0x7FFFu;  // canonical NaN, as on the GPU
+  if (abs > 0x7F800000u) return 0x7FFFu;          // canonical NaN, as on the GPU
   if (abs >= 0x477FF000u) return sign | 0x7C00u;  // rounds to >= 65520: infinity
   if (abs < 0x38800000u) {
     // Result is subnormal (or zero): value / 2^-24 rounded to nearest even integer.

@@ -28,7 +28,8 @@ struct TensorView {
   int rank() const { return static_cast<int>(shape.size()); }
 
   // The data as T*, after checking that T matches the view's dtype (16-bit floats: std::uint16_t).
-  template <typename T> T* as() const {
+  template <typename T>
+  T* as() const {
     check_element_size(sizeof(T));
     return static_cast<T*>(data);
   }

@@ -26,7 +26,9 @@ GenerationResult generate(Decoder& decoder, const core::DeviceContext& context, 
                            std::to_string(decoder.capacity()));
   }
   using Clock = std::chrono::steady_clock;
-  const auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  const auto seconds = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
   GenerationResult result;
   ops::TokenSampler sampler(context, vocab);
   const auto count = static_cast<std::size_t>(options.max_new_tokens);

@@ -16,8 +16,8 @@ namespace models {
 
 struct GenerationOptions {
   std::int64_t max_new_tokens = 64;
-  ops::SamplingParams sampling;     // greedy by default
-  std::uint64_t seed = 0;           // draw of new token t: ops::sampling_uniform(seed, t)
+  ops::SamplingParams sampling;        // greedy by default
+  std::uint64_t seed = 0;              // draw of new token t: ops::sampling_uniform(seed, t)
   std::vector<std::int32_t> stop_ids;  // generation ends after emitting one of these (kept in the output)
 };
 

@@ -28,10 +28,12 @@ std::map<std::string, std::string> weight_files(const fs::path& folder) {
       throw core::InputError(index.string() + ": weight_map: missing or not a mapping");
     }
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it.value().is_string()) throw core::InputError(index.string() + ": weight_map." + it.key() + ": expected a file name");
+      if (!it.value().is_string())
+        throw core::InputError(index.string() + ": weight_map." + it.key() + ": expected a file name");
       const fs::path file = it.value().get<std::string>();
       if (file.has_parent_path() || file.is_absolute()) {
-        throw core::InputError(index.string() + ": weight_map." + it.key() + ": expected a file name in the folder, got '" + file.string() + "'");
+        throw core::InputError(index.string() + ": weight_map." + it.key() +
+                               ": expected a file name in the folder, got '" + file.string() + "'");
       }
       files[it.key()] = (folder / file).string();
     }
@@ -50,7 +52,8 @@ std::map<std::string, std::string> weight_files(const fs::path& folder) {
 HfConfig read_hf_config(const fs::path& folder, const Shape& base) {
   const fs::path path = folder / "config.json";
   std::error_code ec;
-  if (!fs::exists(path, ec)) throw core::InputError(path.string() + ": missing (a Hugging Face folder needs its config.json)");
+  if (!fs::exists(path, ec))
+    throw core::InputError(path.string() + ": missing (a Hugging Face folder needs its config.json)");
   HfConfig out;
   out.config = read_json_file(path);
   out.family = &family_of_hf_config(out.config, path.string());
@@ -68,7 +71,8 @@ void load_hf_weights(const fs::path& folder, const ModelSpec& spec, optim::Slab&
   std::set<std::string> expected;
   for (const HfTensor& t : tensors) expected.insert(t.name);
   for (const auto& [name, file] : files) {
-    if (!expected.count(name)) throw core::InputError(file + ": unexpected tensor '" + name + "' for this " + spec.family() + " configuration");
+    if (!expected.count(name))
+      throw core::InputError(file + ": unexpected tensor '" + name + "' for this " + spec.family() + " configuration");
   }
   std::map<std::string, std::unique_ptr<SafetensorsFile>> open;
   const auto& layout = slab.layout();
@@ -98,8 +102,9 @@ void load_hf_weights(const fs::path& folder, const ModelSpec& spec, optim::Slab&
       }
       for (std::size_t i = 0; i < values.size(); ++i) {
         if (values[i] != dst[i]) {
-          throw core::InputError(it->second + ": tensor '" + t.name + "' differs from the tensor it is tied to (element " +
-                                 std::to_string(i) + ": " + std::to_string(values[i]) + " vs " + std::to_string(dst[i]) +
+          throw core::InputError(it->second + ": tensor '" + t.name +
+                                 "' differs from the tensor it is tied to (element " + std::to_string(i) + ": " +
+                                 std::to_string(values[i]) + " vs " + std::to_string(dst[i]) +
                                  "); the config sets tie_word_embeddings");
         }
       }
@@ -107,8 +112,9 @@ void load_hf_weights(const fs::path& folder, const ModelSpec& spec, optim::Slab&
   }
 }
 
-void write_hf_folder(const fs::path& folder, const ModelSpec& spec, const optim::SlabLayout& layout, const float* master,
-                     ExportDtype dtype, const nlohmann::json& carried, const fs::path& tokenizer_file) {
+void write_hf_folder(const fs::path& folder, const ModelSpec& spec, const optim::SlabLayout& layout,
+                     const float* master, ExportDtype dtype, const nlohmann::json& carried,
+                     const fs::path& tokenizer_file) {
   fs::create_directories(folder);
   std::vector<std::vector<std::uint16_t>> halves;  // keeps bf16 copies alive until written
   std::vector<SafetensorsTensor> tensors;
@@ -143,7 +149,8 @@ void write_hf_folder(const fs::path& folder, const ModelSpec& spec, const optim:
     if (config.contains(key) && !config[key].is_null()) generation[key] = config[key];
   }
   write(folder / "generation_config.json", generation.dump(2) + "\n");
-  if (!tokenizer_file.empty()) fs::copy_file(tokenizer_file, folder / "tokenizer.json", fs::copy_options::overwrite_existing);
+  if (!tokenizer_file.empty())
+    fs::copy_file(tokenizer_file, folder / "tokenizer.json", fs::copy_options::overwrite_existing);
 }
 
 }  // namespace models

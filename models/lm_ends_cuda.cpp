@@ -71,8 +71,8 @@ void LmEndsCuda::loss(const std::int32_t* targets, std::int64_t n, ops::DeviceWo
                          workspace);
 }
 
-void LmEndsCuda::backward_head(optim::GradientSink& sink, const std::int32_t* targets, std::int64_t n,
-                               float grad_scale, bf16* scratch, ops::DeviceWorkspace workspace) {
+void LmEndsCuda::backward_head(optim::GradientSink& sink, const std::int32_t* targets, std::int64_t n, float grad_scale,
+                               bf16* scratch, ops::DeviceWorkspace workspace) {
   const std::int64_t d = spec_.dim, vocab = spec_.vocab;
   head_grad_ = nullptr;
   if (sink.max_range_elements() > 0) {

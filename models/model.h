@@ -119,7 +119,7 @@ enum class DecoderKind { plain, megakernel };
 
 // Options of a decoder.
 struct DecoderOptions {
-  std::int64_t max_tokens = 0;  // prompt + new tokens: the state (KV cache) is sized for this
+  std::int64_t max_tokens = 0;          // prompt + new tokens: the state (KV cache) is sized for this
   const float* full_weights = nullptr;  // cpu, as TrainableOptions::full_weights
   DecoderKind kind = DecoderKind::plain;
   std::string* fallback_reason = nullptr;  // set when `kind` was asked for and not built

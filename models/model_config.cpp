@@ -11,7 +11,7 @@ namespace models {
 
 namespace {
 
-constexpr std::size_t kMaxJsonDepth = 64;        // config.json nests two or three levels
+constexpr std::size_t kMaxJsonDepth = 64;           // config.json nests two or three levels
 constexpr std::uintmax_t kMaxJsonBytes = 64 << 20;  // an index or config far beyond any real one
 
 std::string format_number(double value) {
@@ -49,7 +49,8 @@ void set_path(nlohmann::ordered_json& j, const std::string& path, const nlohmann
 std::string range_text(const ConfigField& f) {
   if (f.min > f.max) return "";
   if (f.type == FieldType::integer) {
-    return " in [" + std::to_string(static_cast<long long>(f.min)) + ", " + std::to_string(static_cast<long long>(f.max)) + "]";
+    return " in [" + std::to_string(static_cast<long long>(f.min)) + ", " +
+           std::to_string(static_cast<long long>(f.max)) + "]";
   }
   return " in [" + format_number(f.min) + ", " + format_number(f.max) + "]";
 }
@@ -74,19 +75,23 @@ std::string describe_value(const nlohmann::json& value) {
 std::optional<std::string> field_problem(const ConfigField& f, const nlohmann::json& v) {
   switch (f.type) {
     case FieldType::integer: {
-      const bool integral = v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
-                                                      std::floor(v.get<double>()) == v.get<double>() &&
-                                                      std::fabs(v.get<double>()) < 9.0e15);
+      const bool integral = v.is_number_integer() ||
+                            (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                             std::floor(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 9.0e15);
       if (!integral) return "expected an integer" + range_text(f) + ", got " + describe_value(v);
       const double x = v.is_number_unsigned() ? static_cast<double>(v.get<std::uint64_t>()) : v.get<double>();
-      if (f.min <= f.max && x < f.min) return "expected an integer >= " + std::to_string(static_cast<long long>(f.min)) + ", got " + v.dump();
-      if (f.min <= f.max && x > f.max) return "expected an integer <= " + std::to_string(static_cast<long long>(f.max)) + ", got " + v.dump();
+      if (f.min <= f.max && x < f.min)
+        return "expected an integer >= " + std::to_string(static_cast<long long>(f.min)) + ", got " + v.dump();
+      if (f.min <= f.max && x > f.max)
+        return "expected an integer <= " + std::to_string(static_cast<long long>(f.max)) + ", got " + v.dump();
       return std::nullopt;
     }
     case FieldType::number: {
-      if (!v.is_number() || !std::isfinite(v.get<double>())) return "expected a finite number" + range_text(f) + ", got " + describe_value(v);
+      if (!v.is_number() || !std::isfinite(v.get<double>()))
+        return "expected a finite number" + range_text(f) + ", got " + describe_value(v);
       const double x = v.get<double>();
-      if (f.min <= f.max && (x < f.min || x > f.max)) return "expected a number" + range_text(f) + ", got " + format_number(x);
+      if (f.min <= f.max && (x < f.min || x > f.max))
+        return "expected a number" + range_text(f) + ", got " + format_number(x);
       return std::nullopt;
     }
     case FieldType::boolean:
@@ -116,7 +121,8 @@ Shape base_shape(const Family& family, const std::string& preset) {
 void check_shape(const Family& family, const Shape& shape, const std::string& where) {
   for (const ConfigField& f : family.fields()) {
     if (!shape.contains(f.key)) throw core::InputError(where + ": model." + f.key + ": missing");
-    if (auto problem = field_problem(f, shape[f.key])) throw core::InputError(where + ": model." + f.key + ": " + *problem);
+    if (auto problem = field_problem(f, shape[f.key]))
+      throw core::InputError(where + ": model." + f.key + ": " + *problem);
   }
   if (auto error = family.check(shape)) throw core::InputError(where + ": model." + error->key + ": " + error->message);
 }
@@ -183,7 +189,8 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
   if (!std::filesystem::is_regular_file(path, ec)) throw core::InputError(path.string() + ": not a regular file");
   const std::uintmax_t size = std::filesystem::file_size(path, ec);
   if (ec || size > kMaxJsonBytes) {
-    throw core::InputError(path.string() + ": " + (ec ? "cannot read its size" : "larger than " + std::to_string(kMaxJsonBytes) + " bytes"));
+    throw core::InputError(path.string() + ": " +
+                           (ec ? "cannot read its size" : "larger than " + std::to_string(kMaxJsonBytes) + " bytes"));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw core::InputError(path.string() + ": cannot open");
@@ -228,8 +235,13 @@ int param_index(const std::vector<optim::ParamSpec>& params, const std::string& 
 }
 
 HfTensor tied_head_tensor(int embed_param, std::int64_t vocab, std::int64_t hidden) {
-  return {.name = "lm_head.weight", .param = embed_param, .row_offset = 0, .rows = vocab, .shape = {vocab, hidden},
-          .optional = true, .tied_copy = true};
+  return {.name = "lm_head.weight",
+          .param = embed_param,
+          .row_offset = 0,
+          .rows = vocab,
+          .shape = {vocab, hidden},
+          .optional = true,
+          .tied_copy = true};
 }
 
 }  // namespace models

@@ -45,7 +45,8 @@ const Family& family_of_hf_config(const nlohmann::json& config, const std::strin
   if (!config.is_object()) throw core::InputError(where + ": expected a JSON object");
   const auto it = config.find("architectures");
   if (it == config.end() || !it->is_array() || it->empty() || !(*it)[0].is_string()) {
-    throw core::InputError(where + ": architectures: expected a list naming the model class (e.g. [\"Qwen3ForCausalLM\"])");
+    throw core::InputError(where +
+                           ": architectures: expected a list naming the model class (e.g. [\"Qwen3ForCausalLM\"])");
   }
   const std::string architecture = (*it)[0].get<std::string>();
   const Family* found = family_for_hf_architecture(architecture);

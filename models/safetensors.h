@@ -14,7 +14,7 @@ namespace models {
 
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype;   // F64, F32, BF16, F16, I64, I32, ...
+  std::string dtype;  // F64, F32, BF16, F16, I64, I32, ...
   core::Shape shape;
   std::uint64_t begin = 0;  // byte offsets into the data section
   std::uint64_t end = 0;

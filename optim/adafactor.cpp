@@ -107,32 +107,32 @@ AdafactorStepParams Adafactor::step_params(double lr) const {
 
 AdafactorDeviceView Adafactor::device_view() {
   return AdafactorDeviceView{slab_.master().as<float>(),
-                        slab_.grad_origin(),
-                        slab_.mirror().data(),
-                        slab_.mirror_dtype(),
-                        slab_.owned().begin,
-                        slab_.segment_table(),
-                        segment_info_.as<AdafactorSegment>(),
-                        items_.as<AdafactorItem>(),
-                        static_cast<std::int64_t>(plan_.items.size()),
-                        reduce_stats_.as<AdafactorReduceItem>(),
-                        static_cast<std::int64_t>(plan_.reduce_stats.size()),
-                        reduce_u_.as<AdafactorReduceItem>(),
-                        static_cast<std::int64_t>(plan_.reduce_u.size()),
-                        ema_items_.as<AdafactorEmaItem>(),
-                        static_cast<std::int64_t>(plan_.ema_items.size()),
-                        row_col_state_.as<float>(),
-                        row_partials_.as<double>(),
-                        v_state_.as<float>(),
-                        exp_avg_.as<float>(),
-                        stats_.as<double>(),
-                        plan_.stats_size,
-                        u_stats_.as<double>(),
-                        item_partials_.as<double>(),
-                        grad_partials_.as<double>(),
-                        nonfinite_partials_.as<unsigned long long>(),
-                        col_partials_.as<float>(),
-                        scalars()};
+                             slab_.grad_origin(),
+                             slab_.mirror().data(),
+                             slab_.mirror_dtype(),
+                             slab_.owned().begin,
+                             slab_.segment_table(),
+                             segment_info_.as<AdafactorSegment>(),
+                             items_.as<AdafactorItem>(),
+                             static_cast<std::int64_t>(plan_.items.size()),
+                             reduce_stats_.as<AdafactorReduceItem>(),
+                             static_cast<std::int64_t>(plan_.reduce_stats.size()),
+                             reduce_u_.as<AdafactorReduceItem>(),
+                             static_cast<std::int64_t>(plan_.reduce_u.size()),
+                             ema_items_.as<AdafactorEmaItem>(),
+                             static_cast<std::int64_t>(plan_.ema_items.size()),
+                             row_col_state_.as<float>(),
+                             row_partials_.as<double>(),
+                             v_state_.as<float>(),
+                             exp_avg_.as<float>(),
+                             stats_.as<double>(),
+                             plan_.stats_size,
+                             u_stats_.as<double>(),
+                             item_partials_.as<double>(),
+                             grad_partials_.as<double>(),
+                             nonfinite_partials_.as<unsigned long long>(),
+                             col_partials_.as<float>(),
+                             scalars()};
 }
 
 void Adafactor::run_first_phase(double lr) {
@@ -250,7 +250,8 @@ void Adafactor::statistics_cpu(const AdafactorStepParams& p) {
       const std::int64_t end = std::min<std::int64_t>(r.col0 + kAdafactorReduceColumns, seg.cols);
       for (std::int64_t c = r.col0; c < end; ++c) {
         double sum = 0;
-        for (std::int64_t t = 0; t < info.item_count; ++t) sum += col_partials[info.first_col_partial + t * seg.cols + c];
+        for (std::int64_t t = 0; t < info.item_count; ++t)
+          sum += col_partials[info.first_col_partial + t * seg.cols + c];
         stats[info.row_stats + seg.rows + c] = sum;
       }
     } else {
@@ -308,9 +309,8 @@ void Adafactor::second_moments_cpu(const AdafactorStepParams& p, double lr) {
     const AdafactorItem& item = plan_.items[static_cast<std::size_t>(i)];
     const Segment& seg = segments[static_cast<std::size_t>(item.segment)];
     const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(item.segment)];
-    const AdafactorElementParams e =
-        adafactor_element_params(p, t, clip, lr * seg.lr_scale, seg.decay, stats[info.weight_stats], 0.0, info.numel,
-                                 row_mean(info, seg));
+    const AdafactorElementParams e = adafactor_element_params(
+        p, t, clip, lr * seg.lr_scale, seg.decay, stats[info.weight_stats], 0.0, info.numel, row_mean(info, seg));
     double u_sq = 0;
     if (item.kind == kTileItem) {
       const float* R = row_col + info.row_state;

@@ -57,8 +57,7 @@ __device__ __forceinline__ float squared_grad(float g, unsigned int& nonfinite, 
   return g2;
 }
 
-__global__ void __launch_bounds__(kThreads)
-statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
+__global__ void __launch_bounds__(kThreads) statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
   __shared__ float row_part[kWarps][kAdafactorTileRows];  // per-warp row sums, lane 0 writes
   __shared__ double scratch[kWarps];
   __shared__ unsigned long long count_scratch[kWarps];
@@ -173,7 +172,7 @@ statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
 
 // Column sums and per-tensor sums from per-item partials (phases 1 and 2).
 __global__ void __launch_bounds__(kThreads)
-reduce_kernel(AdafactorDeviceView v, const AdafactorReduceItem* reduce, double* out_u) {
+    reduce_kernel(AdafactorDeviceView v, const AdafactorReduceItem* reduce, double* out_u) {
   __shared__ double scratch[kWarps];
   const AdafactorReduceItem r = reduce[blockIdx.x];
   if (r.kind == kReduceGrad) {  // the step's gradient statistics, from every item in order
@@ -228,8 +227,7 @@ reduce_kernel(AdafactorDeviceView v, const AdafactorReduceItem* reduce, double* 
 
 // ---- phase 2 -----------------------------------------------------------------------------
 
-__global__ void __launch_bounds__(kThreads)
-ema_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
+__global__ void __launch_bounds__(kThreads) ema_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
   __shared__ double scratch[kWarps];
   const StepState st = read_step_state(v.scalars, p);
   if (st.skip) return;
@@ -240,7 +238,8 @@ ema_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
   float* state = v.row_col_state + info.row_state + (item.rows ? 0 : seg.rows) + item.begin;
   const double* sums = v.stats + info.row_stats + (item.rows ? 0 : seg.rows) + item.begin;
   const double count = item.rows ? seg.cols : seg.rows;
-  const double clip_sq = static_cast<double>(st.clip) * static_cast<double>(st.clip);  // statistics are of the unclipped g
+  const double clip_sq =
+      static_cast<double>(st.clip) * static_cast<double>(st.clip);  // statistics are of the unclipped g
   double total = 0;
   for (int i = threadIdx.x; i < item.count; i += kThreads) {
     const float x = adafactor_ema(p, beta2, state[i], clip_sq * sums[i] / count);
@@ -262,9 +261,9 @@ __device__ double warp_row_mean(const AdafactorDeviceView& v, const AdafactorSeg
 }
 
 // The block's element constants, computed by warp 0 into shared memory.
-__device__ void block_element_params(const AdafactorDeviceView& v, const AdafactorStepParams& p,
-                                     const StepState& st, const Segment& seg, const AdafactorSegment& info,
-                                     double u_sq_sum, AdafactorElementParams* out) {
+__device__ void block_element_params(const AdafactorDeviceView& v, const AdafactorStepParams& p, const StepState& st,
+                                     const Segment& seg, const AdafactorSegment& info, double u_sq_sum,
+                                     AdafactorElementParams* out) {
   if (threadIdx.x < 32) {
     const double mean = warp_row_mean(v, info, seg);
     if (threadIdx.x == 0) {
@@ -275,8 +274,7 @@ __device__ void block_element_params(const AdafactorDeviceView& v, const Adafact
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kThreads)
-u_statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
+__global__ void __launch_bounds__(kThreads) u_statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
   __shared__ double scratch[kWarps];
   __shared__ AdafactorElementParams shared_e;
   const StepState st = read_step_state(v.scalars, p);
@@ -336,7 +334,8 @@ u_statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
 #pragma unroll
         for (int k = 0; k < kRowBatch; ++k) {
           if (!ok[k]) continue;
-          const float u = adafactor_u(adafactor_grad(g[k], st.clip), adafactor_factored_v(e, R[item.row0 + r0 + k], col));
+          const float u =
+              adafactor_u(adafactor_grad(g[k], st.clip), adafactor_factored_v(e, R[item.row0 + r0 + k], col));
           u_sq = fma(static_cast<double>(u), static_cast<double>(u), u_sq);
         }
       }
@@ -354,8 +353,7 @@ u_statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
 
 // ---- phase 3 -----------------------------------------------------------------------------
 
-__global__ void __launch_bounds__(kThreads)
-update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
+__global__ void __launch_bounds__(kThreads) update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
   __shared__ AdafactorElementParams shared_e;
   const bool has_item = blockIdx.x < v.item_count;  // a slab without items still counts the step
   const AdafactorItem item = has_item ? v.items[blockIdx.x] : AdafactorItem{};
@@ -397,16 +395,20 @@ update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
             const std::int64_t i4 = (r0 + k) * cols4 + c;
             const float row = R[item.row0 + r0 + k];
             float4 m = m4 ? m4[i4] : zero4;
-            adafactor_apply(e, w[k].x, &m.x, adafactor_u(adafactor_grad(g[k].x, st.clip), adafactor_factored_v(e, row, col.x)));
-            adafactor_apply(e, w[k].y, &m.y, adafactor_u(adafactor_grad(g[k].y, st.clip), adafactor_factored_v(e, row, col.y)));
-            adafactor_apply(e, w[k].z, &m.z, adafactor_u(adafactor_grad(g[k].z, st.clip), adafactor_factored_v(e, row, col.z)));
-            adafactor_apply(e, w[k].w, &m.w, adafactor_u(adafactor_grad(g[k].w, st.clip), adafactor_factored_v(e, row, col.w)));
+            adafactor_apply(e, w[k].x, &m.x,
+                            adafactor_u(adafactor_grad(g[k].x, st.clip), adafactor_factored_v(e, row, col.x)));
+            adafactor_apply(e, w[k].y, &m.y,
+                            adafactor_u(adafactor_grad(g[k].y, st.clip), adafactor_factored_v(e, row, col.y)));
+            adafactor_apply(e, w[k].z, &m.z,
+                            adafactor_u(adafactor_grad(g[k].z, st.clip), adafactor_factored_v(e, row, col.z)));
+            adafactor_apply(e, w[k].w, &m.w,
+                            adafactor_u(adafactor_grad(g[k].w, st.clip), adafactor_factored_v(e, row, col.w)));
             if (m4) m4[i4] = m;
             write_back4(w4 + i4, g4 + i4, mirror + (item.first + 4 * i4), w[k]);
           }
         }
       }
-    } else     if (item.kind == kTileItem) {
+    } else if (item.kind == kTileItem) {
       const float* R = v.row_col_state + info.row_state;
       const float* C = R + seg.rows;
       const std::int64_t cols = seg.cols;
@@ -428,8 +430,8 @@ update_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
             const std::int64_t el = item.first + (r0 + k) * cols + c;
             if (!st.skip) {
               const std::int64_t local = el - v.owned_begin;
-              const float u = adafactor_u(adafactor_grad(g[k], st.clip),
-                                          adafactor_factored_v(e, R[item.row0 + r0 + k], col));
+              const float u =
+                  adafactor_u(adafactor_grad(g[k], st.clip), adafactor_factored_v(e, R[item.row0 + r0 + k], col));
               adafactor_apply(e, w[k], e.use_beta1 ? v.exp_avg + local : nullptr, u);
               write_back(v.master + local, v.grad + el, mirror + el, w[k]);
             } else {
@@ -472,8 +474,7 @@ void launch_adafactor_statistics(const AdafactorDeviceView& v, const AdafactorSt
   }
 }
 
-void launch_adafactor_second_moments(const AdafactorDeviceView& v, const AdafactorStepParams& p,
-                                     cudaStream_t stream) {
+void launch_adafactor_second_moments(const AdafactorDeviceView& v, const AdafactorStepParams& p, cudaStream_t stream) {
   if (v.ema_count > 0) {
     ema_kernel<<<grid_of(v.ema_count), kThreads, 0, stream>>>(v, p);
     CUDA_CHECK_LAUNCH("adafactor ema_kernel");

@@ -79,12 +79,12 @@ class Adafactor final : public Optimizer {
   core::Buffer row_partials_;  // double: partial sums of the updated R (their mean is mean(R))
   core::Buffer v_state_;
   core::Buffer exp_avg_;
-  core::Buffer stats_;         // double, plan_.stats_size
-  core::Buffer u_stats_;       // double, plan_.u_stats_size
-  core::Buffer item_partials_; // double per item: weight sums of squares, later U*U sums
-  core::Buffer grad_partials_; // double per item: gradient sums of squares
+  core::Buffer stats_;               // double, plan_.stats_size
+  core::Buffer u_stats_;             // double, plan_.u_stats_size
+  core::Buffer item_partials_;       // double per item: weight sums of squares, later U*U sums
+  core::Buffer grad_partials_;       // double per item: gradient sums of squares
   core::Buffer nonfinite_partials_;  // u64 per item
-  core::Buffer col_partials_;  // float, plan_.col_partials_size
+  core::Buffer col_partials_;        // float, plan_.col_partials_size
   // Device copies of the plan's tables (cuda only).
   core::Buffer items_, segment_info_, reduce_stats_, reduce_u_, ema_items_;
 };

@@ -73,11 +73,11 @@ OPTIM_HD float adafactor_ema(const AdafactorStepParams& p, double beta2, float s
 // The per-step constants the element formulas need (one set per tensor).
 struct AdafactorElementParams {
   float beta2, one_minus_beta2, eps1, eps1_sq;
-  float mean_row;       // factored: mean(R) (clamped at eps1 in clamp mode)
-  float update_scale;   // alpha / max(1, rms(U) / clip_threshold)
-  float decay_factor;   // 1 - wd * (lr or alpha)
+  float mean_row;      // factored: mean(R) (clamped at eps1 in clamp mode)
+  float update_scale;  // alpha / max(1, rms(U) / clip_threshold)
+  float decay_factor;  // 1 - wd * (lr or alpha)
   float beta1, one_minus_beta1;
-  float clip;           // global gradient clip coefficient
+  float clip;  // global gradient clip coefficient
   bool add_mode, use_beta1;
 };
 
@@ -124,8 +124,8 @@ namespace optim {
 // Element constants for one tensor. `u_sq_sum` is the tensor's sum of U*U (0 before it is known),
 // `row_mean` the mean of its row statistics (factored tensors), `lr` the segment's learning rate.
 OPTIM_HD AdafactorElementParams adafactor_element_params(const AdafactorStepParams& p, long long t, float clip,
-                                                         double lr, float decay, double weight_sq_sum,
-                                                         double u_sq_sum, double numel, double row_mean) {
+                                                         double lr, float decay, double weight_sq_sum, double u_sq_sum,
+                                                         double numel, double row_mean) {
   AdafactorElementParams e;
   const double beta2 = adafactor_beta2(p, t);
   e.beta2 = static_cast<float>(beta2);

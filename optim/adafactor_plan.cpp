@@ -63,8 +63,8 @@ AdafactorPlan make_adafactor_plan(const SlabLayout& layout, const std::vector<Se
       info.first_row_partial = plan.row_partials_size;
       for (std::int64_t b = 0; b < s.rows; b += kAdafactorEmaSpan) {
         const auto count = static_cast<std::int32_t>(std::min<std::int64_t>(kAdafactorEmaSpan, s.rows - b));
-        plan.ema_items.push_back({b, count, static_cast<std::int32_t>(si), 1,
-                                  static_cast<std::int32_t>(plan.row_partials_size++)});
+        plan.ema_items.push_back(
+            {b, count, static_cast<std::int32_t>(si), 1, static_cast<std::int32_t>(plan.row_partials_size++)});
       }
       info.row_partial_count = plan.row_partials_size - info.first_row_partial;
       for (std::int64_t b = 0; b < s.cols; b += kAdafactorEmaSpan) {

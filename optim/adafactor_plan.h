@@ -26,10 +26,10 @@ enum AdafactorItemKind : std::int32_t { kChunkItem = 0, kTileItem = 1 };
 
 // One unit of element work: a chunk of a non-factored segment or a tile of a factored one.
 struct AdafactorItem {
-  std::int64_t first = 0;         // chunk: first global element; tile: global index of (row0, column 0)
-  std::int64_t col_partials = -1; // tile: offset of its column partial sums (cols floats)
-  std::int32_t count = 0;         // chunk: elements; tile: rows
-  std::int32_t row0 = 0;          // tile: first row
+  std::int64_t first = 0;          // chunk: first global element; tile: global index of (row0, column 0)
+  std::int64_t col_partials = -1;  // tile: offset of its column partial sums (cols floats)
+  std::int32_t count = 0;          // chunk: elements; tile: rows
+  std::int32_t row0 = 0;           // tile: first row
   std::int32_t segment = 0;
   std::int32_t kind = kChunkItem;
 };
@@ -38,15 +38,15 @@ struct AdafactorItem {
 struct AdafactorSegment {
   std::int64_t first_item = 0;  // its items are [first_item, first_item + item_count)
   std::int64_t item_count = 0;
-  std::int64_t row_stats = -1;  // factored: offset of the row sums in `stats` (cols follow rows)
-  std::int64_t row_state = -1;  // factored: offset of R in the row/column state (C follows R)
-  std::int64_t v_state = -1;    // non-factored: offset of its full v in the compact v state
-  std::int64_t weight_stats = 0;  // offset of its weight sum of squares in `stats`
-  std::int64_t u_stats = 0;       // offset of its sum of U*U in `u_stats`
+  std::int64_t row_stats = -1;         // factored: offset of the row sums in `stats` (cols follow rows)
+  std::int64_t row_state = -1;         // factored: offset of R in the row/column state (C follows R)
+  std::int64_t v_state = -1;           // non-factored: offset of its full v in the compact v state
+  std::int64_t weight_stats = 0;       // offset of its weight sum of squares in `stats`
+  std::int64_t u_stats = 0;            // offset of its sum of U*U in `u_stats`
   std::int64_t first_col_partial = 0;  // factored: column partials of its first tile
   std::int64_t first_row_partial = 0;  // factored: partial sums of its updated R (mean of R)
   std::int64_t row_partial_count = 0;
-  double numel = 0;                    // elements of the whole tensor
+  double numel = 0;  // elements of the whole tensor
   std::int32_t tensor = 0;
   std::int32_t factored = 0;
 };
@@ -65,22 +65,22 @@ struct AdafactorEmaItem {
   std::int64_t begin = 0;
   std::int32_t count = 0;
   std::int32_t segment = 0;
-  std::int32_t rows = 1;           // 1: row statistics, 0: column statistics
-  std::int32_t row_partial = -1;   // rows: index of its partial sum
+  std::int32_t rows = 1;          // 1: row statistics, 0: column statistics
+  std::int32_t row_partial = -1;  // rows: index of its partial sum
 };
 
 struct AdafactorPlan {
   std::vector<AdafactorItem> items;
-  std::vector<AdafactorSegment> segments;  // parallel to the slab's owned segments
+  std::vector<AdafactorSegment> segments;         // parallel to the slab's owned segments
   std::vector<AdafactorReduceItem> reduce_stats;  // columns, weight sums, and (last) the gradient norm
   std::vector<AdafactorReduceItem> reduce_u;      // sums of U*U
-  std::vector<AdafactorEmaItem> ema_items;         // statistics EMA work (factored segments)
-  std::int64_t stats_size = 0;      // doubles in `stats`
-  std::int64_t u_stats_size = 0;    // doubles in `u_stats`
-  std::int64_t row_col_state_size = 0;  // floats of R and C for every factored tensor
-  std::int64_t v_state_size = 0;        // floats of full v for owned non-factored segments
-  std::int64_t col_partials_size = 0;   // floats of tile column partials
-  std::int64_t row_partials_size = 0;   // doubles of partial sums of R
+  std::vector<AdafactorEmaItem> ema_items;        // statistics EMA work (factored segments)
+  std::int64_t stats_size = 0;                    // doubles in `stats`
+  std::int64_t u_stats_size = 0;                  // doubles in `u_stats`
+  std::int64_t row_col_state_size = 0;            // floats of R and C for every factored tensor
+  std::int64_t v_state_size = 0;                  // floats of full v for owned non-factored segments
+  std::int64_t col_partials_size = 0;             // floats of tile column partials
+  std::int64_t row_partials_size = 0;             // doubles of partial sums of R
   std::int64_t factored_tensors = 0;
 };
 

@@ -5,8 +5,7 @@
 
 namespace optim {
 
-AdamW::AdamW(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context,
-             std::int64_t chunk_elements)
+AdamW::AdamW(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context, std::int64_t chunk_elements)
     : Optimizer(config, slab, context, chunk_elements),
       exp_avg_(make_state(core::DType::f32)),
       exp_avg_sq_(make_state(core::DType::f32)) {}
@@ -33,7 +32,7 @@ void AdamW::update(double lr) {
     update_cpu(params);
     return;
   }
-  const AdamWBuffers buffers{slab_.master().as<float>(), exp_avg_.as<float>(), exp_avg_sq_.as<float>(),
+  const AdamWBuffers buffers{slab_.master().as<float>(), exp_avg_.as<float>(),  exp_avg_sq_.as<float>(),
                              slab_.grad_origin(),        slab_.mirror().data(), slab_.mirror_dtype(),
                              slab_.owned().begin};
   launch_adamw_update(buffers, chunk_table(), num_chunks(), slab_.segment_table(), scalars(), params,

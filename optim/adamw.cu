@@ -17,10 +17,11 @@ constexpr int kUpdateThreads = 256;
 
 template <typename Half>
 __global__ void __launch_bounds__(kUpdateThreads)
-adamw_update_kernel(float* __restrict__ master, float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
-                    float* __restrict__ grad, Half* __restrict__ mirror, std::int64_t owned_begin,
-                    const WorkChunk* __restrict__ chunks, std::int64_t num_chunks,
-                    const Segment* __restrict__ segments, StepScalars* __restrict__ scalars, AdamWStepParams params) {
+    adamw_update_kernel(float* __restrict__ master, float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
+                        float* __restrict__ grad, Half* __restrict__ mirror, std::int64_t owned_begin,
+                        const WorkChunk* __restrict__ chunks, std::int64_t num_chunks,
+                        const Segment* __restrict__ segments, StepScalars* __restrict__ scalars,
+                        AdamWStepParams params) {
   __shared__ AdamWElementParams shared_params;
   __shared__ bool shared_skip;
   __shared__ WorkChunk shared_chunk;

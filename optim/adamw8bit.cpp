@@ -65,7 +65,7 @@ struct QuantisedChunkCpu {
   std::uint8_t* q_v;
   float* scale_m;
   float* scale_v;
-  const Segment* segments;  // the chunk's quantised segments
+  const Segment* segments;           // the chunk's quantised segments
   const AdamWElementParams* params;  // one per segment of the chunk
   int segment_count;
   bool skip;
@@ -198,8 +198,8 @@ AdamW8bit::AdamW8bit(const OptimizerConfig& config, Slab& slab, const core::Devi
     chunk_table_ = core::Buffer(context.device(), plan_.chunks.size() * sizeof(AdamW8bitChunk));
     core::copy_bytes(chunk_table_.data(), plan_.chunks.data(), chunk_table_.bytes(), context.stream());
     quantised_segment_table_ = core::Buffer(context.device(), plan_.quantised_segments.size() * sizeof(Segment));
-    core::copy_bytes(quantised_segment_table_.data(), plan_.quantised_segments.data(),
-                     quantised_segment_table_.bytes(), context.stream());
+    core::copy_bytes(quantised_segment_table_.data(), plan_.quantised_segments.data(), quantised_segment_table_.bytes(),
+                     context.stream());
   }
   context.synchronize();
 }
@@ -279,10 +279,20 @@ void AdamW8bit::update_cpu(const AdamWStepParams& params) {
     }
     auto run = [&](auto codec_tag) {
       constexpr Quantization Q = decltype(codec_tag)::value;
-      const QuantisedChunkCpu<Q> kernel{master,       grad,       mirror,         bf16,       owned_begin,
-                                        q_m_.as<std::uint8_t>(), q_v_.as<std::uint8_t>(), scale_m_.as<float>(),
-                                        scale_v_.as<float>(),     chunk_segments, seg_params, chunk.segment_count,
-                                        skip,         seed};
+      const QuantisedChunkCpu<Q> kernel{master,
+                                        grad,
+                                        mirror,
+                                        bf16,
+                                        owned_begin,
+                                        q_m_.as<std::uint8_t>(),
+                                        q_v_.as<std::uint8_t>(),
+                                        scale_m_.as<float>(),
+                                        scale_v_.as<float>(),
+                                        chunk_segments,
+                                        seg_params,
+                                        chunk.segment_count,
+                                        skip,
+                                        seed};
       kernel.run(chunk);
     };
     if (companded) {

@@ -259,7 +259,7 @@ __device__ __forceinline__ float floor_biased(float x) { return __fadd_rd(x, 0x1
 __device__ __forceinline__ std::uint32_t fast_encode_m(float m, float factor, float u, bool& bad) {
   constexpr float last = kCompandedMTop - 1;
   // |m| here, (m < 0 ? -m : m) in the reference: they differ at -0 only, whose code is 0 either way.
-  const float t = fp::mul(fabsf(m), factor);  // the sign is applied by signed_m_codes
+  const float t = fp::mul(fabsf(m), factor);                             // the sign is applied by signed_m_codes
   const float biased = floor_biased(fminf(quant::sqrt_guess(t), last));  // a NaN t gives last, and bad
   const float k = fp::add(biased, -0x1p23f);
   const float gap = fp::fma(2.0f, k, 1.0f);
@@ -273,8 +273,8 @@ __device__ __forceinline__ std::uint32_t fast_encode_m(float m, float factor, fl
 __device__ __forceinline__ std::uint32_t signed_m_codes(std::uint32_t magnitudes, const float* m) {
   const std::uint32_t signs = __byte_perm(__byte_perm(__float_as_uint(m[0]), __float_as_uint(m[1]), 0x0073u),
                                           __byte_perm(__float_as_uint(m[2]), __float_as_uint(m[3]), 0x0073u),
-                                          0x5410u);                    // bit 7 of byte k: m[k] < 0
-  const std::uint32_t nonzero = magnitudes + 0x7F7F7F7Fu;              // bit 7 of byte k: k > 0 (no carries)
+                                          0x5410u);        // bit 7 of byte k: m[k] < 0
+  const std::uint32_t nonzero = magnitudes + 0x7F7F7F7Fu;  // bit 7 of byte k: k > 0 (no carries)
   return magnitudes | (signs & nonzero & 0x80808080u);
 }
 
@@ -577,10 +577,10 @@ __device__ __forceinline__ void update_fp32_chunk(const AdamW8bitBuffers& b, Hal
 // (betas, eps), rounded on the host; the others are formed per chunk from StepScalars.
 template <Quantization Q, typename Half>
 __global__ void __launch_bounds__(kUpdateThreads, kMinBlocksPerSm)
-adamw8bit_update_kernel(AdamW8bitBuffers b, const AdamW8bitChunk* __restrict__ chunks, std::int64_t num_chunks,
-                        const Segment* __restrict__ segments, const Segment* __restrict__ quantised_segments,
-                        StepScalars* __restrict__ scalars, AdamWStepParams params, AdamWElementParams uniform,
-                        LocalBuffers<Half> L) {
+    adamw8bit_update_kernel(AdamW8bitBuffers b, const AdamW8bitChunk* __restrict__ chunks, std::int64_t num_chunks,
+                            const Segment* __restrict__ segments, const Segment* __restrict__ quantised_segments,
+                            StepScalars* __restrict__ scalars, AdamWStepParams params, AdamWElementParams uniform,
+                            LocalBuffers<Half> L) {
   __shared__ ChunkShared shared;
   __shared__ BlockStage stages[kAsyncCopy ? 2 * kUpdateWarps : 1];  // two per warp
   __shared__ std::uint64_t shared_seed;
@@ -636,13 +636,13 @@ void launch_for_code(const AdamW8bitBuffers& b, const AdamW8bitChunk* chunks, st
         b.master, b.grad + b.owned_begin, mirror + b.owned_begin, b.q_m, b.q_v, b.scale_m, b.scale_v, b.owned_begin};
   };
   if (b.mirror_dtype == core::DType::bf16) {
-    adamw8bit_update_kernel<Q, __nv_bfloat16><<<blocks, kUpdateThreads, 0, stream>>>(
-        b, chunks, num_chunks, segments, quantised_segments, scalars, params, uniform,
-        local(static_cast<__nv_bfloat16*>(b.mirror)));
+    adamw8bit_update_kernel<Q, __nv_bfloat16>
+        <<<blocks, kUpdateThreads, 0, stream>>>(b, chunks, num_chunks, segments, quantised_segments, scalars, params,
+                                                uniform, local(static_cast<__nv_bfloat16*>(b.mirror)));
   } else {
-    adamw8bit_update_kernel<Q, __half><<<blocks, kUpdateThreads, 0, stream>>>(
-        b, chunks, num_chunks, segments, quantised_segments, scalars, params, uniform,
-        local(static_cast<__half*>(b.mirror)));
+    adamw8bit_update_kernel<Q, __half>
+        <<<blocks, kUpdateThreads, 0, stream>>>(b, chunks, num_chunks, segments, quantised_segments, scalars, params,
+                                                uniform, local(static_cast<__half*>(b.mirror)));
   }
   CUDA_CHECK_LAUNCH("adamw8bit_update_kernel");
 }
@@ -671,10 +671,12 @@ __global__ void companded_codes_kernel(const float* m, const float* v, const flo
     vg[k] = v[4 * g + k];
   }
   const std::uint32_t* d = draws + 4 * g;
-  auto bits = [d](int p) { return static_cast<std::uint64_t>(d[2 * p]) | static_cast<std::uint64_t>(d[2 * p + 1]) << 32; };
+  auto bits = [d](int p) {
+    return static_cast<std::uint64_t>(d[2 * p]) | static_cast<std::uint64_t>(d[2 * p + 1]) << 32;
+  };
   std::uint32_t out_m = 0, out_v = 0;
-  encode_group<Quantization::companded>(mg, vg, Codec::code_scale_m(scale_m[g]), Codec::code_scale_v(scale_v[g]),
-                                        bits, out_m, out_v);
+  encode_group<Quantization::companded>(mg, vg, Codec::code_scale_m(scale_m[g]), Codec::code_scale_v(scale_v[g]), bits,
+                                        out_m, out_v);
   code_m[g] = out_m;
   code_v[g] = out_v;
 }
@@ -744,8 +746,8 @@ void launch_adamw8bit_update(const AdamW8bitBuffers& buffers, const AdamW8bitChu
                              const Segment* segments, const Segment* quantised_segments, StepScalars* scalars,
                              const AdamWStepParams& params, Quantization quantization, cudaStream_t stream) {
   if (quantization == Quantization::companded) {
-    launch_for_code<Quantization::companded>(buffers, chunks, num_chunks, segments, quantised_segments, scalars,
-                                             params, stream);
+    launch_for_code<Quantization::companded>(buffers, chunks, num_chunks, segments, quantised_segments, scalars, params,
+                                             stream);
   } else {
     launch_for_code<Quantization::linear>(buffers, chunks, num_chunks, segments, quantised_segments, scalars, params,
                                           stream);

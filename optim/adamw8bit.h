@@ -37,7 +37,7 @@ struct AdamW8bitChunk {
                                    // quantised: into the quantised-segment table
   std::int32_t segment_count = 0;  // segments the chunk intersects (fp32: 1)
   ChunkKind kind = ChunkKind::fp32;
-  std::int64_t state_offset = 0;   // fp32: index into small_m / small_v of the chunk's first element
+  std::int64_t state_offset = 0;  // fp32: index into small_m / small_v of the chunk's first element
 };
 
 // At most this many quantised segments intersect one quantised chunk (chunks are cut to keep it

@@ -21,9 +21,9 @@ __device__ __forceinline__ void accumulate(float g, double& sum, unsigned int& c
 }
 
 __global__ void __launch_bounds__(kStatsThreads)
-grad_stats_kernel(const float* __restrict__ grad, const WorkChunk* __restrict__ chunks, std::int64_t num_chunks,
-                  double* __restrict__ partial_sums, unsigned long long* __restrict__ partial_counts,
-                  StepScalars* __restrict__ scalars) {
+    grad_stats_kernel(const float* __restrict__ grad, const WorkChunk* __restrict__ chunks, std::int64_t num_chunks,
+                      double* __restrict__ partial_sums, unsigned long long* __restrict__ partial_counts,
+                      StepScalars* __restrict__ scalars) {
   __shared__ double sum_scratch[kStatsThreads / 32];
   __shared__ unsigned long long count_scratch[kStatsThreads / 32];
   __shared__ bool is_last;

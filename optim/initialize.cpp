@@ -19,17 +19,22 @@ namespace {
 // modified Gram-Schmidt in fp64 on a counter-based normal matrix, scaled by `gain`.
 std::vector<float> orthogonal(std::int64_t rows, std::int64_t cols, std::uint64_t seed, float gain) {
   const bool transpose = rows < cols;
-  const std::int64_t n = transpose ? cols : rows, k = transpose ? rows : cols;  // n >= k: k orthonormal columns of length n
+  const std::int64_t n = transpose ? cols : rows,
+                     k = transpose ? rows : cols;  // n >= k: k orthonormal columns of length n
   std::vector<double> q(static_cast<std::size_t>(n * k));
-  for (std::int64_t i = 0; i < n * k; ++i) q[static_cast<std::size_t>(i)] = core::normal01(seed, static_cast<std::uint64_t>(i));
+  for (std::int64_t i = 0; i < n * k; ++i)
+    q[static_cast<std::size_t>(i)] = core::normal01(seed, static_cast<std::uint64_t>(i));
   for (std::int64_t j = 0; j < k; ++j) {
     for (std::int64_t p = 0; p < j; ++p) {
       double dot = 0;
-      for (std::int64_t i = 0; i < n; ++i) dot += q[static_cast<std::size_t>(i * k + j)] * q[static_cast<std::size_t>(i * k + p)];
-      for (std::int64_t i = 0; i < n; ++i) q[static_cast<std::size_t>(i * k + j)] -= dot * q[static_cast<std::size_t>(i * k + p)];
+      for (std::int64_t i = 0; i < n; ++i)
+        dot += q[static_cast<std::size_t>(i * k + j)] * q[static_cast<std::size_t>(i * k + p)];
+      for (std::int64_t i = 0; i < n; ++i)
+        q[static_cast<std::size_t>(i * k + j)] -= dot * q[static_cast<std::size_t>(i * k + p)];
     }
     double norm = 0;
-    for (std::int64_t i = 0; i < n; ++i) norm += q[static_cast<std::size_t>(i * k + j)] * q[static_cast<std::size_t>(i * k + j)];
+    for (std::int64_t i = 0; i < n; ++i)
+      norm += q[static_cast<std::size_t>(i * k + j)] * q[static_cast<std::size_t>(i * k + j)];
     norm = std::sqrt(norm);
     for (std::int64_t i = 0; i < n; ++i) q[static_cast<std::size_t>(i * k + j)] /= norm;
   }
@@ -50,17 +55,27 @@ static std::vector<InitPiece> init_pieces(const SlabLayout& layout, Range owned,
   const auto& tensors = layout.tensors();
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     const SlabTensor& tensor = tensors[t];
-    const std::int64_t begin = std::max(owned.begin, tensor.offset), end = std::min(owned.end, tensor.offset + tensor.numel);
+    const std::int64_t begin = std::max(owned.begin, tensor.offset),
+                       end = std::min(owned.end, tensor.offset + tensor.numel);
     if (begin >= end) continue;
     const ParamSpec& spec = tensor.spec;
     const std::int64_t rows = spec.shape.empty() ? 1 : spec.shape[0];
     const std::int64_t cols = tensor.numel / std::max<std::int64_t>(rows, 1);
-    InitPiece piece{.begin = begin, .end = end, .tensor_offset = tensor.offset,
-                    .seed = core::splitmix64(seed ^ core::splitmix64(t + 1)), .kind = spec.init};
+    InitPiece piece{.begin = begin,
+                    .end = end,
+                    .tensor_offset = tensor.offset,
+                    .seed = core::splitmix64(seed ^ core::splitmix64(t + 1)),
+                    .kind = spec.init};
     switch (spec.init) {
       case InitKind::normal: piece.scale = spec.init_std; break;
-      case InitKind::xavier_uniform: piece.scale = spec.init_gain * std::sqrt(6.0f / static_cast<float>(rows + cols)); break;
-      case InitKind::orthogonal: piece.scale = spec.init_gain; piece.rows = rows; piece.cols = cols; break;
+      case InitKind::xavier_uniform:
+        piece.scale = spec.init_gain * std::sqrt(6.0f / static_cast<float>(rows + cols));
+        break;
+      case InitKind::orthogonal:
+        piece.scale = spec.init_gain;
+        piece.rows = rows;
+        piece.cols = cols;
+        break;
       default: break;
     }
     pieces.push_back(piece);
@@ -97,7 +112,8 @@ void initialize_owned(Slab& slab, const core::DeviceContext& context, std::uint6
       float* out = master + (piece.begin - owned.begin);
       if (piece.kind == InitKind::orthogonal) {
         const std::vector<float> matrix = orthogonal(piece.rows, piece.cols, piece.seed, piece.scale);
-        std::copy(matrix.begin() + (piece.begin - piece.tensor_offset), matrix.begin() + (piece.end - piece.tensor_offset), out);
+        std::copy(matrix.begin() + (piece.begin - piece.tensor_offset),
+                  matrix.begin() + (piece.end - piece.tensor_offset), out);
         continue;
       }
 #pragma omp parallel for schedule(static)

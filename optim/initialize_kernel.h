@@ -22,7 +22,7 @@ struct InitPiece {
   std::int64_t tensor_offset = 0;  // global index of the tensor's element 0 (the draw counter origin)
   std::uint64_t seed = 0;          // the tensor's stream
   InitKind kind = InitKind::zeros;
-  float scale = 0.0f;              // normal: std; xavier_uniform: bound; orthogonal: gain
+  float scale = 0.0f;               // normal: std; xavier_uniform: bound; orthogonal: gain
   std::int64_t rows = 0, cols = 0;  // orthogonal only
 };
 

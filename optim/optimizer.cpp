@@ -42,9 +42,7 @@ Optimizer::~Optimizer() {
   if (report_ready_) (void)cudaEventDestroy(report_ready_);
 }
 
-const WorkChunk* Optimizer::chunk_table() const {
-  return on_cuda() ? chunk_table_.as<WorkChunk>() : chunks_.data();
-}
+const WorkChunk* Optimizer::chunk_table() const { return on_cuda() ? chunk_table_.as<WorkChunk>() : chunks_.data(); }
 
 core::Buffer Optimizer::make_state(core::DType dtype) const {
   core::Buffer b(context_.device(), static_cast<std::size_t>(slab_.owned().size()) * core::dtype_size(dtype));
@@ -144,8 +142,8 @@ void Optimizer::restore_step_scalars(const StepScalars& saved) {
   }
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, Slab& slab,
-                                          const core::DeviceContext& context, std::int64_t chunk_elements) {
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context,
+                                          std::int64_t chunk_elements) {
   if (config.type == "adamw") return std::make_unique<AdamW>(config, slab, context, chunk_elements);
   if (config.type == "adamw8bit") return std::make_unique<AdamW8bit>(config, slab, context, chunk_elements);
   if (config.type == "adafactor") return std::make_unique<Adafactor>(config, slab, context, chunk_elements);

@@ -58,8 +58,8 @@ struct StateBuffer {
 
 // A small buffer of per-rank partial sums that must be summed across ranks between phases.
 struct Partial {
-  void* data;        // device memory on cuda
-  core::DType dtype; // f64 or u64
+  void* data;         // device memory on cuda
+  core::DType dtype;  // f64 or u64
   std::size_t count;
 };
 
@@ -100,8 +100,7 @@ class Optimizer {
   static constexpr std::int64_t kDefaultChunkElements = 16384;
 
  protected:
-  Optimizer(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context,
-            std::int64_t chunk_elements);
+  Optimizer(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context, std::int64_t chunk_elements);
 
   // The update launch (cuda) or loop (cpu), after the statistics are in scalars().
   virtual void update(double lr) = 0;
@@ -114,7 +113,7 @@ class Optimizer {
   void gradient_statistics();
 
   StepScalars* scalars() { return scalars_.as<StepScalars>(); }  // device memory on cuda
-  const WorkChunk* chunk_table() const;                         // device memory on cuda
+  const WorkChunk* chunk_table() const;                          // device memory on cuda
   std::int64_t num_chunks() const { return static_cast<std::int64_t>(chunks_.size()); }
   const std::vector<WorkChunk>& chunks() const { return chunks_; }
   const core::DeviceContext& context() const { return context_; }
@@ -128,18 +127,17 @@ class Optimizer {
  private:
   const core::DeviceContext& context_;
   std::vector<WorkChunk> chunks_;
-  core::Buffer chunk_table_;      // device copy of chunks_
-  core::Buffer scalars_;          // StepScalars (device on cuda)
-  core::Buffer partial_sums_;     // grad-stats partials (cuda)
+  core::Buffer chunk_table_;   // device copy of chunks_
+  core::Buffer scalars_;       // StepScalars (device on cuda)
+  core::Buffer partial_sums_;  // grad-stats partials (cuda)
   core::Buffer partial_counts_;
-  core::Buffer report_;           // pinned host copy of the scalars after a step (cuda)
+  core::Buffer report_;  // pinned host copy of the scalars after a step (cuda)
   cudaEvent_t report_ready_ = nullptr;
   PartialsReducer reducer_;
 };
 
 // Builds the optimizer named by config.type over `slab`. Throws core::InputError for an unknown type.
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, Slab& slab,
-                                          const core::DeviceContext& context,
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context,
                                           std::int64_t chunk_elements = Optimizer::kDefaultChunkElements);
 
 }  // namespace optim

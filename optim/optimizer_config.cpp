@@ -22,7 +22,8 @@ const char* nonfinite_policy_name(NonFinitePolicy policy) {
 
 void validate(const OptimizerConfig& c, const std::string& where) {
   if (c.type != "adamw" && c.type != "adamw8bit" && c.type != "adafactor") {
-    throw core::InputError(where + ": optimizer.type: expected one of [adamw, adamw8bit, adafactor], got '" + c.type + "'");
+    throw core::InputError(where + ": optimizer.type: expected one of [adamw, adamw8bit, adafactor], got '" + c.type +
+                           "'");
   }
   check(std::isfinite(c.lr) && c.lr >= 0, where, "lr", "a finite number >= 0", c.lr);
   check(c.beta1 >= 0 && c.beta1 < 1, where, "betas[0]", "a number in [0, 1)", c.beta1);

@@ -1,5 +1,5 @@
-// The `optimizer` section of a run's config, validated (read from YAML by trainer/optimizer_yaml.h). Hyper-parameters are kept in double,
-// as PyTorch keeps them, and rounded to fp32 only where the element formulas use them.
+// The `optimizer` section of a run's config, validated (read from YAML by trainer/optimizer_yaml.h). Hyper-parameters
+// are kept in double, as PyTorch keeps them, and rounded to fp32 only where the element formulas use them.
 #pragma once
 
 #include <cstdint>

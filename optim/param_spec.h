@@ -24,12 +24,12 @@ struct ParamPart {
 struct ParamSpec {
   std::string name;
   core::Shape shape;
-  bool decay = true;        // weight decay applies (norm weights and biases: false)
-  bool factored = false;    // Adafactor keeps row/column statistics (2-D tensors only)
-  float lr_scale = 1.0f;    // multiplies the step's learning rate for this tensor
+  bool decay = true;      // weight decay applies (norm weights and biases: false)
+  bool factored = false;  // Adafactor keeps row/column statistics (2-D tensors only)
+  float lr_scale = 1.0f;  // multiplies the step's learning rate for this tensor
   InitKind init = InitKind::normal;
-  float init_std = 0.02f;   // standard deviation for InitKind::normal
-  float init_gain = 1.0f;   // scale of InitKind::xavier_uniform and InitKind::orthogonal
+  float init_std = 0.02f;  // standard deviation for InitKind::normal
+  float init_gain = 1.0f;  // scale of InitKind::xavier_uniform and InitKind::orthogonal
   // Empty: the parameter is one logical tensor. Otherwise its row blocks in order (rows summing
   // to shape[0]), each a logical tensor for the optimizers (SlabLayout::parameters()).
   std::vector<ParamPart> parts;

@@ -42,7 +42,7 @@ inline constexpr float kInv127 = 1.0f / 127.0f;
 inline constexpr float kInv127Squared = 1.0f / 16129.0f;  // 127^2 * fl(1/127^2) == 1 exactly
 inline constexpr float kInv255Squared = 1.0f / 65025.0f;  // 255^2 * fl(1/255^2) == 1 exactly
 inline constexpr float k127Squared = 16129.0f;
-inline constexpr float k255ToThe4 = 4228250625.0f;        // 255^4 (fp32: 4228250624)
+inline constexpr float k255ToThe4 = 4228250625.0f;  // 255^4 (fp32: 4228250624)
 
 // Exact conversions between small non-negative integers (< 2^23) and floats. On the GPU they
 // use the 2^23 bias trick (full-rate ALU instead of the conversion unit); the results are exact,

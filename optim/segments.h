@@ -14,13 +14,13 @@
 namespace optim {
 
 struct Segment {
-  std::int64_t offset = 0;        // global element index of the first element
-  std::int64_t length = 0;        // elements
-  std::int64_t tensor_offset = 0; // global index of the tensor's first element (position inside the tensor)
-  std::int32_t tensor = 0;        // index into SlabLayout::parameters() (the logical tensors)
-  float decay = 1.0f;             // 1: weight decay applies, 0: it does not
+  std::int64_t offset = 0;         // global element index of the first element
+  std::int64_t length = 0;         // elements
+  std::int64_t tensor_offset = 0;  // global index of the tensor's first element (position inside the tensor)
+  std::int32_t tensor = 0;         // index into SlabLayout::parameters() (the logical tensors)
+  float decay = 1.0f;              // 1: weight decay applies, 0: it does not
   float lr_scale = 1.0f;
-  std::int32_t rows = 0;          // factored 2-D tensors: shape [rows, cols]; 0 otherwise
+  std::int32_t rows = 0;  // factored 2-D tensors: shape [rows, cols]; 0 otherwise
   std::int32_t cols = 0;
 };
 

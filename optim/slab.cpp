@@ -13,7 +13,8 @@ Slab::Slab(SlabLayout layout, const core::DeviceContext& context, SlabOptions op
     throw core::Error("slab: zero_stage must be 0, 1 or 2, got " + std::to_string(options_.zero_stage));
   }
   if (options_.mirror_dtype != core::DType::bf16 && options_.mirror_dtype != core::DType::f16) {
-    throw core::Error("slab: mirror dtype must be bf16 or f16, got " + std::string(core::dtype_name(options_.mirror_dtype)));
+    throw core::Error("slab: mirror dtype must be bf16 or f16, got " +
+                      std::string(core::dtype_name(options_.mirror_dtype)));
   }
   if (options_.shard_gradients && options_.zero_stage != 2) {
     throw core::Error("slab: shard_gradients needs zero_stage 2, got zero_stage " +

@@ -12,9 +12,13 @@ namespace {
 template <typename Half>
 __device__ Half round_to(float x);
 template <>
-__device__ __nv_bfloat16 round_to<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __nv_bfloat16 round_to<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 template <>
-__device__ __half round_to<__half>(float x) { return __float2half_rn(x); }
+__device__ __half round_to<__half>(float x) {
+  return __float2half_rn(x);
+}
 
 template <typename Half>
 __global__ void write_mirror_kernel(const float* __restrict__ master, Half* __restrict__ mirror, std::int64_t n) {

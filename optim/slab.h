@@ -21,7 +21,7 @@ namespace optim {
 
 struct SlabOptions {
   int rank = 0;
-  int zero_stage = 0;                           // 0, 1 or 2
+  int zero_stage = 0;                            // 0, 1 or 2
   core::DType mirror_dtype = core::DType::bf16;  // bf16 or f16
   // ZeRO-2 only (the constructor throws otherwise): the gradient buffer covers owned() instead
   // of full(), for a trainer that reduces each gradient straight onto the rank that owns it.

@@ -26,15 +26,15 @@ void SlabLayout::add_parameters(const SlabTensor& stored, std::unordered_set<std
   bool aligned = true;
   for (const ParamPart& part : spec.parts) {
     if (part.rows <= 0 || part.name.empty() || !names.insert(part.name).second) {
-      throw core::Error("slab layout: parameter '" + spec.name + "' has a part with no rows, no name or a duplicate name ('" +
-                        part.name + "')");
+      throw core::Error("slab layout: parameter '" + spec.name +
+                        "' has a part with no rows, no name or a duplicate name ('" + part.name + "')");
     }
     if (rows * cols % kTensorAlignment != 0) aligned = false;
     rows += part.rows;
   }
   if (rows != spec.shape[0]) {
-    throw core::Error("slab layout: the parts of '" + spec.name + "' have " + std::to_string(rows) + " rows, the tensor " +
-                      std::to_string(spec.shape[0]));
+    throw core::Error("slab layout: the parts of '" + spec.name + "' have " + std::to_string(rows) +
+                      " rows, the tensor " + std::to_string(spec.shape[0]));
   }
   if (!aligned) {
     unsplit_.push_back(spec.name);
@@ -66,7 +66,8 @@ SlabLayout::SlabLayout(std::vector<ParamSpec> specs, int world_size) : world_siz
   std::int64_t cursor = 0;
   tensors_.reserve(specs.size());
   for (auto& spec : specs) {
-    if (spec.name.empty()) throw core::Error("slab layout: parameter #" + std::to_string(tensors_.size()) + " has no name");
+    if (spec.name.empty())
+      throw core::Error("slab layout: parameter #" + std::to_string(tensors_.size()) + " has no name");
     if (!names.insert(spec.name).second) throw core::Error("slab layout: duplicate parameter name '" + spec.name + "'");
     for (std::int64_t d : spec.shape) {
       if (d < 0) {

@@ -43,7 +43,7 @@ struct SlabTensor {
   ParamSpec spec;           // for a logical part: the stored parameter's, with the part's name and shape
   std::int64_t offset = 0;  // global element index of the first element
   std::int64_t numel = 0;
-  int stored = 0;           // index into tensors() of the stored parameter holding it
+  int stored = 0;  // index into tensors() of the stored parameter holding it
   Range range() const { return {offset, offset + numel}; }
 };
 
@@ -58,8 +58,8 @@ class SlabLayout {
   const std::vector<std::string>& unsplit() const { return unsplit_; }
   bool has_parts() const { return parameters_.size() != tensors_.size(); }
   int world_size() const { return world_size_; }
-  std::int64_t used_elements() const { return used_; }     // end of the last tensor, aligned
-  std::int64_t total_elements() const { return total_; }   // padded to world * 256
+  std::int64_t used_elements() const { return used_; }    // end of the last tensor, aligned
+  std::int64_t total_elements() const { return total_; }  // padded to world * 256
   std::int64_t parameter_count() const;                   // sum of numel, no padding
   std::int64_t shard_elements() const { return total_ / world_size_; }
   Range shard(int rank) const;

@@ -16,21 +16,21 @@ enum class NonFinitePolicy : std::int32_t {
 };
 
 struct StepScalars {
-  double grad_sq_sum = 0;               // sum of squares of the finite gradient elements
-  unsigned long long nonfinite = 0;     // number of non-finite gradient elements
-  long long step = 0;                   // applied steps (this step's bias correction uses step + 1)
-  long long skipped = 0;                // steps skipped for non-finite gradients
-  unsigned int stats_arrivals = 0;      // blocks of the statistics launch that finished
-  unsigned int update_arrivals = 0;     // blocks of the update launch that finished
+  double grad_sq_sum = 0;            // sum of squares of the finite gradient elements
+  unsigned long long nonfinite = 0;  // number of non-finite gradient elements
+  long long step = 0;                // applied steps (this step's bias correction uses step + 1)
+  long long skipped = 0;             // steps skipped for non-finite gradients
+  unsigned int stats_arrivals = 0;   // blocks of the statistics launch that finished
+  unsigned int update_arrivals = 0;  // blocks of the update launch that finished
 };
 
 // What the host learns about a finished step.
 struct StepReport {
-  std::int64_t step = 0;          // applied steps so far
-  std::int64_t skipped_steps = 0; // skipped steps so far
-  double grad_norm = 0;           // global L2 norm before clipping (finite elements)
-  std::uint64_t nonfinite = 0;    // non-finite gradient elements in the step
-  bool skipped = false;           // the step was skipped
+  std::int64_t step = 0;           // applied steps so far
+  std::int64_t skipped_steps = 0;  // skipped steps so far
+  double grad_norm = 0;            // global L2 norm before clipping (finite elements)
+  std::uint64_t nonfinite = 0;     // non-finite gradient elements in the step
+  bool skipped = false;            // the step was skipped
 };
 
 // torch.nn.utils.clip_grad_norm_'s coefficient: max_norm / (norm + 1e-6), at most 1;

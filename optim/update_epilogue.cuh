@@ -86,7 +86,8 @@ __device__ __forceinline__ void write_back(float* w_slot, float* g_slot, MirrorA
 
 // The members of four elements selected by `mask` (bit k: element k), as write_back4 / write_back.
 template <typename Half>
-__device__ __forceinline__ void write_back4_masked(float* w_slot, float* g_slot, Half* mirror, float4 w, unsigned mask) {
+__device__ __forceinline__ void write_back4_masked(float* w_slot, float* g_slot, Half* mirror, float4 w,
+                                                   unsigned mask) {
   if (mask == 0xFu) {
     write_back4(reinterpret_cast<float4*>(w_slot), reinterpret_cast<float4*>(g_slot), mirror, w);
     return;

@@ -24,7 +24,8 @@ std::uint64_t feistel(std::uint64_t value, std::uint64_t key, int half_bits) {
   std::uint64_t left = value >> half_bits;
   std::uint64_t right = value & mask;
   for (int round = 0; round < kFeistelRounds; ++round) {
-    const std::uint64_t f = mix64(key ^ mix64(right + static_cast<std::uint64_t>(round) * 0x632BE59BD9B4E019ull)) & mask;
+    const std::uint64_t f =
+        mix64(key ^ mix64(right + static_cast<std::uint64_t>(round) * 0x632BE59BD9B4E019ull)) & mask;
     const std::uint64_t next_right = left ^ f;
     left = right;
     right = next_right;
@@ -54,9 +55,11 @@ void from_json(const nlohmann::json& json, SamplerCursor& cursor) {
 Sampler::Sampler(std::uint64_t token_count, std::int64_t seq_len, int world_size, int rank, std::uint64_t seed)
     : windows_(0), seq_len_(seq_len), world_size_(world_size), rank_(rank), seed_(seed), half_bits_(0) {
   if (seq_len < 1) throw core::InputError("sampler: seq_len must be at least 1, got " + std::to_string(seq_len));
-  if (world_size < 1) throw core::InputError("sampler: world size must be at least 1, got " + std::to_string(world_size));
+  if (world_size < 1)
+    throw core::InputError("sampler: world size must be at least 1, got " + std::to_string(world_size));
   if (rank < 0 || rank >= world_size) {
-    throw core::InputError("sampler: rank " + std::to_string(rank) + " outside [0, " + std::to_string(world_size) + ")");
+    throw core::InputError("sampler: rank " + std::to_string(rank) + " outside [0, " + std::to_string(world_size) +
+                           ")");
   }
   windows_ = token_count == 0 ? 0 : (token_count - 1) / static_cast<std::uint64_t>(seq_len);
   if (windows_ < static_cast<std::uint64_t>(world_size)) {
@@ -91,7 +94,8 @@ std::uint64_t Sampler::next() {
 void Sampler::restore(const SamplerCursor& cursor) {
   if (cursor.position > windows_) {
     throw core::InputError("sampler cursor position " + std::to_string(cursor.position) + " lies beyond the " +
-                           std::to_string(windows_) + " windows of an epoch (was the cursor saved for another shard or seq_len?)");
+                           std::to_string(windows_) +
+                           " windows of an epoch (was the cursor saved for another shard or seq_len?)");
   }
   cursor_ = cursor;
 }

@@ -15,7 +15,8 @@
 
 #include "core/error.h"
 
-static_assert(std::endian::native == std::endian::little, "token shards are read and written in place as little-endian");
+static_assert(std::endian::native == std::endian::little,
+              "token shards are read and written in place as little-endian");
 
 namespace text {
 namespace {
@@ -81,7 +82,8 @@ void write_token_shard(const std::filesystem::path& path, std::span<const std::u
       constexpr std::size_t kChunk = 1 << 20;
       for (std::size_t begin = 0; begin < tokens.size(); begin += kChunk) {
         const std::size_t end = std::min(tokens.size(), begin + kChunk);
-        chunk.assign(tokens.begin() + static_cast<std::ptrdiff_t>(begin), tokens.begin() + static_cast<std::ptrdiff_t>(end));
+        chunk.assign(tokens.begin() + static_cast<std::ptrdiff_t>(begin),
+                     tokens.begin() + static_cast<std::ptrdiff_t>(end));
         write_all(file.fd, chunk.data(), chunk.size() * sizeof(std::uint16_t), temporary);
       }
     }
@@ -106,8 +108,8 @@ TokenShard::TokenShard(const std::filesystem::path& path) : path_(path) {
   if (::fstat(file.fd, &info) != 0) throw core::InputError("cannot stat " + quoted(path) + ": " + errno_text());
   const auto file_bytes = static_cast<std::uint64_t>(info.st_size);
   if (file_bytes < kTokenShardHeaderBytes) {
-    throw core::InputError(quoted(path) + " is truncated: " + std::to_string(file_bytes) +
-                           " bytes, shorter than the " + std::to_string(kTokenShardHeaderBytes) + "-byte header");
+    throw core::InputError(quoted(path) + " is truncated: " + std::to_string(file_bytes) + " bytes, shorter than the " +
+                           std::to_string(kTokenShardHeaderBytes) + "-byte header");
   }
   mapping_ = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, file.fd, 0);
   if (mapping_ == MAP_FAILED) {
@@ -125,8 +127,8 @@ TokenShard::TokenShard(const std::filesystem::path& path) : path_(path) {
     std::memcpy(&dtype_code, bytes + 12, 4);
     std::memcpy(&count_, bytes + 16, 8);
     if (version != kTokenShardVersion) {
-      throw core::InputError(quoted(path) + " has unknown version " + std::to_string(version) + " (this build reads version " +
-                             std::to_string(kTokenShardVersion) + ")");
+      throw core::InputError(quoted(path) + " has unknown version " + std::to_string(version) +
+                             " (this build reads version " + std::to_string(kTokenShardVersion) + ")");
     }
     if (dtype_code != 2 && dtype_code != 4) {
       throw core::InputError(quoted(path) + " has unknown token dtype " + std::to_string(dtype_code) +
@@ -137,8 +139,8 @@ TokenShard::TokenShard(const std::filesystem::path& path) : path_(path) {
     if (count_ > payload / dtype_code || payload != count_ * dtype_code) {
       const bool short_file = count_ > payload / dtype_code;
       throw core::InputError(quoted(path) + (short_file ? " is truncated" : " has trailing bytes") + ": header says " +
-                             std::to_string(count_) + " tokens of " + std::to_string(dtype_code) + " bytes, file holds " +
-                             std::to_string(payload) + " bytes of tokens");
+                             std::to_string(count_) + " tokens of " + std::to_string(dtype_code) +
+                             " bytes, file holds " + std::to_string(payload) + " bytes of tokens");
     }
     tokens_ = bytes + kTokenShardHeaderBytes;
   } catch (...) {
@@ -200,7 +202,8 @@ void TokenShard::read(std::uint64_t start, std::span<std::uint32_t> out) const {
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = (*this)[start + i];
 }
 
-void TokenShard::read_window(std::uint64_t start, std::span<std::int32_t> inputs, std::span<std::int32_t> targets) const {
+void TokenShard::read_window(std::uint64_t start, std::span<std::int32_t> inputs,
+                             std::span<std::int32_t> targets) const {
   if (inputs.size() != targets.size()) throw core::Error("read_window: inputs and targets differ in length");
   const std::uint64_t n = inputs.size();
   if (start > count_ || n + 1 > count_ - start) {

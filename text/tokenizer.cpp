@@ -120,7 +120,9 @@ void merge_with_heap(std::vector<std::uint32_t>& ids, const Merges& merges) {
     std::size_t left;
     std::uint32_t left_id, right_id, merged_id;
   };
-  const auto later = [](const Candidate& a, const Candidate& b) { return a.rank != b.rank ? a.rank > b.rank : a.left > b.left; };
+  const auto later = [](const Candidate& a, const Candidate& b) {
+    return a.rank != b.rank ? a.rank > b.rank : a.left > b.left;
+  };
   std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> heap(later);
   std::vector<bool> alive(n, true);
   const auto push = [&](std::size_t left) {
@@ -159,9 +161,10 @@ constexpr int kMaxJsonDepth = 64;
 std::uint32_t checked_id(const std::filesystem::path& path, const nlohmann::json& value, std::uint64_t limit,
                          const std::string& where) {
   limit = std::min<std::uint64_t>(limit, std::uint64_t{1} << 31);
-  if (!value.is_number_integer() || (value.is_number_unsigned() ? value.get<std::uint64_t>() >= limit
-                                                                : value.get<std::int64_t>() < 0 ||
-                                                                      static_cast<std::uint64_t>(value.get<std::int64_t>()) >= limit)) {
+  if (!value.is_number_integer() ||
+      (value.is_number_unsigned()
+           ? value.get<std::uint64_t>() >= limit
+           : value.get<std::int64_t>() < 0 || static_cast<std::uint64_t>(value.get<std::int64_t>()) >= limit)) {
     refuse(path, where + ": id " + value.dump() + " is not an integer in [0, " + std::to_string(limit) +
                      ") (ids are bounded by the file's size in bytes)");
   }
@@ -169,7 +172,8 @@ std::uint32_t checked_id(const std::filesystem::path& path, const nlohmann::json
 }
 
 bool is_false_or_absent(const nlohmann::json& object, const char* key) {
-  return !object.contains(key) || object.at(key).is_null() || (object.at(key).is_boolean() && !object.at(key).get<bool>());
+  return !object.contains(key) || object.at(key).is_null() ||
+         (object.at(key).is_boolean() && !object.at(key).get<bool>());
 }
 
 bool is_empty_or_absent(const nlohmann::json& object, const char* key) {
@@ -188,7 +192,8 @@ std::vector<std::uint32_t> ByteTokenizer::encode(std::string_view text) {
 std::string ByteTokenizer::decode(std::span<const std::uint32_t> ids) const {
   std::string out(ids.size(), '\0');
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] > 255) throw core::InputError("byte tokenizer: id " + std::to_string(ids[i]) + " is not a byte (vocab 256)");
+    if (ids[i] > 255)
+      throw core::InputError("byte tokenizer: id " + std::to_string(ids[i]) + " is not a byte (vocab 256)");
     out[i] = static_cast<char>(ids[i]);
   }
   return out;
@@ -211,7 +216,8 @@ BpeTokenizer::BpeTokenizer(const std::filesystem::path& path) : path_(path) {
   }
   try {
     const nlohmann::json& model = root.at("model");
-    if (model.value("type", std::string("BPE")) != "BPE") refuse(path, "model type '" + model.at("type").get<std::string>() + "' is not BPE");
+    if (model.value("type", std::string("BPE")) != "BPE")
+      refuse(path, "model type '" + model.at("type").get<std::string>() + "' is not BPE");
     if (!is_false_or_absent(model, "byte_fallback")) refuse(path, "model.byte_fallback is not supported");
     if (!is_empty_or_absent(model, "continuing_subword_prefix") || !is_empty_or_absent(model, "end_of_word_suffix")) {
       refuse(path, "model.continuing_subword_prefix / end_of_word_suffix are not supported");
@@ -221,7 +227,8 @@ BpeTokenizer::BpeTokenizer(const std::filesystem::path& path) : path_(path) {
 
     const nlohmann::json& normalizer = root.at("normalizer");
     if (!normalizer.is_null()) {
-      if (normalizer.value("type", std::string()) != "NFC") refuse(path, "normalizer " + normalizer.dump() + " is not supported (null or NFC)");
+      if (normalizer.value("type", std::string()) != "NFC")
+        refuse(path, "normalizer " + normalizer.dump() + " is not supported (null or NFC)");
       nfc_ = true;
     }
 
@@ -236,7 +243,8 @@ BpeTokenizer::BpeTokenizer(const std::filesystem::path& path) : path_(path) {
         is_false_or_absent(pre.at("pretokenizers")[1], "add_prefix_space") &&
         is_false_or_absent(pre.at("pretokenizers")[1], "use_regex");
     if (!qwen2_pre_tokenizer) {
-      refuse(path, "pre_tokenizer is not the Qwen2 one (Split on the Qwen2 regex, Isolated, then ByteLevel without regex)");
+      refuse(path,
+             "pre_tokenizer is not the Qwen2 one (Split on the Qwen2 regex, Isolated, then ByteLevel without regex)");
     }
 
     // Vocabulary: byte-level strings -> raw bytes.
@@ -288,13 +296,15 @@ BpeTokenizer::BpeTokenizer(const std::filesystem::path& path) : path_(path) {
       } else {
         const std::string pair = merges[rank].get<std::string>();
         const std::size_t space = pair.find(' ');
-        if (space == std::string::npos) refuse(path, "merge " + std::to_string(rank) + " '" + pair + "' is not two tokens");
+        if (space == std::string::npos)
+          refuse(path, "merge " + std::to_string(rank) + " '" + pair + "' is not two tokens");
         left = pair.substr(0, space);
         right = pair.substr(space + 1);
       }
       const auto l = vocab.find(left), r = vocab.find(right), m = vocab.find(left + right);
       if (l == vocab.end() || r == vocab.end() || m == vocab.end()) {
-        refuse(path, "merge " + std::to_string(rank) + " ('" + left + "', '" + right + "') uses a token missing from the vocabulary");
+        refuse(path, "merge " + std::to_string(rank) + " ('" + left + "', '" + right +
+                         "') uses a token missing from the vocabulary");
       }
       const std::uint64_t key = (std::uint64_t{l->second} << 32) | r->second;
       merges_.try_emplace(key, Merge{static_cast<std::uint32_t>(rank), m->second});
@@ -303,7 +313,8 @@ BpeTokenizer::BpeTokenizer(const std::filesystem::path& path) : path_(path) {
     for (const auto& added : root.at("added_tokens")) {
       if (!is_false_or_absent(added, "single_word") || !is_false_or_absent(added, "lstrip") ||
           !is_false_or_absent(added, "rstrip")) {
-        refuse(path, "added token " + added.at("content").get<std::string>() + " sets single_word, lstrip or rstrip (not supported)");
+        refuse(path, "added token " + added.at("content").get<std::string>() +
+                         " sets single_word, lstrip or rstrip (not supported)");
       }
       AddedToken token{added.at("content").get<std::string>(), added.at("id").get<std::uint32_t>()};
       if (token.content.empty()) refuse(path, "an added token is empty");
@@ -311,13 +322,16 @@ BpeTokenizer::BpeTokenizer(const std::filesystem::path& path) : path_(path) {
       id_known_[token.id] = true;
       id_special_[token.id] = added.value("special", false);
       if (added.value("normalized", false)) {
-        if (nfc_) token.content = unicode::encode_utf8(unicode::nfc(unicode::decode_utf8(token.content, "added token")));
+        if (nfc_)
+          token.content = unicode::encode_utf8(unicode::nfc(unicode::decode_utf8(token.content, "added token")));
         normalized_added_.push_back(std::move(token));
       } else {
         raw_added_.push_back(std::move(token));
       }
     }
-    const auto longer_first = [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); };
+    const auto longer_first = [](const AddedToken& a, const AddedToken& b) {
+      return a.content.size() > b.content.size();
+    };
     std::stable_sort(raw_added_.begin(), raw_added_.end(), longer_first);
     std::stable_sort(normalized_added_.begin(), normalized_added_.end(), longer_first);
   } catch (const nlohmann::json::exception& e) {
@@ -431,7 +445,8 @@ std::string BpeTokenizer::decode(std::span<const std::uint32_t> ids) const {
   std::string out;
   for (std::uint32_t id : ids) {
     if (id >= vocab_size_ || !id_known_[id]) {
-      throw core::InputError("tokenizer '" + path_.string() + "': id " + std::to_string(id) + " is not in the vocabulary");
+      throw core::InputError("tokenizer '" + path_.string() + "': id " + std::to_string(id) +
+                             " is not in the vocabulary");
     }
     out += id_bytes_[id];
   }

@@ -59,7 +59,8 @@ void decompose(char32_t c, std::u32string& out) {
 
 // The primary composite of (first, second), or 0.
 char32_t compose(char32_t first, char32_t second) {
-  if (first >= kLeadBase && first < kLeadBase + kLeadCount && second >= kVowelBase && second < kVowelBase + kVowelCount) {
+  if (first >= kLeadBase && first < kLeadBase + kLeadCount && second >= kVowelBase &&
+      second < kVowelBase + kVowelCount) {
     return kHangulBase + ((first - kLeadBase) * kVowelCount + (second - kVowelBase)) * kTrailCount;
   }
   if (first >= kHangulBase && first < kHangulBase + kHangulCount && (first - kHangulBase) % kTrailCount == 0 &&
@@ -152,10 +153,15 @@ bool is_number(char32_t c) {
 bool is_whitespace(char32_t c) {
   if (c < 0x80) return c == ' ' || (c >= 0x09 && c <= 0x0D);
   switch (c) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
-      return true;
-    default:
-      return c >= 0x2000 && c <= 0x200A;
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000: return true;
+    default: return c >= 0x2000 && c <= 0x200A;
   }
 }
 
@@ -181,7 +187,8 @@ std::u32string nfc(std::u32string_view text) {
     }
     std::size_t end = i;
     while (end < decomposed.size() && combining_class(decomposed[end]) != 0) ++end;
-    std::stable_sort(decomposed.begin() + static_cast<std::ptrdiff_t>(i), decomposed.begin() + static_cast<std::ptrdiff_t>(end),
+    std::stable_sort(decomposed.begin() + static_cast<std::ptrdiff_t>(i),
+                     decomposed.begin() + static_cast<std::ptrdiff_t>(end),
                      [](char32_t a, char32_t b) { return combining_class(a) < combining_class(b); });
     i = end;
   }

@@ -147,11 +147,11 @@ int main(int argc, char** argv) {
     }
     core::finish_standard_output();
     const double new_tokens = static_cast<double>(result.ids.size());
-    std::fprintf(stderr, "prefill: %zu tokens in %.2f ms (%.0f tok/s) | decode: %zu tokens in %.3f s (%.1f tok/s)%s | %s\n",
-                 ids.size(), result.prefill_seconds * 1e3, static_cast<double>(ids.size()) / result.prefill_seconds,
-                 result.ids.size(), result.decode_seconds,
-                 result.decode_seconds > 0 ? new_tokens / result.decode_seconds : 0.0,
-                 result.stopped ? ", stopped at an end-of-sequence id" : "", device.c_str());
+    std::fprintf(
+        stderr, "prefill: %zu tokens in %.2f ms (%.0f tok/s) | decode: %zu tokens in %.3f s (%.1f tok/s)%s | %s\n",
+        ids.size(), result.prefill_seconds * 1e3, static_cast<double>(ids.size()) / result.prefill_seconds,
+        result.ids.size(), result.decode_seconds, result.decode_seconds > 0 ? new_tokens / result.decode_seconds : 0.0,
+        result.stopped ? ", stopped at an end-of-sequence id" : "", device.c_str());
     return 0;
   } catch (const core::InputError& e) {
     std::fprintf(stderr, "generate: %s\n", e.what());

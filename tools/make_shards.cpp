@@ -52,15 +52,13 @@ using Clock = std::chrono::steady_clock;
 
 std::string errno_text() { return std::strerror(errno); }
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 // --- inputs -------------------------------------------------------------------------------------
 
 struct Input {
-  std::string path;             // "-" for standard input
-  std::uint64_t size = 0;       // bytes, 0 when unknown (a pipe)
+  std::string path;        // "-" for standard input
+  std::uint64_t size = 0;  // bytes, 0 when unknown (a pipe)
   bool size_known = false;
 };
 
@@ -275,7 +273,8 @@ class ChunkReader {
       case Cuts::lines: {
         if (from >= buffer_.size()) return std::string::npos;
         const void* nl = ::memrchr(buffer_.data() + from, '\n', buffer_.size() - from);
-        return nl == nullptr ? std::string::npos : static_cast<std::size_t>(static_cast<const char*>(nl) - buffer_.data()) + 1;
+        return nl == nullptr ? std::string::npos
+                             : static_cast<std::size_t>(static_cast<const char*>(nl) - buffer_.data()) + 1;
       }
       case Cuts::anywhere: return buffer_.empty() ? std::string::npos : buffer_.size();
       case Cuts::plain_text:
@@ -497,8 +496,10 @@ class ShardStream {
 
 std::string format_bytes(double bytes) {
   char out[32];
-  if (bytes >= 1e9) std::snprintf(out, sizeof out, "%.2f GB", bytes / 1e9);
-  else std::snprintf(out, sizeof out, "%.1f MB", bytes / 1e6);
+  if (bytes >= 1e9)
+    std::snprintf(out, sizeof out, "%.2f GB", bytes / 1e9);
+  else
+    std::snprintf(out, sizeof out, "%.1f MB", bytes / 1e6);
   return out;
 }
 
@@ -526,12 +527,14 @@ class Progress {
       const double fraction = std::min(1.0, static_cast<double>(done) / static_cast<double>(*total_));
       constexpr int kWidth = 30;
       const int filled = static_cast<int>(fraction * kWidth);
-      line = "[" + std::string(static_cast<std::size_t>(filled), '#') + std::string(static_cast<std::size_t>(kWidth - filled), '.') + "] ";
+      line = "[" + std::string(static_cast<std::size_t>(filled), '#') +
+             std::string(static_cast<std::size_t>(kWidth - filled), '.') + "] ";
       char figures[160];
-      std::snprintf(figures, sizeof figures, "%5.1f%%  %s / %s  %s/s  ETA %s", 100 * fraction,
-                    format_bytes(static_cast<double>(done)).c_str(), format_bytes(static_cast<double>(*total_)).c_str(),
-                    format_bytes(rate).c_str(),
-                    rate > 0 ? format_duration(static_cast<double>(*total_ - std::min(done, *total_)) / rate).c_str() : "?");
+      std::snprintf(
+          figures, sizeof figures, "%5.1f%%  %s / %s  %s/s  ETA %s", 100 * fraction,
+          format_bytes(static_cast<double>(done)).c_str(), format_bytes(static_cast<double>(*total_)).c_str(),
+          format_bytes(rate).c_str(),
+          rate > 0 ? format_duration(static_cast<double>(*total_ - std::min(done, *total_)) / rate).c_str() : "?");
       line += figures;
     } else {
       line = format_bytes(static_cast<double>(done)) + "  " + format_bytes(rate) + "/s";
@@ -566,9 +569,12 @@ nlohmann::json added_tokens(const std::string& path) {
     for (std::size_t i = open; i < text.size(); ++i) {
       const char c = text[i];
       if (in_string) {
-        if (escaped) escaped = false;
-        else if (c == '\\') escaped = true;
-        else if (c == '"') in_string = false;
+        if (escaped)
+          escaped = false;
+        else if (c == '\\')
+          escaped = true;
+        else if (c == '"')
+          in_string = false;
       } else if (c == '"') {
         in_string = true;
       } else if (c == '[' || c == '{') {
@@ -608,7 +614,8 @@ bool added_token_spans_line_cut(const std::string& path) {
 
 // A tokenizer for one more thread: a copy of the loaded one (cheaper than parsing the file again).
 std::unique_ptr<text::Tokenizer> copy_of(const text::Tokenizer& tokenizer) {
-  if (const auto* bpe = dynamic_cast<const text::BpeTokenizer*>(&tokenizer)) return std::make_unique<text::BpeTokenizer>(*bpe);
+  if (const auto* bpe = dynamic_cast<const text::BpeTokenizer*>(&tokenizer))
+    return std::make_unique<text::BpeTokenizer>(*bpe);
   return std::make_unique<text::ByteTokenizer>();
 }
 
@@ -638,8 +645,7 @@ class Pipeline {
  public:
   // `prototype` is copied by each worker and must not be used meanwhile.
   Pipeline(const Options& options, const text::Tokenizer& prototype)
-      : options_(options), prototype_(prototype),
-        max_in_flight_(2 * static_cast<std::size_t>(options.threads) + 2) {}
+      : options_(options), prototype_(prototype), max_in_flight_(2 * static_cast<std::size_t>(options.threads) + 2) {}
 
   void run(ShardStream& train, ShardStream* val, std::vector<InputStats>& stats) {
     train_ = &train;
@@ -647,8 +653,10 @@ class Pipeline {
     stats_ = &stats;
     std::optional<std::uint64_t> total = std::uint64_t{0};
     for (const Input& input : options_.inputs) {
-      if (input.size_known && total) *total += input.size;
-      else total.reset();
+      if (input.size_known && total)
+        *total += input.size;
+      else
+        total.reset();
     }
     progress_.emplace(options_.progress, total);
     for (unsigned t = 0; t < options_.threads; ++t) workers_.emplace_back([this] { work(); });
@@ -733,9 +741,8 @@ class Pipeline {
         std::pair<Chunk, Encoded> item;
         {
           std::unique_lock lock(mutex_);
-          done_ready_.wait(lock, [&] {
-            return finished_.count(next) > 0 || (reading_done_ && next == chunks_read_) || error_;
-          });
+          done_ready_.wait(
+              lock, [&] { return finished_.count(next) > 0 || (reading_done_ && next == chunks_read_) || error_; });
           if (error_ || finished_.count(next) == 0) return;
           auto node = finished_.extract(next);
           item = std::move(node.mapped());
@@ -754,7 +761,8 @@ class Pipeline {
   }
 
   void begin_document() {
-    const bool to_val = val_ != nullptr && options_.val_every > 0 && documents_ % options_.val_every == options_.val_every - 1;
+    const bool to_val =
+        val_ != nullptr && options_.val_every > 0 && documents_ % options_.val_every == options_.val_every - 1;
     ++documents_;
     current_ = to_val ? val_ : train_;
     if (current_->documents++ > 0 && !options_.separator.empty()) {
@@ -904,9 +912,9 @@ int main(int argc, char** argv) {
     if (std::count(input_paths.begin(), input_paths.end(), "-") > 1) throw core::InputError("'-' given twice");
     check_outputs(input_paths, options.train_out, options.val_out);
     options.kind = options.jsonl_field.empty() ? InputKind::plain_text : InputKind::jsonl;
-    options.cuts = options.kind == InputKind::jsonl          ? Cuts::lines
+    options.cuts = options.kind == InputKind::jsonl   ? Cuts::lines
                    : options.tokenizer_spec == "byte" ? Cuts::anywhere
-                                                             : Cuts::plain_text;
+                                                      : Cuts::plain_text;
     options.threads = threads;
     options.chunk_bytes = chunk_kib * 1024;
     options.progress = options.progress || ::isatty(STDERR_FILENO) != 0;
@@ -959,13 +967,14 @@ int main(int argc, char** argv) {
     const double seconds = seconds_since(start);
     std::printf("tokenizer %s (vocab %u), %llu bytes -> %llu tokens (%.3f bytes/token), dtype %s\n",
                 tokenizer_name.c_str(), vocab_size, static_cast<unsigned long long>(bytes),
-                static_cast<unsigned long long>(all), all == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(all),
-                dtype_name(dtype));
+                static_cast<unsigned long long>(all),
+                all == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(all), dtype_name(dtype));
     std::printf("%llu documents, separator %s, %u threads, %.2f s (%.1f MB/s)\n",
                 static_cast<unsigned long long>(documents), ids_text(options.separator).c_str(), options.threads,
                 seconds, seconds > 0 ? static_cast<double>(bytes) / seconds / 1e6 : 0.0);
     train.finish();
-    std::printf("train: %llu tokens -> %s\n", static_cast<unsigned long long>(train.count()), options.train_out.c_str());
+    std::printf("train: %llu tokens -> %s\n", static_cast<unsigned long long>(train.count()),
+                options.train_out.c_str());
     if (val) {
       val->finish();
       std::printf("val:   %llu tokens -> %s\n", static_cast<unsigned long long>(val->count()), options.val_out.c_str());

@@ -170,7 +170,8 @@ int main(int argc, char** argv) {
   line(img, left, height - bottom, width - right, height - bottom, {60, 60, 60});
   for (std::size_t i = 1; i < train.size(); ++i) {
     if (!std::isfinite(train[i - 1].second) || !std::isfinite(train[i].second)) continue;
-    line(img, px(train[i - 1].first), py(train[i - 1].second), px(train[i].first), py(train[i].second), {31, 119, 180}, 2);
+    line(img, px(train[i - 1].first), py(train[i - 1].second), px(train[i].first), py(train[i].second), {31, 119, 180},
+         2);
   }
   for (std::size_t i = 0; i < val.size(); ++i) {
     if (!std::isfinite(val[i].second)) continue;

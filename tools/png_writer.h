@@ -12,7 +12,8 @@ struct RgbImage {
   int width = 0, height = 0;
   std::vector<std::uint8_t> pixels;  // row-major RGB
 
-  RgbImage(int w, int h, std::uint8_t gray = 255) : width(w), height(h), pixels(static_cast<std::size_t>(w) * h * 3, gray) {}
+  RgbImage(int w, int h, std::uint8_t gray = 255)
+      : width(w), height(h), pixels(static_cast<std::size_t>(w) * h * 3, gray) {}
   void set(int x, int y, std::uint8_t r, std::uint8_t g, std::uint8_t b) {
     if (x < 0 || y < 0 || x >= width || y >= height) return;
     std::uint8_t* p = &pixels[(static_cast<std::size_t>(y) * width + x) * 3];

@@ -168,7 +168,8 @@ void read_exact(int fd, const fs::path& path, std::uint64_t offset, void* out, s
     const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw core::InputError(path.string() + ": cannot read (" + errno_text() + ")");
-    if (n == 0) throw core::InputError(path.string() + ": truncated (ends before byte " + std::to_string(offset + bytes) + ")");
+    if (n == 0)
+      throw core::InputError(path.string() + ": truncated (ends before byte " + std::to_string(offset + bytes) + ")");
     p += n;
     offset += static_cast<std::uint64_t>(n);
     bytes -= static_cast<std::size_t>(n);
@@ -272,8 +273,8 @@ std::vector<optim::StatePiece> default_pieces(optim::Range owned, std::int64_t p
 
 json write_buffer_file(const fs::path& directory, const BufferToSave& b, optim::Range shard, int rank,
                        PinnedStaging& staging) {
-  const std::string file_name = (b.kind == "master" ? std::string("master") : "state." + b.name) + ".rank" +
-                                std::to_string(rank) + ".bin";
+  const std::string file_name =
+      (b.kind == "master" ? std::string("master") : "state." + b.name) + ".rank" + std::to_string(rank) + ".bin";
   const std::size_t entry_bytes = core::dtype_size(b.dtype);
   FileHeader header;
   header.element_bytes = static_cast<std::uint32_t>(entry_bytes);
@@ -286,13 +287,14 @@ json write_buffer_file(const fs::path& directory, const BufferToSave& b, optim::
     payload_entries += static_cast<std::uint64_t>(p.entries);
   }
   header.payload_bytes = payload_entries * entry_bytes;
-  header.elementwise = b.elements_per_entry == 1 && b.pieces.size() == 1 && !b.pieces[0].whole &&
-                       b.pieces[0].global == shard;
+  header.elementwise =
+      b.elements_per_entry == 1 && b.pieces.size() == 1 && !b.pieces[0].whole && b.pieces[0].global == shard;
   SyncedFile file(directory / file_name);
   const auto encoded = header.encode();
   file.write(encoded.data(), encoded.size());
   for (const optim::StatePiece& p : b.pieces) {
-    staging.write(file, static_cast<const char*>(b.buffer->data()) + static_cast<std::size_t>(p.entry_offset) * entry_bytes,
+    staging.write(file,
+                  static_cast<const char*>(b.buffer->data()) + static_cast<std::size_t>(p.entry_offset) * entry_bytes,
                   static_cast<std::size_t>(p.entries) * entry_bytes);
   }
   file.finish();
@@ -327,13 +329,18 @@ json layout_json(const optim::SlabLayout& layout) {
 }
 
 json optimizer_json(const optim::OptimizerConfig& c) {
-  json j = {{"type", c.type},           {"lr", c.lr},
-            {"beta1", c.beta1},         {"beta2", c.beta2},
-            {"eps", c.eps},             {"weight_decay", c.weight_decay},
-            {"grad_clip", c.grad_clip}, {"nonfinite", optim::nonfinite_policy_name(c.nonfinite)}};
+  json j = {{"type", c.type},
+            {"lr", c.lr},
+            {"beta1", c.beta1},
+            {"beta2", c.beta2},
+            {"eps", c.eps},
+            {"weight_decay", c.weight_decay},
+            {"grad_clip", c.grad_clip},
+            {"nonfinite", optim::nonfinite_policy_name(c.nonfinite)}};
   if (c.type == "adamw8bit") {
-    j["adamw8bit"] = {{"min_8bit_size", c.adamw8bit.min_8bit_size},
-                      {"quantization", c.adamw8bit.quantization == optim::Quantization::linear ? "linear" : "companded"}};
+    j["adamw8bit"] = {
+        {"min_8bit_size", c.adamw8bit.min_8bit_size},
+        {"quantization", c.adamw8bit.quantization == optim::Quantization::linear ? "linear" : "companded"}};
   }
   if (c.type == "adafactor") {
     const optim::AdafactorConfig& a = c.adafactor;
@@ -387,8 +394,8 @@ std::vector<fs::path> unfinished_writes(const fs::path& root) {
   if (!fs::is_directory(root, ec)) return out;
   for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.size() > 4 && name.ends_with(".tmp") && step_of(entry.path().parent_path() / name.substr(0, name.size() - 4)) >= 0 &&
-        entry.is_directory(ec)) {
+    if (name.size() > 4 && name.ends_with(".tmp") &&
+        step_of(entry.path().parent_path() / name.substr(0, name.size() - 4)) >= 0 && entry.is_directory(ec)) {
       out.push_back(entry.path());
     }
   }
@@ -502,9 +509,9 @@ void verify_buffer_file(const fs::path& directory, const json& entry, bool conte
 }
 
 core::DType dtype_from_name(const fs::path& manifest_path, const std::string& name) {
-  for (core::DType t : {core::DType::f32, core::DType::f64, core::DType::bf16, core::DType::f16, core::DType::i8,
-                        core::DType::u8, core::DType::i32, core::DType::u32, core::DType::i64, core::DType::u64,
-                        core::DType::u16}) {
+  for (core::DType t :
+       {core::DType::f32, core::DType::f64, core::DType::bf16, core::DType::f16, core::DType::i8, core::DType::u8,
+        core::DType::i32, core::DType::u32, core::DType::i64, core::DType::u64, core::DType::u16}) {
     if (core::dtype_name(t) == name) return t;
   }
   throw core::InputError(manifest_path.string() + ": unknown dtype '" + name + "'");
@@ -616,7 +623,8 @@ fs::path checkpoint_directory(const fs::path& root, std::int64_t step) {
 }
 
 fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const TrainingProgress& progress,
-                         optim::Optimizer& optimizer, const core::DeviceContext& context, comm::Communicator* communicator) {
+                         optim::Optimizer& optimizer, const core::DeviceContext& context,
+                         comm::Communicator* communicator) {
   comm::SingleRankCommunicator single;
   comm::Communicator& comm = communicator ? *communicator : single;
   const auto started = std::chrono::steady_clock::now();
@@ -638,8 +646,8 @@ fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const Tr
   const optim::Range shard = slab.layout().shard(comm.rank());
   const optim::Range owned = slab.owned();
   std::vector<BufferToSave> buffers;
-  buffers.push_back({"master", "master", core::DType::f32, &slab.master(),
-                     pieces_to_write(default_pieces(owned, 1), 1, shard), 1});
+  buffers.push_back(
+      {"master", "master", core::DType::f32, &slab.master(), pieces_to_write(default_pieces(owned, 1), 1, shard), 1});
   for (const optim::StateBuffer& st : optimizer.state_buffers()) {
     buffers.push_back({st.name, "optimizer_state", st.dtype, st.buffer,
                        pieces_to_write(st.entries(owned), st.elements_per_entry, shard), st.elements_per_entry});
@@ -691,7 +699,8 @@ fs::path save_checkpoint(const fs::path& root, const RunConfig& config, const Tr
       };
       const std::string manifest_text = manifest.dump(2) + "\n";
       write_text_file(temp_dir / kManifestName, manifest_text);
-      write_text_file(temp_dir / kDoneName, "crc32c " + hex32(crc32c(0, manifest_text.data(), manifest_text.size())) + "\n");
+      write_text_file(temp_dir / kDoneName,
+                      "crc32c " + hex32(crc32c(0, manifest_text.data(), manifest_text.size())) + "\n");
       fsync_directory(temp_dir);
 
       std::error_code ec;
@@ -802,7 +811,8 @@ ManifestModel manifest_model_of(const json& manifest, const std::string& where) 
     // Manifests written before the model interface hold a Qwen3 config.json object.
     const models::Family& family = models::family_of_hf_config(m, where + ": model");
     out.family = family.name();
-    out.shape = models::weights_shape(family, models::shape_from_hf(family, m, where + ": model", models::base_shape(family, "")));
+    out.shape = models::weights_shape(
+        family, models::shape_from_hf(family, m, where + ": model", models::base_shape(family, "")));
   }
   return out;
 }
@@ -847,7 +857,8 @@ VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::Sla
       throw core::InputError(manifest_path.string() + ": this checkpoint's " + saved_type +
                              " state treats q/k/v and gate/up as one tensor each, which this version keeps "
                              "separate; resume it with the version that wrote it, or start a new run from its "
-                             "weights with model.init_from: " + directory.string());
+                             "weights with model.init_from: " +
+                             directory.string());
     }
     for (const json& entry : m.at("files")) verify_buffer_file(directory, entry, file_contents);
     out.progress.step = integer<std::int64_t>(m.at("step"));

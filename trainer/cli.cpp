@@ -31,8 +31,9 @@ namespace trainer {
 
 int trainer_main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help") {
-    std::fprintf(stderr, "usage: trainer CONFIG.yaml [section.key=value ...]\n"
-                         "       mpirun -np N trainer CONFIG.yaml [...]   (one rank per GPU)\n");
+    std::fprintf(stderr,
+                 "usage: trainer CONFIG.yaml [section.key=value ...]\n"
+                 "       mpirun -np N trainer CONFIG.yaml [...]   (one rank per GPU)\n");
     return argc < 2 ? 2 : 0;
   }
   const comm::Environment environment(&argc, &argv);
@@ -49,8 +50,10 @@ int trainer_main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return fail(placement, 2);
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "trainer failed on rank %d: out of host memory (a smaller training.micro_batch_size, "
-                         "data.seq_len or model may fit)\n", placement.rank);
+    std::fprintf(stderr,
+                 "trainer failed on rank %d: out of host memory (a smaller training.micro_batch_size, "
+                 "data.seq_len or model may fit)\n",
+                 placement.rank);
     return fail(placement, 1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trainer failed on rank %d: %s\n", placement.rank, e.what());

@@ -104,8 +104,11 @@ std::size_t invalid_utf8_offset(std::string_view text) {
   for (std::size_t i = 0; i < text.size();) {
     const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
     const unsigned char lead = byte(i);
-    std::size_t length = lead < 0x80 ? 1 : lead >= 0xC2 && lead <= 0xDF ? 2 : lead >= 0xE0 && lead <= 0xEF ? 3
-                                     : lead >= 0xF0 && lead <= 0xF4 ? 4 : 0;
+    std::size_t length = lead < 0x80                    ? 1
+                         : lead >= 0xC2 && lead <= 0xDF ? 2
+                         : lead >= 0xE0 && lead <= 0xEF ? 3
+                         : lead >= 0xF0 && lead <= 0xF4 ? 4
+                                                        : 0;
     if (length == 0 || i + length > text.size()) return i;
     const unsigned char low = lead == 0xE0 ? 0xA0 : lead == 0xF0 ? 0x90 : 0x80;
     const unsigned char high = lead == 0xED ? 0x9F : lead == 0xF4 ? 0x8F : 0xBF;
@@ -316,7 +319,8 @@ std::map<std::string, std::string> apply_overrides(YAML::Node& root, const std::
       continue;
     }
     if (dot == std::string::npos) {
-      throw core::InputError(origin + ": " + section + ": expected " + section + ".KEY=VALUE (a key inside the section)");
+      throw core::InputError(origin + ": " + section + ": expected " + section +
+                             ".KEY=VALUE (a key inside the section)");
     }
     const std::string key = path.substr(dot + 1);
     const auto& known = section_keys().at(section);
@@ -345,8 +349,8 @@ nlohmann::json read_field(const Section& s, const models::ConfigField& f) {
       case models::FieldType::choice: value = v.Scalar(); break;
     }
   } catch (const YAML::Exception&) {
-    const char* expected = f.type == models::FieldType::integer  ? "an integer"
-                           : f.type == models::FieldType::number ? "a number"
+    const char* expected = f.type == models::FieldType::integer   ? "an integer"
+                           : f.type == models::FieldType::number  ? "a number"
                            : f.type == models::FieldType::boolean ? "true or false"
                                                                   : "a string";
     s.fail(f.key, std::string("expected ") + expected + ", got " + describe(v));
@@ -434,7 +438,10 @@ struct SectionSchema {
       : name(std::move(name)), required(required), keys(std::move(keys)) {}
   // A section not made of plain keys (device, model, optimizer): it reads and writes itself.
   SectionSchema(std::string name, ReadSection read, WriteKey write, KeyNames key_names, bool scalar = false)
-      : name(std::move(name)), read(std::move(read)), write(std::move(write)), key_names(std::move(key_names)),
+      : name(std::move(name)),
+        read(std::move(read)),
+        write(std::move(write)),
+        key_names(std::move(key_names)),
         scalar(scalar) {}
 
   std::string name;
@@ -448,9 +455,13 @@ struct SectionSchema {
 
 void emit(YAML::Emitter& out, const std::string& key, std::int64_t v) { out << YAML::Key << key << YAML::Value << v; }
 void emit(YAML::Emitter& out, const std::string& key, std::uint64_t v) { out << YAML::Key << key << YAML::Value << v; }
-void emit(YAML::Emitter& out, const std::string& key, double v) { out << YAML::Key << key << YAML::Value << yaml_number(v); }
+void emit(YAML::Emitter& out, const std::string& key, double v) {
+  out << YAML::Key << key << YAML::Value << yaml_number(v);
+}
 void emit(YAML::Emitter& out, const std::string& key, bool v) { out << YAML::Key << key << YAML::Value << v; }
-void emit(YAML::Emitter& out, const std::string& key, const std::string& v) { out << YAML::Key << key << YAML::Value << v; }
+void emit(YAML::Emitter& out, const std::string& key, const std::string& v) {
+  out << YAML::Key << key << YAML::Value << v;
+}
 // An empty string as null (an unset path).
 void emit_optional(YAML::Emitter& out, const std::string& key, const std::string& v) {
   out << YAML::Key << key << YAML::Value;
@@ -464,8 +475,10 @@ void emit_optional(YAML::Emitter& out, const std::string& key, const std::string
 template <typename Enum>
 using Choices = std::vector<std::pair<std::string, Enum>>;
 const Choices<Precision> kPrecisions = {{"bf16", Precision::bf16}, {"fp32", Precision::fp32}};
-const Choices<ScheduleType> kSchedules = {{"constant", ScheduleType::constant}, {"linear", ScheduleType::linear},
-                                          {"cosine", ScheduleType::cosine}, {"wsd", ScheduleType::wsd}};
+const Choices<ScheduleType> kSchedules = {{"constant", ScheduleType::constant},
+                                          {"linear", ScheduleType::linear},
+                                          {"cosine", ScheduleType::cosine},
+                                          {"wsd", ScheduleType::wsd}};
 template <typename Enum>
 std::string choice_name(const Choices<Enum>& choices, Enum e) {
   for (const auto& [name, value] : choices) {
@@ -497,7 +510,8 @@ Check<double> in_unit_interval() {
 
 // A key bound to a member of a section of RunConfig: read with its type, checked, written back.
 template <typename S, typename T>
-KeySchema entry(const std::string& key, S RunConfig::*section, T S::*member, std::type_identity_t<Check<T>> check = nullptr) {
+KeySchema entry(const std::string& key, S RunConfig::*section, T S::*member,
+                std::type_identity_t<Check<T>> check = nullptr) {
   return {key,
           [=](const Section& s, RunConfig& c) {
             read_value(s, key, c.*section.*member);
@@ -557,12 +571,14 @@ void write_model(YAML::Emitter& out, const RunConfig& c) {
 const std::vector<SectionSchema>& schema() {
   static const std::vector<SectionSchema> sections = [] {
     std::vector<SectionSchema> s;
-    s.push_back({"run", true,
+    s.push_back({"run",
+                 true,
                  {entry("name", &RunConfig::run, &RunSection::name),
-                  required(entry<RunSection, std::string>("output_dir", &RunConfig::run, &RunSection::output_dir,
-                                                         [](const Section& s, const std::string& key, const std::string& v, const RunConfig&) {
-                                                           s.check(!v.empty(), key, "a directory path", "''");
-                                                         }),
+                  required(entry<RunSection, std::string>(
+                               "output_dir", &RunConfig::run, &RunSection::output_dir,
+                               [](const Section& s, const std::string& key, const std::string& v, const RunConfig&) {
+                                 s.check(!v.empty(), key, "a directory path", "''");
+                               }),
                            "the directory for checkpoints, logs and the resolved config"),
                   {"seed",
                    [](const Section& s, RunConfig& c) {
@@ -572,9 +588,10 @@ const std::vector<SectionSchema>& schema() {
                      c.run.seed = static_cast<std::uint64_t>(seed);
                    },
                    [](YAML::Emitter& out, const RunConfig& c) { emit(out, "seed", c.run.seed); }}}});
-    s.push_back({"device", read_device,
-                 [](YAML::Emitter& out, const RunConfig& c) { emit(out, "device", std::string(device_name(c.device))); },
-                 nullptr, true});
+    s.push_back(
+        {"device", read_device,
+         [](YAML::Emitter& out, const RunConfig& c) { emit(out, "device", std::string(device_name(c.device))); },
+         nullptr, true});
     s.push_back({"model",
                  [](const Reader& reader, const YAML::Node& root, RunConfig& c) {
                    read_model(Section(reader, root, "model", true), c.model);
@@ -585,22 +602,25 @@ const std::vector<SectionSchema>& schema() {
                    for (const auto& key : model_shape_keys()) keys.push_back(key);
                    return keys;
                  }});
-    s.push_back({"data", true,
-                 {required(entry("train", &RunConfig::data, &DataConfig::train, data_file("training data")), "a token shard path"),
+    s.push_back({"data",
+                 true,
+                 {required(entry("train", &RunConfig::data, &DataConfig::train, data_file("training data")),
+                           "a token shard path"),
                   {"val",
                    [](const Section& s, RunConfig& c) {
                      s.string("val", c.data.val);
                      data_file("validation data")(s, "val", c.data.val, c);
                    },
                    [](YAML::Emitter& out, const RunConfig& c) { emit_optional(out, "val", c.data.val); }},
-                  entry<DataConfig, std::int64_t>("seq_len", &RunConfig::data, &DataConfig::seq_len,
-                                                 [](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig& c) {
-                                                   const auto spec = model_spec(c);
-                                                   s.check(v > 0 && v <= spec->max_sequence_length(), key,
-                                                           "an integer in [1, " + std::to_string(spec->max_sequence_length()) +
-                                                               "] (model max_position_embeddings)",
-                                                           std::to_string(v));
-                                                 }),
+                  entry<DataConfig, std::int64_t>(
+                      "seq_len", &RunConfig::data, &DataConfig::seq_len,
+                      [](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig& c) {
+                        const auto spec = model_spec(c);
+                        s.check(v > 0 && v <= spec->max_sequence_length(), key,
+                                "an integer in [1, " + std::to_string(spec->max_sequence_length()) +
+                                    "] (model max_position_embeddings)",
+                                std::to_string(v));
+                      }),
                   entry<DataConfig, std::string>(
                       "tokenizer", &RunConfig::data, &DataConfig::tokenizer,
                       [](const Section& s, const std::string& key, const std::string& v, const RunConfig& c) {
@@ -610,9 +630,10 @@ const std::vector<SectionSchema>& schema() {
                         }
                         const auto spec = model_spec(c);
                         if (spec->vocab_size() < 256) {
-                          throw core::InputError(s.where_in("model.vocab_size", "model") +
-                                                 ": model.vocab_size: the byte tokenizer needs vocab_size >= 256, got " +
-                                                 std::to_string(spec->vocab_size()));
+                          throw core::InputError(
+                              s.where_in("model.vocab_size", "model") +
+                              ": model.vocab_size: the byte tokenizer needs vocab_size >= 256, got " +
+                              std::to_string(spec->vocab_size()));
                         }
                       })}});
     s.push_back(
@@ -723,7 +744,8 @@ const std::vector<SectionSchema>& schema() {
                      emit(out, "zero_stage", static_cast<std::int64_t>(c.parallel.zero_stage));
                    }},
                   entry("timeout_s", &RunConfig::parallel, &ParallelConfig::timeout_s, at_least(1))}});
-    s.push_back({"checkpoint", false,
+    s.push_back({"checkpoint",
+                 false,
                  {entry("every", &RunConfig::checkpoint, &CheckpointConfig::every, at_least(0)),
                   entry("keep_last", &RunConfig::checkpoint, &CheckpointConfig::keep_last, at_least(0)),
                   entry("at_end", &RunConfig::checkpoint, &CheckpointConfig::at_end),
@@ -736,7 +758,8 @@ const std::vector<SectionSchema>& schema() {
                           require_existing_path(s, key, v, "checkpoint (resume: auto, never or a path)");
                         }
                       })}});
-    s.push_back({"eval", false,
+    s.push_back({"eval",
+                 false,
                  {{"every",
                    [](const Section& s, RunConfig& c) {
                      if (!c.data.val.empty()) c.eval.every = 200;
@@ -779,7 +802,8 @@ const std::vector<SectionSchema>& schema() {
     s.push_back({"logging", false,
                  {entry("every", &RunConfig::logging, &LoggingConfig::every, at_least(1)),
                   entry("tensorboard", &RunConfig::logging, &LoggingConfig::tensorboard)}});
-    s.push_back({"sample", false,
+    s.push_back({"sample",
+                 false,
                  {entry("every", &RunConfig::sample, &SampleConfig::every, at_least(0)),
                   entry("tokens", &RunConfig::sample, &SampleConfig::tokens, at_least(1)),
                   entry("prompt", &RunConfig::sample, &SampleConfig::prompt)}});
@@ -861,8 +885,8 @@ RunConfig parse_run_config(const std::string& yaml, const std::string& source,
   }
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) {
-    throw core::InputError(source + ": expected a mapping with the sections " + joined(top_level_keys()) +
-                           ", got " + describe(root));
+    throw core::InputError(source + ": expected a mapping with the sections " + joined(top_level_keys()) + ", got " +
+                           describe(root));
   }
   const Reader reader(source, apply_overrides(root, overrides));
   return read_config(root, reader);
@@ -872,7 +896,8 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   constexpr std::uintmax_t kMaxConfigBytes = 1 << 20;
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
-    throw core::InputError(path + ": " + (std::filesystem::exists(path, ec) ? "not a regular file" : "cannot open the config file"));
+    throw core::InputError(path + ": " +
+                           (std::filesystem::exists(path, ec) ? "not a regular file" : "cannot open the config file"));
   }
   if (std::filesystem::file_size(path, ec) > kMaxConfigBytes) {
     throw core::InputError(path + ": larger than " + std::to_string(kMaxConfigBytes) + " bytes: not a config file");

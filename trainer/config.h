@@ -42,7 +42,7 @@ enum class Precision { bf16, fp32 };
 
 struct RunSection {
   std::string name = "run";
-  std::string output_dir;   // required
+  std::string output_dir;  // required
   std::uint64_t seed = 1234;
 
   bool operator==(const RunSection&) const = default;
@@ -50,10 +50,10 @@ struct RunSection {
 
 struct ModelConfig {
   std::string arch = "qwen3";
-  std::string preset;         // empty: none (only with init_from)
-  models::Shape shape;        // every field of the family: fallbacks, the preset, then the keys given
+  std::string preset;              // empty: none (only with init_from)
+  models::Shape shape;             // every field of the family: fallbacks, the preset, then the keys given
   std::vector<std::string> given;  // the field keys the config or an override set, in table order
-  std::string init_from;      // empty: random initialisation
+  std::string init_from;           // empty: random initialisation
   // Set by resolve_init_from: the config.json keys of the folder or checkpoint started from,
   // carried into the checkpoints' manifests and exports (token ids and other metadata).
   nlohmann::json carried_hf_config;
@@ -66,10 +66,10 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string train;                // token shard file(s), required
-  std::string val;                  // empty: no validation data (eval.every must then be 0)
-  std::int64_t seq_len = 1024;      // tokens per sequence, <= the model's max_position_embeddings
-  std::string tokenizer = "byte";   // byte (vocab_size >= 256) or a tokenizer.json path
+  std::string train;               // token shard file(s), required
+  std::string val;                 // empty: no validation data (eval.every must then be 0)
+  std::int64_t seq_len = 1024;     // tokens per sequence, <= the model's max_position_embeddings
+  std::string tokenizer = "byte";  // byte (vocab_size >= 256) or a tokenizer.json path
 
   bool operator==(const DataConfig&) const = default;
 };
@@ -80,7 +80,7 @@ struct TrainingConfig {
   // world size (checked by validate_for_world). Unset (`auto` in YAML): micro_batch_size x world
   // size, i.e. no gradient accumulation.
   std::optional<std::int64_t> global_batch_size;
-  std::int64_t max_steps = 0;  // optimizer steps, required
+  std::int64_t max_steps = 0;             // optimizer steps, required
   Precision precision = Precision::bf16;  // cuda requires bf16, cpu fp32; defaults to the device's
   // Max global L2 norm of the gradients (0 disables). It lives here, not in the optimizer section,
   // and is copied into RunConfig::optimizer.grad_clip.
@@ -97,10 +97,10 @@ struct ParallelConfig {
 };
 
 struct CheckpointConfig {
-  std::int64_t every = 1000;     // steps between checkpoints; 0: only on a signal and at the end
-  std::int64_t keep_last = 3;    // complete checkpoints kept; 0 keeps all
-  std::string resume = "auto";   // auto: newest complete checkpoint if any; never; or a checkpoint path
-  bool at_end = true;            // save after the last step (benchmarks turn it off)
+  std::int64_t every = 1000;    // steps between checkpoints; 0: only on a signal and at the end
+  std::int64_t keep_last = 3;   // complete checkpoints kept; 0 keeps all
+  std::string resume = "auto";  // auto: newest complete checkpoint if any; never; or a checkpoint path
+  bool at_end = true;           // save after the last step (benchmarks turn it off)
   // Resuming with another data.seq_len or global batch changes the order in which the data is
   // seen (windows cut at other offsets, or taken at another rate): refused unless this is set.
   bool allow_data_change = false;
@@ -131,8 +131,8 @@ struct LoggingConfig {
 };
 
 struct SampleConfig {
-  std::int64_t every = 0;      // steps between generated samples (0: never)
-  std::int64_t tokens = 128;   // tokens generated per sample
+  std::int64_t every = 0;     // steps between generated samples (0: never)
+  std::int64_t tokens = 128;  // tokens generated per sample
   std::string prompt = "Once upon a time";
 
   bool operator==(const SampleConfig&) const = default;

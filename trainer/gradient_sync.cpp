@@ -19,7 +19,8 @@ GradientSync::GradientSync(comm::Communicator& comm, optim::Slab& slab, const co
   }
   if (slab.shard_gradients()) {
     if (!context.is_cuda()) throw core::Error("gradient sync: sharded gradients need the cuda backend");
-    if (staging_elements <= 0) throw core::Error("gradient sync: sharded gradients need staging (staging_elements > 0)");
+    if (staging_elements <= 0)
+      throw core::Error("gradient sync: sharded gradients need staging (staging_elements > 0)");
     slot_elements_ = staging_elements;
     staging_ = core::Buffer(context.device(), static_cast<std::size_t>(kSlots * slot_elements_) * sizeof(float));
   }
@@ -29,8 +30,8 @@ float* GradientSync::acquire(optim::Range range) {
   if (!staged()) return slab_.grad_origin() + range.begin;
   if (open_slot_ >= 0) throw core::Error("gradient sync: a staged range is still open");
   if (range.size() > slot_elements_ || range.empty()) {
-    throw core::Error("gradient sync: range of " + std::to_string(range.size()) + " elements does not fit the staging of " +
-                      std::to_string(slot_elements_));
+    throw core::Error("gradient sync: range of " + std::to_string(range.size()) +
+                      " elements does not fit the staging of " + std::to_string(slot_elements_));
   }
   const int slot = next_slot_;
   next_slot_ = (next_slot_ + 1) % kSlots;
@@ -50,7 +51,8 @@ void GradientSync::release(optim::Range range) {
     }
     return;
   }
-  if (open_slot_ < 0 || !(range == open_range_)) throw core::Error("gradient sync: release of a range that is not open");
+  if (open_slot_ < 0 || !(range == open_range_))
+    throw core::Error("gradient sync: release of a range that is not open");
   const float* data = staging_.as<float>() + static_cast<std::int64_t>(open_slot_) * slot_elements_;
   {
     // The backward goes on while the reductions run; the compute stream waits only at markers.
@@ -74,8 +76,8 @@ void GradientSync::reduce_onto_owners(optim::Range range, const float* data) {
     const optim::Range piece = range.intersect(slab_.layout().shard(rank));
     if (piece.empty()) continue;
     float* recv = rank == comm_.rank() ? grad + piece.begin : nullptr;
-    comm_.reduce_into(data + (piece.begin - range.begin), recv, core::DType::f32, static_cast<std::size_t>(piece.size()),
-                      comm::ReduceOp::avg, rank, "gradient reduce (ZeRO-2)");
+    comm_.reduce_into(data + (piece.begin - range.begin), recv, core::DType::f32,
+                      static_cast<std::size_t>(piece.size()), comm::ReduceOp::avg, rank, "gradient reduce (ZeRO-2)");
   }
   comm_.group_end();
 }
@@ -106,14 +108,14 @@ void GradientSync::finish() {
     return;
   }
   if (stage_ == 1 || reduced_.empty()) {
-    comm_.reduce_scatter(grad, core::DType::f32, static_cast<std::size_t>(layout.shard_elements()),
-                         comm::ReduceOp::avg, "gradient reduce-scatter");
+    comm_.reduce_scatter(grad, core::DType::f32, static_cast<std::size_t>(layout.shard_elements()), comm::ReduceOp::avg,
+                         "gradient reduce-scatter");
   } else {
     // The tensors no reported range covered (none when the model reports every layer); alignment
     // gaps and tail padding hold no gradient the optimizer reads, so they are not reduced.
     for (const optim::SlabTensor& t : layout.tensors()) {
-      const bool reported = std::any_of(reduced_.begin(), reduced_.end(),
-                                        [&](const optim::Range& r) { return r.contains(t.range()); });
+      const bool reported =
+          std::any_of(reduced_.begin(), reduced_.end(), [&](const optim::Range& r) { return r.contains(t.range()); });
       if (!reported) reduce_onto_owners(t.range(), grad + t.range().begin);
     }
     reduced_.clear();
@@ -128,7 +130,8 @@ void GradientSync::zero_outside_owned() {
   const auto bytes = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); };
   if (context_.is_cuda()) {
     if (owned.begin > 0) CUDA_CHECK(cudaMemsetAsync(grad, 0, bytes(owned.begin), context_.stream()));
-    if (owned.end < total) CUDA_CHECK(cudaMemsetAsync(grad + owned.end, 0, bytes(total - owned.end), context_.stream()));
+    if (owned.end < total)
+      CUDA_CHECK(cudaMemsetAsync(grad + owned.end, 0, bytes(total - owned.end), context_.stream()));
   } else {
     std::memset(grad, 0, bytes(owned.begin));
     std::memset(grad + owned.end, 0, bytes(total - owned.end));
@@ -146,7 +149,8 @@ void WeightSync::gather() {
   if (!sharded_) return;
   const optim::Range owned = slab_.owned();
   if (full_.bytes() == 0) {
-    comm_.all_gather(slab_.mirror().data(), slab_.mirror_dtype(), static_cast<std::size_t>(owned.size()), "mirror all-gather");
+    comm_.all_gather(slab_.mirror().data(), slab_.mirror_dtype(), static_cast<std::size_t>(owned.size()),
+                     "mirror all-gather");
     return;
   }
   std::copy(slab_.master().as<float>(), slab_.master().as<float>() + owned.size(), full_.as<float>() + owned.begin);

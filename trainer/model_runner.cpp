@@ -61,7 +61,8 @@ void ModelRunner::micro_step(const std::int32_t* ids, const std::int32_t* target
   if (pending_ == kMaxPending) throw core::Error("too many micro-batches between two optimizer steps");
   const int set = stage(ids, targets, batch * seq);
   model_->forward_backward(ids_[set].as<std::int32_t>(), targets_[set].as<std::int32_t>(), batch, seq, grad_scale);
-  CUDA_CHECK(cudaMemcpyAsync(losses_.as<float>() + pending_, model_->loss(), 4, cudaMemcpyDeviceToHost, context_.stream()));
+  CUDA_CHECK(
+      cudaMemcpyAsync(losses_.as<float>() + pending_, model_->loss(), 4, cudaMemcpyDeviceToHost, context_.stream()));
   ++pending_;
 }
 

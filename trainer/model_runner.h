@@ -49,9 +49,9 @@ class ModelRunner {
   std::int64_t max_tokens_;
   bool cuda_;
   core::Buffer ids_[kSets], targets_[kSets], staging_[kSets];  // cuda only
-  cudaEvent_t staged_[kSets] = {};  // the device has read staging set i
+  cudaEvent_t staged_[kSets] = {};                             // the device has read staging set i
   int next_set_ = 0;
-  core::Buffer losses_;  // pinned host (cuda)
+  core::Buffer losses_;              // pinned host (cuda)
   std::vector<double> host_losses_;  // cpu
   std::size_t pending_ = 0;
 };

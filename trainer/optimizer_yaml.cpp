@@ -75,23 +75,28 @@ struct Key {
 };
 
 // A member of OptimizerConfig (or of one of its parts) of a plain type, read and written as itself.
-#define LLMTRAIN_OPT_NUMBER(key, types, member)                                                        \
-  Key {                                                                                                \
+#define LLMTRAIN_OPT_NUMBER(key, types, member)                                                                      \
+  Key {                                                                                                              \
     key, types, [](const YAML::Node& n, const std::string& f, OptimizerConfig& c) { c.member = number(n, f, key); }, \
-        [](YAML::Emitter& o, const OptimizerConfig& c) { o << YAML::Key << key << YAML::Value << yaml_number(c.member); } \
+        [](YAML::Emitter& o, const OptimizerConfig& c) {                                                             \
+          o << YAML::Key << key << YAML::Value << yaml_number(c.member);                                             \
+        }                                                                                                            \
   }
-#define LLMTRAIN_OPT_BOOL(key, member)                                                                      \
-  Key {                                                                                                     \
-    key, "adafactor",                                                                                       \
-        [](const YAML::Node& n, const std::string& f, OptimizerConfig& c) {                                \
-          c.member = read_as<bool>(n, f, key, "true or false");                                             \
-        },                                                                                                  \
+#define LLMTRAIN_OPT_BOOL(key, member)                                                                       \
+  Key {                                                                                                      \
+    key, "adafactor",                                                                                        \
+        [](const YAML::Node& n, const std::string& f, OptimizerConfig& c) {                                  \
+          c.member = read_as<bool>(n, f, key, "true or false");                                              \
+        },                                                                                                   \
         [](YAML::Emitter& o, const OptimizerConfig& c) { o << YAML::Key << key << YAML::Value << c.member; } \
   }
 #define LLMTRAIN_OPT_CHOICE(key, types, member, choices)                                                           \
   Key {                                                                                                            \
-    key, types, [](const YAML::Node& n, const std::string& f, OptimizerConfig& c) { c.member = choices.read(n, f, key); }, \
-        [](YAML::Emitter& o, const OptimizerConfig& c) { o << YAML::Key << key << YAML::Value << choices.name(c.member); } \
+    key, types,                                                                                                    \
+        [](const YAML::Node& n, const std::string& f, OptimizerConfig& c) { c.member = choices.read(n, f, key); }, \
+        [](YAML::Emitter& o, const OptimizerConfig& c) {                                                           \
+          o << YAML::Key << key << YAML::Value << choices.name(c.member);                                          \
+        }                                                                                                          \
   }
 
 // The schema, in the order the keys are written.
@@ -101,7 +106,8 @@ const std::vector<Key>& keys() {
        [](YAML::Emitter& o, const OptimizerConfig& c) { o << YAML::Key << "type" << YAML::Value << c.type; }},
       LLMTRAIN_OPT_NUMBER("lr", "", lr),
       LLMTRAIN_OPT_NUMBER("weight_decay", "", weight_decay),
-      {"grad_clip", "", [](const YAML::Node& n, const std::string& f, OptimizerConfig& c) { c.grad_clip = number(n, f, "grad_clip"); },
+      {"grad_clip", "",
+       [](const YAML::Node& n, const std::string& f, OptimizerConfig& c) { c.grad_clip = number(n, f, "grad_clip"); },
        nullptr},
       LLMTRAIN_OPT_CHOICE("nonfinite", "", nonfinite, kNonFinite),
       {"betas", "adamw, adamw8bit",

@@ -58,9 +58,9 @@ void check_weights_fit(const std::string& folder, const models::ModelSpec& spec)
   }
   const auto parameters = static_cast<std::uintmax_t>(spec.parameter_count());
   if (bytes / 2 < parameters) {
-    throw core::InputError((fs::path(folder) / "config.json").string() + ": its shape has " + std::to_string(parameters) +
-                           " parameters but the folder's safetensors files hold only " + std::to_string(bytes) +
-                           " bytes (2 or more a parameter)");
+    throw core::InputError((fs::path(folder) / "config.json").string() + ": its shape has " +
+                           std::to_string(parameters) + " parameters but the folder's safetensors files hold only " +
+                           std::to_string(bytes) + " bytes (2 or more a parameter)");
   }
 }
 
@@ -138,7 +138,8 @@ RunConfig resolve_init_from(const RunConfig& config) {
   const std::string& path = config.model.init_from;
   if (source.checkpoint.empty()) check_weights_fit(path, *source.family->spec(source.shape));
   if (source.family->name() != config.model.arch) {
-    throw core::InputError(path + ": holds a " + source.family->name() + " model but model.arch is " + config.model.arch);
+    throw core::InputError(path + ": holds a " + source.family->name() + " model but model.arch is " +
+                           config.model.arch);
   }
   RunConfig out = config;
   const models::Shape preset =
@@ -146,10 +147,12 @@ RunConfig resolve_init_from(const RunConfig& config) {
   for (const models::ConfigField& f : source.family->fields()) {
     if (!f.shape) continue;
     const models::Shape& theirs = source.shape.at(f.key);  // a json& would bind a converted copy
-    const bool given = std::find(config.model.given.begin(), config.model.given.end(), f.key) != config.model.given.end();
+    const bool given =
+        std::find(config.model.given.begin(), config.model.given.end(), f.key) != config.model.given.end();
     const bool from_preset = !given && preset.is_object() && preset.contains(f.key);
     if ((given || from_preset) && config.model.shape.at(f.key) != theirs) {
-      throw core::InputError("model." + f.key + ": the config gives " + models::describe_value(config.model.shape.at(f.key)) +
+      throw core::InputError("model." + f.key + ": the config gives " +
+                             models::describe_value(config.model.shape.at(f.key)) +
                              (from_preset ? " (preset " + config.model.preset + ")" : std::string()) + " but " + path +
                              " has " + models::describe_value(theirs));
     }

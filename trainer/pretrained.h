@@ -18,7 +18,7 @@ namespace trainer {
 
 struct PretrainedWeights {
   std::unique_ptr<models::ModelSpec> spec;
-  optim::SlabLayout layout;  // parameters of spec, world size 1
+  optim::SlabLayout layout;   // parameters of spec, world size 1
   std::vector<float> master;  // fp32, global element order of layout
   // Keys of the source's config.json to carry into an export (token ids, metadata); empty for
   // checkpoints that recorded none.

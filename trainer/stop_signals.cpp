@@ -10,8 +10,8 @@ namespace trainer {
 
 namespace {
 
-volatile std::sig_atomic_t stop_signal = 0;   // the first stopping signal's number, 0 when none
-volatile std::sig_atomic_t interrupts = 0;    // SIGINTs received
+volatile std::sig_atomic_t stop_signal = 0;  // the first stopping signal's number, 0 when none
+volatile std::sig_atomic_t interrupts = 0;   // SIGINTs received
 
 struct sigaction previous_usr1, previous_term, previous_int;
 

@@ -166,12 +166,18 @@ void read_tensor(std::string_view bytes, const std::string& where, TensorBoardVa
   std::string_view content;
   while (!r.done()) {
     const auto [field, wire] = r.key();
-    if (field == 1 && wire == kVarint) value.tensor_dtype = static_cast<int>(r.varint());
-    else if (field == 4 && wire == kLengthDelimited) content = r.bytes();
-    else if (field == 5 && (wire == kFixed32 || wire == kLengthDelimited)) read_repeated<float>(r, wire, value.tensor_numbers);
-    else if (field == 6 && (wire == kFixed64 || wire == kLengthDelimited)) read_repeated<double>(r, wire, value.tensor_numbers);
-    else if (field == 8 && wire == kLengthDelimited) value.tensor_strings.emplace_back(r.bytes());
-    else r.skip(wire);
+    if (field == 1 && wire == kVarint)
+      value.tensor_dtype = static_cast<int>(r.varint());
+    else if (field == 4 && wire == kLengthDelimited)
+      content = r.bytes();
+    else if (field == 5 && (wire == kFixed32 || wire == kLengthDelimited))
+      read_repeated<float>(r, wire, value.tensor_numbers);
+    else if (field == 6 && (wire == kFixed64 || wire == kLengthDelimited))
+      read_repeated<double>(r, wire, value.tensor_numbers);
+    else if (field == 8 && wire == kLengthDelimited)
+      value.tensor_strings.emplace_back(r.bytes());
+    else
+      r.skip(wire);
   }
   if (!content.empty()) {
     const std::size_t width = value.tensor_dtype == kDtFloat ? 4 : value.tensor_dtype == kDtDouble ? 8 : 0;
@@ -200,8 +206,10 @@ std::string read_plugin_name(std::string_view metadata, const std::string& where
       Reader plugin(r.bytes(), where);
       while (!plugin.done()) {
         const auto [pf, pw] = plugin.key();
-        if (pf == 1 && pw == kLengthDelimited) name = plugin.bytes();
-        else plugin.skip(pw);
+        if (pf == 1 && pw == kLengthDelimited)
+          name = plugin.bytes();
+        else
+          plugin.skip(pw);
       }
     } else {
       r.skip(wire);
@@ -215,11 +223,16 @@ TensorBoardValue read_value(std::string_view bytes, const std::string& where) {
   TensorBoardValue value;
   while (!r.done()) {
     const auto [field, wire] = r.key();
-    if (field == 1 && wire == kLengthDelimited) value.tag = r.bytes();
-    else if (field == 2 && wire == kFixed32) value.simple_value = r.fixed<float>();
-    else if (field == 8 && wire == kLengthDelimited) read_tensor(r.bytes(), where, value);
-    else if (field == 9 && wire == kLengthDelimited) value.plugin = read_plugin_name(r.bytes(), where);
-    else r.skip(wire);
+    if (field == 1 && wire == kLengthDelimited)
+      value.tag = r.bytes();
+    else if (field == 2 && wire == kFixed32)
+      value.simple_value = r.fixed<float>();
+    else if (field == 8 && wire == kLengthDelimited)
+      read_tensor(r.bytes(), where, value);
+    else if (field == 9 && wire == kLengthDelimited)
+      value.plugin = read_plugin_name(r.bytes(), where);
+    else
+      r.skip(wire);
   }
   return value;
 }
@@ -239,15 +252,19 @@ TensorBoardEvent read_event(std::string_view bytes, const std::string& where) {
       Reader summary(r.bytes(), where);
       while (!summary.done()) {
         const auto [sf, sw] = summary.key();
-        if (sf == 1 && sw == kLengthDelimited) event.values.push_back(read_value(summary.bytes(), where));
-        else summary.skip(sw);
+        if (sf == 1 && sw == kLengthDelimited)
+          event.values.push_back(read_value(summary.bytes(), where));
+        else
+          summary.skip(sw);
       }
     } else if (field == 7 && wire == kLengthDelimited) {
       Reader log(r.bytes(), where);
       while (!log.done()) {
         const auto [lf, lw] = log.key();
-        if (lf == 1 && lw == kVarint) event.session_status = static_cast<int>(log.varint());
-        else log.skip(lw);
+        if (lf == 1 && lw == kVarint)
+          event.session_status = static_cast<int>(log.varint());
+        else
+          log.skip(lw);
       }
     } else {
       r.skip(wire);
@@ -269,8 +286,8 @@ TensorBoardWriter::TensorBoardWriter(const fs::path& directory, std::int64_t fir
   const double now = unix_time_now();
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%010lld", static_cast<long long>(now));
-  const std::string stem = std::string("events.out.tfevents.") + seconds + "." + host_name() + "." +
-                           std::to_string(::getpid()) + ".";
+  const std::string stem =
+      std::string("events.out.tfevents.") + seconds + "." + host_name() + "." + std::to_string(::getpid()) + ".";
   int fd = -1;
   for (int attempt = 0; attempt < 1000 && fd < 0; ++attempt) {
     path_ = directory / (stem + std::to_string(files_opened.fetch_add(1)));
@@ -331,8 +348,7 @@ void TensorBoardWriter::write_record(const std::string& event) {
   std::memcpy(header + 8, &length_crc, 4);
   const std::uint32_t data_crc = masked_crc(event.data(), event.size());
   if (std::fwrite(header, 1, sizeof header, file_) != sizeof header ||
-      std::fwrite(event.data(), 1, event.size(), file_) != event.size() ||
-      std::fwrite(&data_crc, 1, 4, file_) != 4) {
+      std::fwrite(event.data(), 1, event.size(), file_) != event.size() || std::fwrite(&data_crc, 1, 4, file_) != 4) {
     if (error_ == 0) error_ = errno != 0 ? errno : EIO;
   }
 }
@@ -355,7 +371,8 @@ std::vector<TensorBoardEvent> read_tensorboard_events(const fs::path& path) {
     std::uint32_t length_crc;
     std::memcpy(&length, bytes.data() + offset, 8);
     std::memcpy(&length_crc, bytes.data() + offset + 8, 4);
-    if (masked_crc(bytes.data() + offset, 8) != length_crc) throw core::InputError(where + ": length checksum mismatch");
+    if (masked_crc(bytes.data() + offset, 8) != length_crc)
+      throw core::InputError(where + ": length checksum mismatch");
     if (length > bytes.size() - offset - 12 || bytes.size() - offset - 12 - length < 4) {
       throw core::InputError(where + ": truncated (" + std::to_string(length) + "-byte record)");
     }

@@ -56,10 +56,10 @@ class TensorBoardWriter {
 // A Summary.Value as read back: its tag, plugin name and payload.
 struct TensorBoardValue {
   std::string tag;
-  std::string plugin;                  // metadata.plugin_data.plugin_name, "" when absent
-  std::optional<float> simple_value;   // set for simple_value scalars
-  int tensor_dtype = 0;                // TensorProto dtype (1 float, 2 double, 7 string); 0: no tensor
-  std::vector<double> tensor_numbers;  // float_val, double_val or tensor_content of float / double tensors
+  std::string plugin;                       // metadata.plugin_data.plugin_name, "" when absent
+  std::optional<float> simple_value;        // set for simple_value scalars
+  int tensor_dtype = 0;                     // TensorProto dtype (1 float, 2 double, 7 string); 0: no tensor
+  std::vector<double> tensor_numbers;       // float_val, double_val or tensor_content of float / double tensors
   std::vector<std::string> tensor_strings;  // string_val
 };
 

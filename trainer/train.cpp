@@ -97,9 +97,10 @@ class RunLock {
       const ssize_t n = ::pread(fd_, owner, sizeof owner - 1, 0);
       ::close(fd_);
       fd_ = -1;
-      throw core::InputError("run.output_dir: " + directory.string() + " is in use by another trainer" +
-                             (n > 0 ? " (pid " + std::string(owner, static_cast<std::size_t>(n)) + ")" : std::string()) +
-                             "; use another output_dir or stop that run first");
+      throw core::InputError(
+          "run.output_dir: " + directory.string() + " is in use by another trainer" +
+          (n > 0 ? " (pid " + std::string(owner, static_cast<std::size_t>(n)) + ")" : std::string()) +
+          "; use another output_dir or stop that run first");
     }
     const std::string pid = std::to_string(::getpid());
     if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
@@ -130,8 +131,10 @@ void drop_records_after(const fs::path& path, std::int64_t step) {
       dropped = true;
       continue;
     }
-    if (!j.is_discarded()) kept += line + "\n";  // a line cut by a crash is dropped too
-    else dropped = true;
+    if (!j.is_discarded())
+      kept += line + "\n";  // a line cut by a crash is dropped too
+    else
+      dropped = true;
   }
   if (!dropped) return;
   const fs::path temp = path.string() + ".tmp";
@@ -151,8 +154,10 @@ struct Batch {
 // With several ranks, rank r evaluates batches r, r + world, ... and the sums are all-reduced.
 double validation_loss(ModelRunner& runner, const text::TokenShard& val, std::int64_t batches, std::int64_t micro_batch,
                        std::int64_t seq, comm::Communicator& comm) {
-  const std::uint64_t windows = val.size() > static_cast<std::uint64_t>(seq) ? (val.size() - 1) / static_cast<std::uint64_t>(seq) : 0;
-  if (windows == 0) throw core::InputError(val.path().string() + ": too few tokens for one sequence of " + std::to_string(seq));
+  const std::uint64_t windows =
+      val.size() > static_cast<std::uint64_t>(seq) ? (val.size() - 1) / static_cast<std::uint64_t>(seq) : 0;
+  if (windows == 0)
+    throw core::InputError(val.path().string() + ": too few tokens for one sequence of " + std::to_string(seq));
   Batch b{std::vector<std::int32_t>(static_cast<std::size_t>(micro_batch * seq)), {}};
   b.targets.resize(b.ids.size());
   double total = 0;
@@ -189,7 +194,8 @@ std::optional<std::string> sample_text(const models::ModelSpec& spec, optim::Sla
   for (const std::uint32_t id : tokenizer.encode(prompt.empty() ? std::string("\n") : prompt)) {
     ids.push_back(static_cast<std::int32_t>(id));
   }
-  const std::int64_t capacity = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()) + tokens, spec.max_sequence_length());
+  const std::int64_t capacity =
+      std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()) + tokens, spec.max_sequence_length());
   if (ids.empty() || static_cast<std::int64_t>(ids.size()) >= capacity) return std::nullopt;
   auto decoder = spec.decoder(slab, context, {.max_tokens = capacity, .full_weights = full_weights});
   if (!decoder) return std::nullopt;
@@ -283,14 +289,17 @@ class TrainLoop {
     }
     if (cuda_ && placement_.local_world > gpus) {
       throw core::InputError("device: cuda: " + std::to_string(placement_.local_world) + " ranks on this node but " +
-                             std::to_string(gpus) + " visible GPUs; NCCL needs a GPU of its own for every rank, so "
-                             "start at most " + std::to_string(gpus) + " ranks per node");
+                             std::to_string(gpus) +
+                             " visible GPUs; NCCL needs a GPU of its own for every rank, so "
+                             "start at most " +
+                             std::to_string(gpus) + " ranks per node");
     }
     context_.emplace(cuda_ ? core::Device::cuda(comm::device_for(placement_, gpus)) : core::Device::cpu());
     if (options_.environment) {
       const double timeout = static_cast<double>(config_.parallel.timeout_s);
-      communicator_ = comm::make_communicator(*options_.environment, *context_,
-                                              {.timeout_s = timeout, .first_step_timeout_s = std::max(4 * timeout, 600.0)});
+      communicator_ =
+          comm::make_communicator(*options_.environment, *context_,
+                                  {.timeout_s = timeout, .first_step_timeout_s = std::max(4 * timeout, 600.0)});
     } else {
       communicator_ = std::make_unique<comm::SingleRankCommunicator>();
     }
@@ -303,8 +312,10 @@ class TrainLoop {
     layout_.emplace(spec_->parameters(), world_);
     for (const std::string& name : layout_->unsplit()) {
       if (comm.rank() == 0) {
-        spdlog::warn("{}: its parts start off the 64-element alignment at this shape; the optimizer treats it "
-                        "as one tensor", name);
+        spdlog::warn(
+            "{}: its parts start off the 64-element alignment at this shape; the optimizer treats it "
+            "as one tensor",
+            name);
       }
     }
     resume_from_ = select_checkpoint(config_, *layout_, &comm);
@@ -326,9 +337,9 @@ class TrainLoop {
     if (!config_.data.tokenizer.empty() && config_.data.tokenizer != "byte") {
       const text::BpeTokenizer tokenizer(config_.data.tokenizer);
       if (tokenizer.vocab_size() > static_cast<std::uint64_t>(spec_->vocab_size())) {
-        throw core::InputError("data.tokenizer: " + config_.data.tokenizer + " has " + std::to_string(tokenizer.vocab_size()) +
-                               " ids but model.vocab_size is " + std::to_string(spec_->vocab_size()) +
-                               " (expected at least the tokenizer's vocabulary)");
+        throw core::InputError("data.tokenizer: " + config_.data.tokenizer + " has " +
+                               std::to_string(tokenizer.vocab_size()) + " ids but model.vocab_size is " +
+                               std::to_string(spec_->vocab_size()) + " (expected at least the tokenizer's vocabulary)");
       }
     }
     // Task files are read and every item checked here, before the run directory is touched.
@@ -336,12 +347,14 @@ class TrainLoop {
     if (resume_from_) {
       check_resume_config(*resume_from_, config_);
       const TrainingProgress& saved = resume_from_->progress;
-      const bool changed = (saved.seq_len > 0 && saved.seq_len != seq_) || (saved.global_batch > 0 && saved.global_batch != global_batch_);
+      const bool changed = (saved.seq_len > 0 && saved.seq_len != seq_) ||
+                           (saved.global_batch > 0 && saved.global_batch != global_batch_);
       if (changed && !config_.checkpoint.allow_data_change) {
-        throw core::InputError(resume_from_->directory.string() + ": saved with data.seq_len " + std::to_string(saved.seq_len) +
-                               " and " + std::to_string(saved.global_batch) + " sequences per step, resumed with " +
-                               std::to_string(seq_) + " and " + std::to_string(global_batch_) +
-                               ": the data order would change (set checkpoint.allow_data_change: true to continue anyway)");
+        throw core::InputError(
+            resume_from_->directory.string() + ": saved with data.seq_len " + std::to_string(saved.seq_len) + " and " +
+            std::to_string(saved.global_batch) + " sequences per step, resumed with " + std::to_string(seq_) + " and " +
+            std::to_string(global_batch_) +
+            ": the data order would change (set checkpoint.allow_data_change: true to continue anyway)");
       }
     }
   }
@@ -381,10 +394,13 @@ class TrainLoop {
     // micro-batches (accumulation must not communicate before the last one, so it needs them all).
     const bool shard_gradients = cuda_ && stage == 2 && world_ > 1 && accumulation_ == 1;
     if (cuda_ && stage == 2 && world_ > 1 && !shard_gradients) {
-      spdlog::info("ZeRO-2 with {} micro-batches per step keeps the whole gradient buffer: accumulation communicates "
-                   "only after the last micro-batch", accumulation_);
+      spdlog::info(
+          "ZeRO-2 with {} micro-batches per step keeps the whole gradient buffer: accumulation communicates "
+          "only after the last micro-batch",
+          accumulation_);
     }
-    slab_.emplace(std::move(*layout_), context, optim::SlabOptions{.rank = rank_, .zero_stage = stage, .shard_gradients = shard_gradients});
+    slab_.emplace(std::move(*layout_), context,
+                  optim::SlabOptions{.rank = rank_, .zero_stage = stage, .shard_gradients = shard_gradients});
     if (!resume_from_) initialize_weights(config_, *slab_, context);
     weight_sync_.emplace(comm, *slab_, context);
     runner_ = std::make_unique<ModelRunner>(*spec_, *slab_, context, micro_ * seq_, weight_sync_->full_weights());
@@ -392,7 +408,8 @@ class TrainLoop {
     if (sharded) {
       optimizer_->set_partials_reducer([&comm](const std::vector<optim::Partial>& partials) {
         comm.group_start();
-        for (const optim::Partial& p : partials) comm.all_reduce(p.data, p.dtype, p.count, comm::ReduceOp::sum, "optimizer statistics");
+        for (const optim::Partial& p : partials)
+          comm.all_reduce(p.data, p.dtype, p.count, comm::ReduceOp::sum, "optimizer statistics");
         comm.group_end();
       });
     }
@@ -416,24 +433,28 @@ class TrainLoop {
   // TensorBoard, the run's banner and memory figures, metrics.jsonl.
   void open_outputs() {
     // TensorBoard event files under RUN/tb (rank 0); a resumed run's file starts at its first step.
-    if (lead_ && config_.logging.tensorboard) tensorboard_.emplace(fs::path(config_.run.output_dir) / "tb", first_step_);
+    if (lead_ && config_.logging.tensorboard)
+      tensorboard_.emplace(fs::path(config_.run.output_dir) / "tb", first_step_);
     const int stage = config_.parallel.zero_stage;
-    spdlog::info("{}: {} on {}, {:.1f}M parameters, {} tokens per step ({} x {} x {} accumulation x {} ranks), "
-                 "ZeRO-{}, {} steps",
-                 config_.run.name, config_.model.preset.empty() ? config_.model.arch : config_.model.preset,
-                 context_->device_name(), static_cast<double>(spec_->parameter_count()) / 1e6,
-                 tokens_per_step_, micro_, seq_, accumulation_, world_, stage, config_.training.max_steps);
+    spdlog::info(
+        "{}: {} on {}, {:.1f}M parameters, {} tokens per step ({} x {} x {} accumulation x {} ranks), "
+        "ZeRO-{}, {} steps",
+        config_.run.name, config_.model.preset.empty() ? config_.model.arch : config_.model.preset,
+        context_->device_name(), static_cast<double>(spec_->parameter_count()) / 1e6, tokens_per_step_, micro_, seq_,
+        accumulation_, world_, stage, config_.training.max_steps);
 
     // What the slab and the optimizer hold on this rank (the terms of the ZeRO memory formula).
     std::size_t state_bytes = 0;
     for (const optim::StateBuffer& b : optimizer_->state_buffers()) state_bytes += b.buffer->bytes();
     const double gib = 1024.0 * 1024.0 * 1024.0;
-    const nlohmann::json memory = {{"weights_gib", static_cast<double>(slab_->mirror().bytes() + slab_->master().bytes()) / gib},
-                                   {"grads_gib", static_cast<double>(slab_->grad().bytes() + gradient_sync_->staging_bytes()) / gib},
-                                   {"state_gib", static_cast<double>(state_bytes) / gib}};
-    spdlog::info("memory per rank: weights {:.3f} GiB (mirror + master), gradients {:.3f} GiB (with staging), "
-                 "optimizer state {:.3f} GiB",
-                 memory["weights_gib"].get<double>(), memory["grads_gib"].get<double>(), memory["state_gib"].get<double>());
+    const nlohmann::json memory = {
+        {"weights_gib", static_cast<double>(slab_->mirror().bytes() + slab_->master().bytes()) / gib},
+        {"grads_gib", static_cast<double>(slab_->grad().bytes() + gradient_sync_->staging_bytes()) / gib},
+        {"state_gib", static_cast<double>(state_bytes) / gib}};
+    spdlog::info(
+        "memory per rank: weights {:.3f} GiB (mirror + master), gradients {:.3f} GiB (with staging), "
+        "optimizer state {:.3f} GiB",
+        memory["weights_gib"].get<double>(), memory["grads_gib"].get<double>(), memory["state_gib"].get<double>());
 
     if (lead_) {
       // Records of steps after the one resumed from (logged before a crash) are dropped first, so
@@ -441,7 +462,8 @@ class TrainLoop {
       drop_records_after(fs::path(config_.run.output_dir) / "metrics.jsonl", progress_.step);
       metrics_.open(fs::path(config_.run.output_dir) / "metrics.jsonl", std::ios::app);
       if (!metrics_) throw core::Error("cannot write metrics.jsonl in " + config_.run.output_dir);
-      metrics_ << nlohmann::json({{"memory_per_rank", memory}, {"world", world_}, {"zero_stage", stage}}).dump() << "\n";
+      metrics_ << nlohmann::json({{"memory_per_rank", memory}, {"world", world_}, {"zero_stage", stage}}).dump()
+               << "\n";
     }
     summary_.steps = progress_.step;
     summary_.resumed_from = progress_.step;
@@ -461,7 +483,8 @@ class TrainLoop {
       }
       // Only the last micro-batch's backward communicates (ZeRO-2 overlaps it layer by layer).
       gradient_sync_->begin_micro_batch(a + 1 == accumulation_);
-      runner_->micro_step(batch_.ids.data(), batch_.targets.data(), micro_, seq_, 1.0f / static_cast<float>(accumulation_));
+      runner_->micro_step(batch_.ids.data(), batch_.targets.data(), micro_, seq_,
+                          1.0f / static_cast<float>(accumulation_));
     }
   }
 
@@ -583,11 +606,14 @@ class TrainLoop {
     const std::int64_t taken = summary_.steps - summary_.resumed_from;
     const std::int64_t skipped = optimizer_->report().skipped_steps - skipped_before_;
     if (taken > 0 && skipped >= taken) {
-      throw core::Error("every one of the " + std::to_string(taken) + " steps of this run was skipped: the gradients were "
-                        "not finite (optimizer.nonfinite: skip_step); check the data, the learning rate and the weights");
+      throw core::Error(
+          "every one of the " + std::to_string(taken) +
+          " steps of this run was skipped: the gradients were "
+          "not finite (optimizer.nonfinite: skip_step); check the data, the learning rate and the weights");
     }
-    spdlog::info("done: {} steps, {} tokens in {:.1f} s ({:.0f} tok/s), final loss {:.4f}{}", summary_.steps, summary_.tokens,
-                 summary_.seconds, static_cast<double>(summary_.tokens) / summary_.seconds, summary_.final_loss,
+    spdlog::info("done: {} steps, {} tokens in {:.1f} s ({:.0f} tok/s), final loss {:.4f}{}", summary_.steps,
+                 summary_.tokens, summary_.seconds, static_cast<double>(summary_.tokens) / summary_.seconds,
+                 summary_.final_loss,
                  summary_.final_val_loss >= 0 ? fmt::format(", validation loss {:.4f}", summary_.final_val_loss) : "");
     if (lead_) {
       const auto text = sample_text(*spec_, *slab_, *context_, weight_sync_->full_weights(), sample_tokenizer(),
@@ -614,7 +640,8 @@ class TrainLoop {
       if (key == "step" || key == "world" || key == "zero_stage" || !value.is_number()) continue;
       tensorboard_->add_scalar(key, at, value.get<double>());
     }
-    if (j.contains("sample") && j["sample"].is_string()) tensorboard_->add_text("sample", at, j["sample"].get<std::string>());
+    if (j.contains("sample") && j["sample"].is_string())
+      tensorboard_->add_text("sample", at, j["sample"].get<std::string>());
     tensorboard_->flush();
   }
 
@@ -668,8 +695,6 @@ class TrainLoop {
 
 }  // namespace
 
-TrainSummary train(const RunConfig& config, const TrainOptions& options) {
-  return TrainLoop(config, options).run();
-}
+TrainSummary train(const RunConfig& config, const TrainOptions& options) { return TrainLoop(config, options).run(); }
 
 }  // namespace trainer

@@ -22,7 +22,7 @@ struct TrainSummary {
   std::int64_t tokens = 0;        // tokens trained on by this call
   bool stopped_early = false;     // a signal or TrainOptions::stop_after_step ended the run before max_steps
   double seconds = 0;
-  double final_loss = 0;      // mean training loss of the last logged interval
+  double final_loss = 0;       // mean training loss of the last logged interval
   double final_val_loss = -1;  // -1 without validation data
 };
 

@@ -16,8 +16,13 @@ std::vector<optim::ParamSpec> parameter_specs(const E29aConfig& c) {
   const std::int64_t d = c.hidden_size;
   std::vector<optim::ParamSpec> p;
   auto matrix = [&](std::string name, std::int64_t rows, InitKind init, float gain) {
-    p.push_back({.name = std::move(name), .shape = {rows, d}, .decay = true, .factored = true, .init = init,
-                 .init_std = 0.02f, .init_gain = gain});
+    p.push_back({.name = std::move(name),
+                 .shape = {rows, d},
+                 .decay = true,
+                 .factored = true,
+                 .init = init,
+                 .init_std = 0.02f,
+                 .init_gain = gain});
   };
   auto vector = [&](std::string name, InitKind init) {
     p.push_back({.name = std::move(name), .shape = {d}, .decay = false, .init = init});
@@ -31,7 +36,10 @@ std::vector<optim::ParamSpec> parameter_specs(const E29aConfig& c) {
     vector(prefix + "b_h", InitKind::zeros);
     matrix(prefix + "w_write", d, InitKind::xavier_uniform, 1.0f);
     // The initial tape is a state, not a weight: no decay.
-    p.push_back({.name = prefix + "tape0", .shape = {c.n_slots, d}, .decay = false, .factored = true,
+    p.push_back({.name = prefix + "tape0",
+                 .shape = {c.n_slots, d},
+                 .decay = false,
+                 .factored = true,
                  .init = c.tape_init_zeros ? InitKind::zeros : InitKind::normal,
                  .init_std = static_cast<float>(c.tape_init_std)});
   }

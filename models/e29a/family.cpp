@@ -19,8 +19,14 @@ constexpr std::int64_t kMaxSequence = std::int64_t{1} << 24;
 
 ConfigField integer(const char* key, const char* hf_key, std::int64_t fallback, double min, double max,
                     const char* help) {
-  return {.key = key, .hf_key = hf_key, .type = FieldType::integer, .fallback = fallback, .hf_default = nullptr,
-          .min = min, .max = max, .help = help};
+  return {.key = key,
+          .hf_key = hf_key,
+          .type = FieldType::integer,
+          .fallback = fallback,
+          .hf_default = nullptr,
+          .min = min,
+          .max = max,
+          .help = help};
 }
 
 const std::vector<ConfigField>& table() {
@@ -34,7 +40,12 @@ const std::vector<ConfigField>& table() {
       {.key = "tape_init", .hf_key = "tape_init", .type = FieldType::choice, .fallback = "learned",
        .hf_default = "learned", .choices = {"learned", "zeros"}, .init_only = true,
        .help = "initial tape H_0: learned (random start) or zeros (upstream's start: every slot stays equal)"},
-      {.key = "tape_init_std", .type = FieldType::number, .fallback = 0.5, .min = 0.0, .max = 1e6, .shape = false,
+      {.key = "tape_init_std",
+       .type = FieldType::number,
+       .fallback = 0.5,
+       .min = 0.0,
+       .max = 1e6,
+       .shape = false,
        .help = "standard deviation of the learned tape's initial values"},
       {.key = "rms_norm_eps", .hf_key = "rms_norm_eps", .type = FieldType::number, .fallback = 1e-6,
        .hf_default = 1e-6, .min = 1e-30, .max = 1.0, .help = "RMSNorm epsilon"},
@@ -152,7 +163,8 @@ class E29aFamily final : public Family {
   }
   std::optional<FieldError> check(const Shape& s) const override {
     const double params = static_cast<double>(config_from_shape(s).parameter_count());
-    if (params > 1e12) return FieldError{"hidden_size", "the shape has " + std::to_string(params) + " parameters, more than 1e12"};
+    if (params > 1e12)
+      return FieldError{"hidden_size", "the shape has " + std::to_string(params) + " parameters, more than 1e12"};
     return std::nullopt;
   }
   std::optional<FieldError> check_hf(const nlohmann::json& j) const override {

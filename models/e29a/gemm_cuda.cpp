@@ -22,13 +22,14 @@ GemmPlan& GemmPlan::operator=(GemmPlan&&) noexcept = default;
 void GemmPlan::run(std::int64_t m, std::int64_t n, std::int64_t k, const Matrix& a, const Matrix& b, const Output& c,
                    ops::DeviceWorkspace workspace) {
   if (m <= 0 || n <= 0 || k <= 0) {
-    throw core::Error("e29a gemm: m, n, k must be positive, got " + std::to_string(m) + ", " + std::to_string(n) + ", " +
-                      std::to_string(k));
+    throw core::Error("e29a gemm: m, n, k must be positive, got " + std::to_string(m) + ", " + std::to_string(n) +
+                      ", " + std::to_string(k));
   }
   if (a.type != b.type || (a.type != CUDA_R_32F && a.type != CUDA_R_16BF) ||
       (c.type != CUDA_R_32F && c.type != CUDA_R_16BF) || (c.accumulate && c.type != CUDA_R_32F)) {
-    throw core::Error("e29a gemm: unsupported types (operands fp32 or bf16 alike, output fp32 or bf16, "
-                      "accumulation into fp32 only)");
+    throw core::Error(
+        "e29a gemm: unsupported types (operands fp32 or bf16 alike, output fp32 or bf16, "
+        "accumulation into fp32 only)");
   }
   if (!a.data || !b.data || !c.data) throw core::Error("e29a gemm: null operand");
   if (workspace.data == nullptr || workspace.bytes < ops::kLinearWorkspaceBytes ||
@@ -38,7 +39,15 @@ void GemmPlan::run(std::int64_t m, std::int64_t n, std::int64_t k, const Matrix&
   // Column-major: D^T [n, m] = op(B)^T [n, k] op(A)^T [k, m].
   const ops::detail::GemmShape shape{b.transpose == Transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N,
                                      a.transpose == Transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                     n, m, k, b.ld, a.ld, c.ld, c.type, c.accumulate, a.type};
+                                     n,
+                                     m,
+                                     k,
+                                     b.ld,
+                                     a.ld,
+                                     c.ld,
+                                     c.type,
+                                     c.accumulate,
+                                     a.type};
   cache_->run(shape, b.data, a.data, c.data, workspace);
 }
 

@@ -40,8 +40,7 @@ double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
 // attn = softmax(scale * tape v) over the N slots of one sequence (tape [N, D], v [D]),
 // rounded to Scalar.
 template <typename Scalar>
-void attention(const Scalar* tape, const Scalar* v, std::int64_t slots, std::int64_t dim, double scale,
-               Scalar* attn) {
+void attention(const Scalar* tape, const Scalar* v, std::int64_t slots, std::int64_t dim, double scale, Scalar* attn) {
   std::vector<double> e(static_cast<std::size_t>(slots));
   double max_score = -INFINITY;
   for (std::int64_t n = 0; n < slots; ++n) {
@@ -93,7 +92,8 @@ void layer_forward_cpu(const LayerShape& shape, const LayerWeights<Scalar>& weig
   checks::require_size(op, "y", y, B * T * D, "batch * steps * dim");
   checks::require_disjoint(op, {checks::region("y", y)}, {checks::region("u", u)});
   if (start) {
-    if (static_cast<std::int64_t>(start->h.size()) != B * D || static_cast<std::int64_t>(start->tape.size()) != B * N * D) {
+    if (static_cast<std::int64_t>(start->h.size()) != B * D ||
+        static_cast<std::int64_t>(start->tape.size()) != B * N * D) {
       checks::fail(op, "start state must hold h [batch, dim] and tape [batch, slots, dim]");
     }
   }
@@ -111,7 +111,8 @@ void layer_forward_cpu(const LayerShape& shape, const LayerWeights<Scalar>& weig
   acts.tape.assign(saved ? static_cast<std::size_t>(T * B * N * D) : 0, Scalar(0));
 
   // The input projection over every step at once.
-  if (B * T > 0) ops::matmul_nt_cpu(u.data(), weights.w_xz.data(), B * T, 2 * D, D, acts.xz.data(), Accumulate::overwrite);
+  if (B * T > 0)
+    ops::matmul_nt_cpu(u.data(), weights.w_xz.data(), B * T, 2 * D, D, acts.xz.data(), Accumulate::overwrite);
 
   // Start state: h_0 = 0 and H_0 for every sequence, or the caller's.
   std::vector<Scalar> tape(static_cast<std::size_t>(B * N * D));
@@ -119,7 +120,8 @@ void layer_forward_cpu(const LayerShape& shape, const LayerWeights<Scalar>& weig
     std::copy(start->h.begin(), start->h.end(), acts.h.begin());
     std::copy(start->tape.begin(), start->tape.end(), tape.begin());
   } else {
-    for (std::int64_t b = 0; b < B; ++b) std::copy(weights.tape0.begin(), weights.tape0.end(), tape.begin() + b * N * D);
+    for (std::int64_t b = 0; b < B; ++b)
+      std::copy(weights.tape0.begin(), weights.tape0.end(), tape.begin() + b * N * D);
   }
 
   std::vector<Scalar> recurrent(static_cast<std::size_t>(B * D));
@@ -135,7 +137,7 @@ void layer_forward_cpu(const LayerShape& shape, const LayerWeights<Scalar>& weig
     // W_h h_{t-1} over the batch.
     if (B > 0) ops::matmul_nt_cpu(h_prev, weights.w_h.data(), B, D, D, recurrent.data(), Accumulate::overwrite);
 
-    // Read attention and the working state.
+      // Read attention and the working state.
 #pragma omp parallel for schedule(static)
     for (std::int64_t b = 0; b < B; ++b) {
       const Scalar* H = tape.data() + b * N * D;
@@ -155,7 +157,7 @@ void layer_forward_cpu(const LayerShape& shape, const LayerWeights<Scalar>& weig
     // w_t = W_write h_t over the batch.
     if (B > 0) ops::matmul_nt_cpu(h_cur, weights.w_write.data(), B, D, D, write, Accumulate::overwrite);
 
-    // Write attention, tape update and the gated output.
+      // Write attention, tape update and the gated output.
 #pragma omp parallel for schedule(static)
     for (std::int64_t b = 0; b < B; ++b) {
       Scalar* H = tape.data() + b * N * D;
@@ -165,7 +167,8 @@ void layer_forward_cpu(const LayerShape& shape, const LayerWeights<Scalar>& weig
       for (std::int64_t n = 0; n < N; ++n) {
         const double keep = 1.0 - static_cast<double>(a[n]), put = static_cast<double>(a[n]);
         for (std::int64_t d = 0; d < D; ++d) {
-          H[n * D + d] = static_cast<Scalar>(keep * static_cast<double>(H[n * D + d]) + put * static_cast<double>(w[d]));
+          H[n * D + d] =
+              static_cast<Scalar>(keep * static_cast<double>(H[n * D + d]) + put * static_cast<double>(w[d]));
         }
       }
       const Scalar* z = acts.xz.data() + (b * T + t) * 2 * D + D;
@@ -215,13 +218,13 @@ void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivati
     trace->tape_grad_norm.assign(static_cast<std::size_t>(T * B), 0.0);
   }
 
-  std::vector<Scalar> dxz(static_cast<std::size_t>(B * T * 2 * D));     // [batch, steps, 2D]
-  std::vector<Scalar> d_pre(static_cast<std::size_t>(T * B * D));       // dL/d(pre-tanh), [steps, batch, D]
-  std::vector<Scalar> d_write(static_cast<std::size_t>(T * B * D));     // dL/dw_t
+  std::vector<Scalar> dxz(static_cast<std::size_t>(B * T * 2 * D));            // [batch, steps, 2D]
+  std::vector<Scalar> d_pre(static_cast<std::size_t>(T * B * D));              // dL/d(pre-tanh), [steps, batch, D]
+  std::vector<Scalar> d_write(static_cast<std::size_t>(T * B * D));            // dL/dw_t
   std::vector<Scalar> d_tape(static_cast<std::size_t>(B * N * D), Scalar(0));  // dL/dH_t, carried
   std::vector<Scalar> dh_next(static_cast<std::size_t>(B * D), Scalar(0));     // dL/dh_t from step t+1
-  std::vector<Scalar> dh_local(static_cast<std::size_t>(B * D));  // dL/dh_t from the output and gate
-  std::vector<Scalar> d_gate(static_cast<std::size_t>(B * D));    // dL/d(gate input)
+  std::vector<Scalar> dh_local(static_cast<std::size_t>(B * D));               // dL/dh_t from the output and gate
+  std::vector<Scalar> d_gate(static_cast<std::size_t>(B * D));                 // dL/d(gate input)
   std::vector<Scalar> dh_from_write(static_cast<std::size_t>(B * D));
 
   for (std::int64_t t = T - 1; t >= 0; --t) {
@@ -288,7 +291,7 @@ void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivati
     // dh_t += W_write^T dw_t over the batch.
     if (B > 0) ops::matmul_nn_cpu(dw_t, weights.w_write.data(), B, D, D, dh_from_write.data(), Accumulate::overwrite);
 
-    // tanh, and the read (value and attention).
+      // tanh, and the read (value and attention).
 #pragma omp parallel for schedule(static)
     for (std::int64_t b = 0; b < B; ++b) {
       const Scalar* H = tape + b * N * D;

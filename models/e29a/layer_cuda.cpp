@@ -79,8 +79,8 @@ LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::
   if (!context.is_cuda()) throw core::Error("e29a LayerCuda needs a CUDA device context, got " + context.device().str());
   if (dim < 1 || max_batch < 1 || max_steps < 1 || checkpoint_interval < 0) {
     throw core::Error("e29a LayerCuda: dim, max_batch, max_steps must be positive and checkpoint_interval >= 0, got " +
-                      std::to_string(dim) + ", " + std::to_string(max_batch) + ", " + std::to_string(max_steps) +
-                      ", " + std::to_string(checkpoint_interval));
+                      std::to_string(dim) + ", " + std::to_string(max_batch) + ", " + std::to_string(max_steps) + ", " +
+                      std::to_string(checkpoint_interval));
   }
   if (slots < 1 || slots > kernels::kMaxSlots) {
     throw core::Error("e29a LayerCuda: slots must be in [1, " + std::to_string(kernels::kMaxSlots) + "], got " +

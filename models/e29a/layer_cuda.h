@@ -80,14 +80,14 @@ class LayerActivationsCuda {
   friend class LayerCuda;
   core::Buffer buffer_;
   std::int64_t batch_ = 0, steps_ = 0;
-  float* xz_ = nullptr;            // [batch, steps, 2D]
-  float* h_ = nullptr;             // [steps + 1, batch, D]
+  float* xz_ = nullptr;  // [batch, steps, 2D]
+  float* h_ = nullptr;   // [steps + 1, batch, D]
   __nv_bfloat16* h_bf16_ = nullptr;
-  float* read_ = nullptr;          // [steps, batch, D]
-  float* write_ = nullptr;         // [steps, batch, D]
-  float* read_attn_ = nullptr;     // [steps, batch, N]
-  float* write_attn_ = nullptr;    // [steps, batch, N]
-  float* checkpoints_ = nullptr;   // [ceil(steps / K), batch, N, D]
+  float* read_ = nullptr;         // [steps, batch, D]
+  float* write_ = nullptr;        // [steps, batch, D]
+  float* read_attn_ = nullptr;    // [steps, batch, N]
+  float* write_attn_ = nullptr;   // [steps, batch, N]
+  float* checkpoints_ = nullptr;  // [ceil(steps / K), batch, N, D]
 };
 
 class LayerCuda {
@@ -119,8 +119,8 @@ class LayerCuda {
 
   // du (bf16, written) and the weight gradients (added) from dy and the last forward of `saved`
   // on the same u. The start tape's gradient summed over the batch goes to grads.tape0.
-  void backward(const LayerWeightsCuda& weights, const __nv_bfloat16* u, const __nv_bfloat16* dy,
-                __nv_bfloat16* du, const LayerGradientsCuda& grads, const LayerActivationsCuda& saved,
+  void backward(const LayerWeightsCuda& weights, const __nv_bfloat16* u, const __nv_bfloat16* dy, __nv_bfloat16* du,
+                const LayerGradientsCuda& grads, const LayerActivationsCuda& saved,
                 const ScoreGradientsCuda* scores = nullptr);
 
  private:

@@ -71,7 +71,7 @@ __device__ __forceinline__ void block_slot_sums(float (&part)[MaxN], const Share
 template <int MaxN>
 __device__ __forceinline__ void softmax_warp(const Shared<MaxN>& sh, float scale, int slots) {
   const int lane = threadIdx.x;
-  const bool has0 = lane < slots, has1 = MaxN > 32 && lane + 32 < slots;
+  const bool has0 = lane<slots, has1 = MaxN> 32 && lane + 32 < slots;
   const float s0 = has0 ? scale * sh.sums[lane] : -INFINITY;
   const float s1 = has1 ? scale * sh.sums[lane + 32] : -INFINITY;
   float m = fmaxf(s0, s1);
@@ -91,7 +91,7 @@ __device__ __forceinline__ void softmax_warp(const Shared<MaxN>& sh, float scale
 template <int MaxN>
 __device__ __forceinline__ void softmax_backward_warp(const Shared<MaxN>& sh, int slots, bool detach) {
   const int lane = threadIdx.x;
-  const bool has0 = lane < slots, has1 = MaxN > 32 && lane + 32 < slots;
+  const bool has0 = lane<slots, has1 = MaxN> 32 && lane + 32 < slots;
   const float g_first = sh.sums[0];
   const float g0 = has0 ? sh.sums[lane] - g_first : 0.0f, g1 = has1 ? sh.sums[lane + 32] - g_first : 0.0f;
   const float a0 = has0 ? sh.attn[lane] : 0.0f, a1 = has1 ? sh.attn[lane + 32] : 0.0f;
@@ -329,12 +329,14 @@ __global__ void broadcast_tape_kernel(const __nv_bfloat16* __restrict__ tape0, s
   if (i < total) tape[i] = __bfloat162float(tape0[i % per_sequence]);
 }
 
-__global__ void bf16_to_float_kernel(const __nv_bfloat16* __restrict__ in, std::int64_t count, float* __restrict__ out) {
+__global__ void bf16_to_float_kernel(const __nv_bfloat16* __restrict__ in, std::int64_t count,
+                                     float* __restrict__ out) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) out[i] = __bfloat162float(in[i]);
 }
 
-__global__ void float_to_bf16_kernel(const float* __restrict__ in, std::int64_t count, __nv_bfloat16* __restrict__ out) {
+__global__ void float_to_bf16_kernel(const float* __restrict__ in, std::int64_t count,
+                                     __nv_bfloat16* __restrict__ out) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) out[i] = __float2bfloat16_rn(in[i]);
 }
@@ -396,13 +398,13 @@ void prepare_shared(Kernel kernel, std::size_t bytes) {
   }
 }
 
-#define E29A_LAUNCHER(name, kernel, Args)                                                        \
-  template <int MaxN>                                                                            \
-  struct name {                                                                                  \
-    static void run(const Args& args, int threads, std::size_t bytes, cudaStream_t stream) {    \
-      prepare_shared(kernel<MaxN>, bytes);                                                       \
-      kernel<MaxN><<<static_cast<unsigned>(args.batch), threads, bytes, stream>>>(args);          \
-    }                                                                                            \
+#define E29A_LAUNCHER(name, kernel, Args)                                                    \
+  template <int MaxN>                                                                        \
+  struct name {                                                                              \
+    static void run(const Args& args, int threads, std::size_t bytes, cudaStream_t stream) { \
+      prepare_shared(kernel<MaxN>, bytes);                                                   \
+      kernel<MaxN><<<static_cast<unsigned>(args.batch), threads, bytes, stream>>>(args);     \
+    }                                                                                        \
   };
 
 E29A_LAUNCHER(ReadStepLaunch, read_step_kernel, ReadStepArgs)
@@ -440,7 +442,7 @@ void broadcast_tape(const __nv_bfloat16* tape0, std::int64_t batch, std::int64_t
   const std::int64_t total = batch * per_sequence;
   if (total == 0) return;
   broadcast_tape_kernel<<<static_cast<unsigned>(blocks_for(total, 256)), 256, 0, stream>>>(tape0, total, per_sequence,
-                                                                                          tape);
+                                                                                           tape);
   CUDA_CHECK_LAUNCH("e29a broadcast_tape");
 }
 

@@ -26,31 +26,31 @@ struct ReadStepArgs {
   std::int64_t batch = 0;
   int dim = 0, slots = 0;
   float scale = 0;
-  const float* tape = nullptr;       // H_{t-1} [batch, N, D]
-  const float* h_prev = nullptr;     // [batch, D]
-  const float* x = nullptr;          // x_t of sequence b at x + b * x_stride
+  const float* tape = nullptr;    // H_{t-1} [batch, N, D]
+  const float* h_prev = nullptr;  // [batch, D]
+  const float* x = nullptr;       // x_t of sequence b at x + b * x_stride
   std::int64_t x_stride = 0;
   const float* recurrent = nullptr;  // W_h h_{t-1} [batch, D]
   const __nv_bfloat16* bias = nullptr;
-  float* h = nullptr;                // h_t [batch, D]
-  __nv_bfloat16* h_bf16 = nullptr;   // h_t rounded [batch, D]
-  float* read = nullptr;             // r_t [batch, D]
-  float* read_attn = nullptr;        // a_r [batch, N]
+  float* h = nullptr;               // h_t [batch, D]
+  __nv_bfloat16* h_bf16 = nullptr;  // h_t rounded [batch, D]
+  float* read = nullptr;            // r_t [batch, D]
+  float* read_attn = nullptr;       // a_r [batch, N]
 };
 
 struct WriteStepArgs {
   std::int64_t batch = 0;
   int dim = 0, slots = 0;
   float scale = 0;
-  float* tape = nullptr;             // in H_{t-1}, out H_t [batch, N, D]
-  float* checkpoint = nullptr;       // optional: receives H_{t-1}
-  const float* write = nullptr;      // w_t [batch, D]
-  const float* h = nullptr;          // h_t
-  const float* read = nullptr;       // r_t
-  const float* z = nullptr;          // z_t of sequence b at z + b * z_stride
+  float* tape = nullptr;         // in H_{t-1}, out H_t [batch, N, D]
+  float* checkpoint = nullptr;   // optional: receives H_{t-1}
+  const float* write = nullptr;  // w_t [batch, D]
+  const float* h = nullptr;      // h_t
+  const float* read = nullptr;   // r_t
+  const float* z = nullptr;      // z_t of sequence b at z + b * z_stride
   std::int64_t z_stride = 0;
-  float* write_attn = nullptr;       // a_w [batch, N]
-  __nv_bfloat16* y = nullptr;        // y_t of sequence b at y + b * y_stride
+  float* write_attn = nullptr;  // a_w [batch, N]
+  __nv_bfloat16* y = nullptr;   // y_t of sequence b at y + b * y_stride
   std::int64_t y_stride = 0;
 };
 
@@ -68,12 +68,12 @@ struct WriteBackArgs {
   std::int64_t z_stride = 0;
   const __nv_bfloat16* dy = nullptr;
   std::int64_t dy_stride = 0;
-  const float* dh_next = nullptr;     // dL/dh_t from step t+1 [batch, D]
-  float* dh_local = nullptr;          // out: dL/dh_t from step t+1, the output and the gate
-  float* d_gate = nullptr;            // out: dL/d(z_t + r_t + h_t)
-  float* d_write = nullptr;           // out: dL/dw_t (fp32, product operand)
+  const float* dh_next = nullptr;  // dL/dh_t from step t+1 [batch, D]
+  float* dh_local = nullptr;       // out: dL/dh_t from step t+1, the output and the gate
+  float* d_gate = nullptr;         // out: dL/d(z_t + r_t + h_t)
+  float* d_write = nullptr;        // out: dL/dw_t (fp32, product operand)
   __nv_bfloat16* d_write_bf16 = nullptr;
-  __nv_bfloat16* dz = nullptr;        // dL/dz_t of sequence b at dz + b * dz_stride
+  __nv_bfloat16* dz = nullptr;  // dL/dz_t of sequence b at dz + b * dz_stride
   std::int64_t dz_stride = 0;
   float* score_grad = nullptr;        // optional [batch, N]
   bool detach_scores = false;         // the write scores get no gradient
@@ -84,18 +84,18 @@ struct ReadBackArgs {
   std::int64_t batch = 0;
   int dim = 0, slots = 0;
   float scale = 0;
-  const float* tape = nullptr;         // H_{t-1}
-  float* d_tape = nullptr;             // in/out: dL/dH_{t-1} (adds the read's part)
-  const float* h_prev = nullptr;       // h_{t-1}
-  const float* h = nullptr;            // h_t
-  const float* read_attn = nullptr;    // a_r [batch, N]
+  const float* tape = nullptr;       // H_{t-1}
+  float* d_tape = nullptr;           // in/out: dL/dH_{t-1} (adds the read's part)
+  const float* h_prev = nullptr;     // h_{t-1}
+  const float* h = nullptr;          // h_t
+  const float* read_attn = nullptr;  // a_r [batch, N]
   const float* dh_local = nullptr;
-  const float* dh_write = nullptr;     // W_write^T dw_t
+  const float* dh_write = nullptr;  // W_write^T dw_t
   const float* d_gate = nullptr;
-  float* dh_prev = nullptr;            // out: the read attention's part of dL/dh_{t-1}
-  float* d_pre = nullptr;              // out: dL/d(pre-tanh) (fp32, product operand)
+  float* dh_prev = nullptr;  // out: the read attention's part of dL/dh_{t-1}
+  float* d_pre = nullptr;    // out: dL/d(pre-tanh) (fp32, product operand)
   __nv_bfloat16* d_pre_bf16 = nullptr;
-  __nv_bfloat16* dx = nullptr;         // dL/dx_t of sequence b at dx + b * dx_stride
+  __nv_bfloat16* dx = nullptr;  // dL/dx_t of sequence b at dx + b * dx_stride
   std::int64_t dx_stride = 0;
   float* d_bias = nullptr;             // [batch, D], dL/d(pre) added (per sequence, over steps)
   float* score_grad = nullptr;         // optional [batch, N]

@@ -28,7 +28,8 @@ std::span<const float> tensor_weights(optim::Slab& slab, const float* full_weigh
 
 void check_cpu(const optim::Slab& slab, const float* full_weights, const char* what) {
   if (slab.device().is_cuda() || (full_weights == nullptr && !(slab.owned() == slab.full()))) {
-    throw core::Error(std::string(what) + ": the cpu model needs a cpu slab whose master weights cover the whole "
+    throw core::Error(std::string(what) +
+                      ": the cpu model needs a cpu slab whose master weights cover the whole "
                       "model, or the whole model's weights");
   }
 }
@@ -46,8 +47,8 @@ TensorIndex::TensorIndex(const E29aConfig& config, const optim::SlabLayout& layo
   head = config.tie_word_embeddings ? embed : find("lm_head");
   for (std::int64_t l = 0; l < config.num_layers; ++l) {
     const std::string p = layer_prefix(l);
-    layers.push_back({find(p + "norm"), find(p + "w_xz"), find(p + "w_h"), find(p + "b_h"), find(p + "w_write"),
-                      find(p + "tape0")});
+    layers.push_back(
+        {find(p + "norm"), find(p + "w_xz"), find(p + "w_h"), find(p + "b_h"), find(p + "w_write"), find(p + "tape0")});
   }
 }
 
@@ -137,12 +138,16 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
 
 E29aCpuDecoder::E29aCpuDecoder(const E29aConfig& config, optim::Slab& slab, const core::DeviceContext& context,
                                const DecoderOptions& options)
-    : config_(config), slab_(slab), full_weights_(options.full_weights), index_(config, slab.layout()),
+    : config_(config),
+      slab_(slab),
+      full_weights_(options.full_weights),
+      index_(config, slab.layout()),
       capacity_(options.max_tokens) {
   if (context.is_cuda()) throw core::Error("E29aCpuDecoder: needs a cpu context");
   check_cpu(slab, full_weights_, "E29aCpuDecoder");
   if (capacity_ <= 0) {
-    throw core::InputError("decoder: max_tokens (prompt + new tokens) must be positive, got " + std::to_string(capacity_));
+    throw core::InputError("decoder: max_tokens (prompt + new tokens) must be positive, got " +
+                           std::to_string(capacity_));
   }
   state_.resize(index_.layers.size());
   logits_.assign(static_cast<std::size_t>(config.vocab_size), 0.0f);

@@ -30,7 +30,8 @@ class E29aCpu final : public TrainableModel {
 
   void forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
                         float grad_scale) override;
-  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) override;
+  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch,
+                    std::int64_t seq) override;
   const float* loss() const override { return &loss_; }
   // Diagnostics: while set, each forward_backward fills one trace per layer (layer.h).
   void set_backward_trace(std::vector<LayerBackwardTrace<float>>* traces) { traces_ = traces; }

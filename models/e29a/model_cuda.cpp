@@ -26,12 +26,12 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
-
 void check_cuda_slab(const optim::Slab& slab, const core::DeviceContext& context, const char* what) {
   if (!context.is_cuda() || !(slab.device() == context.device())) {
     throw core::Error(std::string(what) + ": needs a cuda slab and context");
   }
-  if (slab.mirror_dtype() != core::DType::bf16) throw core::Error(std::string(what) + ": the slab's mirror must be bf16");
+  if (slab.mirror_dtype() != core::DType::bf16)
+    throw core::Error(std::string(what) + ": the slab's mirror must be bf16");
 }
 
 }  // namespace
@@ -62,12 +62,20 @@ struct E29aCuda::Impl {
   std::size_t y = 0, du = 0, dtmp = 0, workspace = 0, workspace_bytes = 0;
 
   Impl(const E29aConfig& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens)
-      : c(config), slab(s), ctx(context), stream(context.stream()), max_tokens(tokens), index(config, s.layout()),
-        ends(context, s, {index.embed, index.final_norm, index.head, config.vocab_size, config.hidden_size, config.rms_norm_eps},
+      : c(config),
+        slab(s),
+        ctx(context),
+        stream(context.stream()),
+        max_tokens(tokens),
+        index(config, s.layout()),
+        ends(context, s,
+             {index.embed, index.final_norm, index.head, config.vocab_size, config.hidden_size, config.rms_norm_eps},
              tokens) {}
 
   template <typename T>
-  T* at(std::size_t offset) { return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset); }
+  T* at(std::size_t offset) {
+    return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset);
+  }
   const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
   optim::Range range_of(int tensor) const { return slab.layout().tensors()[static_cast<std::size_t>(tensor)].range(); }
   float* grad_in(float* base, const optim::Range& group, int tensor) const {
@@ -147,8 +155,8 @@ E29aCuda::E29aCuda(const E29aConfig& config, optim::Slab& slab, const core::Devi
   check_cuda_slab(slab, context, "E29aCuda");
   if (max_tokens <= 0) throw core::Error("E29aCuda: max_tokens must be > 0");
   if (config.n_slots > kernels::kMaxSlots) {
-    throw core::InputError("E29aCuda: n_slots " + std::to_string(config.n_slots) + " is more than the cuda kernels take (" +
-                           std::to_string(kernels::kMaxSlots) + ")");
+    throw core::InputError("E29aCuda: n_slots " + std::to_string(config.n_slots) +
+                           " is more than the cuda kernels take (" + std::to_string(kernels::kMaxSlots) + ")");
   }
   Impl& m = *impl_;
   for (const LayerTensors& t : m.index.layers) {
@@ -177,7 +185,8 @@ void E29aCuda::forward_backward(const std::int32_t* ids, const std::int32_t* tar
   impl_->backward(ids, targets, batch, seq, grad_scale);
 }
 
-void E29aCuda::forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) {
+void E29aCuda::forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch,
+                            std::int64_t seq) {
   Impl& m = *impl_;
   m.forward(ids, batch, seq);
   m.ends.loss(targets, batch * seq, m.ws());
@@ -217,12 +226,20 @@ struct E29aCudaDecoder::Impl {
   std::size_t ids = 0, x = 0, normed = 0, rstd = 0, y = 0, logits = 0, h = 0, tape = 0, invalid = 0, workspace = 0;
 
   Impl(const E29aConfig& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t cap)
-      : c(config), slab(s), ctx(context), stream(context.stream()), index(config, s.layout()), capacity(cap),
+      : c(config),
+        slab(s),
+        ctx(context),
+        stream(context.stream()),
+        index(config, s.layout()),
+        capacity(cap),
         layer(context, config.hidden_size, config.n_slots, 1, cap, config.checkpoint_interval),
-        acts(layer.make_activations()), gemm(context) {}
+        acts(layer.make_activations()),
+        gemm(context) {}
 
   template <typename T>
-  T* at(std::size_t offset) { return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset); }
+  T* at(std::size_t offset) {
+    return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset);
+  }
   const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
   LayerStateCuda state(std::size_t l) {
     const std::int64_t d = c.hidden_size;
@@ -239,8 +256,8 @@ struct E29aCudaDecoder::Impl {
       ops::rmsnorm_forward_cuda(at<bf16>(x), w(t.norm), count, d, c.rms_norm_eps, at<bf16>(normed), at<float>(rstd),
                                 stream);
       const LayerStateCuda s = state(l);
-      layer.forward({w(t.w_xz), w(t.w_h), w(t.b_h), w(t.w_write), w(t.tape0)}, at<bf16>(normed), 1, count,
-                    at<bf16>(y), acts, position > 0 ? &s : nullptr, &s);
+      layer.forward({w(t.w_xz), w(t.w_h), w(t.b_h), w(t.w_write), w(t.tape0)}, at<bf16>(normed), 1, count, at<bf16>(y),
+                    acts, position > 0 ? &s : nullptr, &s);
       kernels::add_bf16(at<bf16>(x), at<bf16>(y), count * d, at<bf16>(x), stream);
     }
     ops::rmsnorm_forward_cuda(at<bf16>(x), w(index.final_norm), count, d, c.rms_norm_eps, at<bf16>(normed),
@@ -293,8 +310,8 @@ void E29aCudaDecoder::prefill(std::span<const std::int32_t> tokens, float* all_l
   if (count == 0) return;
   check_decoder_room(m.position, count, m.capacity);
   check_decoder_ids(tokens, m.c.vocab_size);
-  CUDA_CHECK(cudaMemcpyAsync(m.at<std::int32_t>(m.ids), tokens.data(), tokens.size_bytes(), cudaMemcpyHostToDevice,
-                             m.stream));
+  CUDA_CHECK(
+      cudaMemcpyAsync(m.at<std::int32_t>(m.ids), tokens.data(), tokens.size_bytes(), cudaMemcpyHostToDevice, m.stream));
   m.run(count, all_logits);
   // The host span may go away after return: the copy must have read it.
   CUDA_CHECK(cudaStreamSynchronize(m.stream));

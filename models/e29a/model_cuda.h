@@ -26,7 +26,8 @@ class E29aCuda final : public TrainableModel {
 
   void forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
                         float grad_scale) override;
-  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) override;
+  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch,
+                    std::int64_t seq) override;
   const float* loss() const override;
   const float* token_losses() const override;  // device fp32, of the last forward_loss
   const std::int32_t* invalid_id_flag() const override;

@@ -170,7 +170,8 @@ void attention_backward_cpu(const AttentionShape& shape, std::span<const Scalar>
           const std::int64_t row = at.row(b, h, i);
           const Scalar* q_i = q.data() + at.q(b, i, h);
           const Scalar* dout_i = dout.data() + at.q(b, i, h);
-          const double p = std::exp(scale * dot_double(q_i, k_j, dim) - static_cast<double>(lse[static_cast<std::size_t>(row)]));
+          const double p =
+              std::exp(scale * dot_double(q_i, k_j, dim) - static_cast<double>(lse[static_cast<std::size_t>(row)]));
           const double ds = p * (dot_double(dout_i, v_j, dim) - row_dot[row]);
           for (std::int64_t d = 0; d < dim; ++d) {
             acc_v[d] += p * static_cast<double>(dout_i[d]);
@@ -197,8 +198,8 @@ template void attention_backward_cpu<float>(const AttentionShape&, std::span<con
                                             std::span<const float>, std::span<float>, std::span<float>,
                                             std::span<float>);
 template void attention_backward_cpu<double>(const AttentionShape&, std::span<const double>, std::span<const double>,
-                                             std::span<const double>, std::span<const double>,
-                                             std::span<const double>, std::span<const double>, std::span<double>,
-                                             std::span<double>, std::span<double>);
+                                             std::span<const double>, std::span<const double>, std::span<const double>,
+                                             std::span<const double>, std::span<double>, std::span<double>,
+                                             std::span<double>);
 
 }  // namespace models::ops

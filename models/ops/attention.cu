@@ -195,9 +195,9 @@ __device__ __forceinline__ void load_floats_async(std::uint32_t dst, const float
 // rows of a swizzled shared tile, then to global memory with 16-byte stores; rows past `seq` are
 // skipped. `rows_global` points at tile row 0 in global memory, `stride` between tokens.
 template <int kHeadDim>
-__device__ __forceinline__ void store_warp_rows(const float (&acc)[kHeadDim / 8][4], std::uint16_t* tile,
-                                                int tile_row0, std::uint16_t* rows_global, std::int64_t stride,
-                                                int first_row, int seq, int lane) {
+__device__ __forceinline__ void store_warp_rows(const float (&acc)[kHeadDim / 8][4], std::uint16_t* tile, int tile_row0,
+                                                std::uint16_t* rows_global, std::int64_t stride, int first_row, int seq,
+                                                int lane) {
   constexpr int kDTiles = kHeadDim / 8;
   const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
   __syncwarp();
@@ -456,9 +456,9 @@ struct BackwardArgs {
 // order so that the per-row results are written contiguously.
 template <int kHeadDim>
 __global__ void __launch_bounds__(256)
-attention_backward_prepare_kernel(const std::uint16_t* __restrict__ out, const std::uint16_t* __restrict__ dout,
-                                  const float* __restrict__ lse, float* __restrict__ lse_log2,
-                                  float* __restrict__ delta, std::int64_t rows, int seq, int q_heads) {
+    attention_backward_prepare_kernel(const std::uint16_t* __restrict__ out, const std::uint16_t* __restrict__ dout,
+                                      const float* __restrict__ lse, float* __restrict__ lse_log2,
+                                      float* __restrict__ delta, std::int64_t rows, int seq, int q_heads) {
   constexpr int kLanes = kHeadDim / 8;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The backward kernel launched after this one waits for the whole grid anyway (griddepcontrol.wait).
@@ -513,8 +513,8 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
   extern __shared__ __align__(128) unsigned char smem[];
   const std::uint32_t k_tile = shared_address(smem);
   const std::uint32_t v_tile = k_tile + kBlockN * kHeadDim * 2;
-  const std::uint32_t q_tiles = v_tile + kBlockN * kHeadDim * 2;  // 2 stages
-  const std::uint32_t do_tiles = q_tiles + 2 * kRowTileBytes;     // 2 stages
+  const std::uint32_t q_tiles = v_tile + kBlockN * kHeadDim * 2;   // 2 stages
+  const std::uint32_t do_tiles = q_tiles + 2 * kRowTileBytes;      // 2 stages
   const std::uint32_t lse_vectors = do_tiles + 2 * kRowTileBytes;  // 2 stages of kBlockM floats
   const std::uint32_t delta_vectors = lse_vectors + 2 * kBlockM * 4;
   const float* lse_shared = reinterpret_cast<const float*>(smem + (lse_vectors - k_tile));
@@ -542,12 +542,9 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
     const std::uint16_t* do_head = args.dout + batch_row * dout_stride + head * kHeadDim;
     const std::int64_t vector_row0 = (batch * args.q_heads + head) * seq;
     load_rows_async<kBlockM, kHeadDim, kThreads>(q_tiles + stage * kRowTileBytes, q_head, args.q_stride, q_start, seq);
-    load_rows_async<kBlockM, kHeadDim, kThreads>(do_tiles + stage * kRowTileBytes, do_head, dout_stride, q_start,
-                                                 seq);
-    load_floats_async<kBlockM, kThreads>(lse_vectors + stage * kBlockM * 4, args.lse_log2 + vector_row0, q_start,
-                                         seq);
-    load_floats_async<kBlockM, kThreads>(delta_vectors + stage * kBlockM * 4, args.delta + vector_row0, q_start,
-                                         seq);
+    load_rows_async<kBlockM, kHeadDim, kThreads>(do_tiles + stage * kRowTileBytes, do_head, dout_stride, q_start, seq);
+    load_floats_async<kBlockM, kThreads>(lse_vectors + stage * kBlockM * 4, args.lse_log2 + vector_row0, q_start, seq);
+    load_floats_async<kBlockM, kThreads>(delta_vectors + stage * kBlockM * 4, args.delta + vector_row0, q_start, seq);
   };
 
   const std::uint16_t* k_head = args.k + batch_row * args.k_stride + kv_head * kHeadDim;
@@ -690,8 +687,8 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
       for (int i = 0; i < 4; ++i) dk[mt][dt][i] *= args.scale;
     }
     store_warp_rows<kHeadDim>(dk[mt], reinterpret_cast<std::uint16_t*>(smem), key_row0 + mt * 16,
-                              args.dk + key_row_global * args.dk_stride + kv_head * kHeadDim, args.dk_stride,
-                              key_start, seq, lane);
+                              args.dk + key_row_global * args.dk_stride + kv_head * kHeadDim, args.dk_stride, key_start,
+                              seq, lane);
     store_warp_rows<kHeadDim>(dv[mt], reinterpret_cast<std::uint16_t*>(smem + kBlockN * kHeadDim * 2),
                               key_row0 + mt * 16, args.dv + key_row_global * args.dv_stride + kv_head * kHeadDim,
                               args.dv_stride, key_start, seq, lane);
@@ -729,8 +726,8 @@ __device__ __forceinline__ void backward_key_pairs_block(const BackwardArgs& arg
   extern __shared__ __align__(128) unsigned char smem[];
   const std::uint32_t k_tile = shared_address(smem);
   const std::uint32_t v_tile = k_tile + kBlockN * kHeadDim * 2;
-  const std::uint32_t q_tiles = v_tile + kBlockN * kHeadDim * 2;  // 2 stages
-  const std::uint32_t do_tiles = q_tiles + 2 * kRowTileBytes;     // 2 stages
+  const std::uint32_t q_tiles = v_tile + kBlockN * kHeadDim * 2;   // 2 stages
+  const std::uint32_t do_tiles = q_tiles + 2 * kRowTileBytes;      // 2 stages
   const std::uint32_t lse_vectors = do_tiles + 2 * kRowTileBytes;  // 2 stages of kBlockM floats
   const std::uint32_t delta_vectors = lse_vectors + 2 * kBlockM * 4;
   const std::uint32_t exchange_tiles = delta_vectors + 2 * kBlockM * 4;  // [kPairs][kSlices]
@@ -747,8 +744,8 @@ __device__ __forceinline__ void backward_key_pairs_block(const BackwardArgs& arg
   const int kv_head = block_y;
   const std::int64_t batch = block_z, batch_row = batch * seq;
   const std::int64_t dout_stride = static_cast<std::int64_t>(args.q_heads) * kHeadDim;
-  std::uint32_t* exchange = reinterpret_cast<std::uint32_t*>(smem + (exchange_tiles - k_tile)) +
-                            pair * kSlices * kExchangeWords;
+  std::uint32_t* exchange =
+      reinterpret_cast<std::uint32_t*>(smem + (exchange_tiles - k_tile)) + pair * kSlices * kExchangeWords;
 
   const int first_q_block = key_start / kBlockM;
   const int q_blocks_per_head = (seq + kBlockM - 1) / kBlockM - first_q_block;
@@ -761,12 +758,9 @@ __device__ __forceinline__ void backward_key_pairs_block(const BackwardArgs& arg
     const std::uint16_t* do_head = args.dout + batch_row * dout_stride + head * kHeadDim;
     const std::int64_t vector_row0 = (batch * args.q_heads + head) * seq;
     load_rows_async<kBlockM, kHeadDim, kThreads>(q_tiles + stage * kRowTileBytes, q_head, args.q_stride, q_start, seq);
-    load_rows_async<kBlockM, kHeadDim, kThreads>(do_tiles + stage * kRowTileBytes, do_head, dout_stride, q_start,
-                                                 seq);
-    load_floats_async<kBlockM, kThreads>(lse_vectors + stage * kBlockM * 4, args.lse_log2 + vector_row0, q_start,
-                                         seq);
-    load_floats_async<kBlockM, kThreads>(delta_vectors + stage * kBlockM * 4, args.delta + vector_row0, q_start,
-                                         seq);
+    load_rows_async<kBlockM, kHeadDim, kThreads>(do_tiles + stage * kRowTileBytes, do_head, dout_stride, q_start, seq);
+    load_floats_async<kBlockM, kThreads>(lse_vectors + stage * kBlockM * 4, args.lse_log2 + vector_row0, q_start, seq);
+    load_floats_async<kBlockM, kThreads>(delta_vectors + stage * kBlockM * 4, args.delta + vector_row0, q_start, seq);
   };
 
   const std::uint16_t* k_head = args.k + batch_row * args.k_stride + kv_head * kHeadDim;
@@ -1110,8 +1104,8 @@ __device__ __forceinline__ void backward_query_block(const BackwardArgs& args, i
 // Launchers and tile variants
 
 template <typename Args>
-void launch(void (*kernel)(Args), dim3 grid, int threads, std::size_t smem_bytes, const Args& args,
-            cudaStream_t stream, const char* name) {
+void launch(void (*kernel)(Args), dim3 grid, int threads, std::size_t smem_bytes, const Args& args, cudaStream_t stream,
+            const char* name) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
   kernel<<<grid, threads, smem_bytes, stream>>>(args);
   CUDA_CHECK_LAUNCH(name);
@@ -1253,8 +1247,7 @@ struct FusedBackward {
     const int key_blocks = static_cast<int>(key.x * key.y * key.z);
     const int query_blocks = static_cast<int>(query.x * query.y * query.z);
     auto* kernel = attention_backward_fused_kernel<Key, Query>;
-    CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>(key_blocks + query_blocks));
     config.blockDim = dim3(Key::kThreads);
@@ -1514,11 +1507,16 @@ void attention_backward_cuda(const AttentionShape& shape, AttentionInput q, Atte
   const std::int64_t rows = shape.batch * shape.seq * shape.q_heads;
   const std::size_t dense_bytes = static_cast<std::size_t>(rows * shape.head_dim) * 2;
   require_no_overlap(op,
-                     {strided_region("dq", dq, shape, shape.q_heads), strided_region("dk", dk, shape, shape.kv_heads),
-                      strided_region("dv", dv, shape, shape.kv_heads), {"workspace", workspace, needed}},
-                     {strided_region("q", q, shape, shape.q_heads), strided_region("k", k, shape, shape.kv_heads),
-                      strided_region("v", v, shape, shape.kv_heads), {"out", out, dense_bytes},
-                      {"lse", lse, static_cast<std::size_t>(rows) * sizeof(float)}, {"dout", dout, dense_bytes}});
+                     {strided_region("dq", dq, shape, shape.q_heads),
+                      strided_region("dk", dk, shape, shape.kv_heads),
+                      strided_region("dv", dv, shape, shape.kv_heads),
+                      {"workspace", workspace, needed}},
+                     {strided_region("q", q, shape, shape.q_heads),
+                      strided_region("k", k, shape, shape.kv_heads),
+                      strided_region("v", v, shape, shape.kv_heads),
+                      {"out", out, dense_bytes},
+                      {"lse", lse, static_cast<std::size_t>(rows) * sizeof(float)},
+                      {"dout", dout, dense_bytes}});
 
   auto* lse_log2 = static_cast<float*>(workspace);
   float* delta = lse_log2 + rows;

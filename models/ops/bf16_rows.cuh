@@ -52,8 +52,14 @@ __device__ __forceinline__ void add_to_float(float* dst, const float (&in)[Vec])
   if constexpr (Vec == kVector) {
     float4* d4 = reinterpret_cast<float4*>(dst);
     float4 a = d4[0], b = d4[1];
-    a.x += in[0]; a.y += in[1]; a.z += in[2]; a.w += in[3];
-    b.x += in[4]; b.y += in[5]; b.z += in[6]; b.w += in[7];
+    a.x += in[0];
+    a.y += in[1];
+    a.z += in[2];
+    a.w += in[3];
+    b.x += in[4];
+    b.y += in[5];
+    b.z += in[6];
+    b.w += in[7];
     d4[0] = a;
     d4[1] = b;
   } else {
@@ -66,8 +72,14 @@ template <int Vec>
 __device__ __forceinline__ void load_float(const float* src, float (&out)[Vec]) {
   if constexpr (Vec == kVector) {
     const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
-    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+    out[0] = a.x;
+    out[1] = a.y;
+    out[2] = a.z;
+    out[3] = a.w;
+    out[4] = b.x;
+    out[5] = b.y;
+    out[6] = b.z;
+    out[7] = b.w;
   } else {
 #pragma unroll
     for (int k = 0; k < Vec; ++k) out[k] = src[k];

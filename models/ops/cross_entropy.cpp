@@ -32,8 +32,8 @@ std::int64_t check_arguments(std::string_view op, std::span<const Scalar> hidden
     if (t == kIgnoreIndex) continue;
     if (t < 0 || t >= vocab) {
       checks::fail(op, "target " + std::to_string(t) + " at position " + std::to_string(n) +
-                           " is outside the vocabulary [0, " + std::to_string(vocab) + ") and is not the ignore index " +
-                           std::to_string(kIgnoreIndex));
+                           " is outside the vocabulary [0, " + std::to_string(vocab) +
+                           ") and is not the ignore index " + std::to_string(kIgnoreIndex));
     }
     ++count;
   }
@@ -153,16 +153,15 @@ CrossEntropyResult cross_entropy_forward_cpu(std::span<const Scalar> hidden, std
 template <typename Scalar>
 CrossEntropyResult cross_entropy_backward_cpu(std::span<const Scalar> hidden, std::span<const Scalar> weight,
                                               std::span<const std::int32_t> targets, std::int64_t dim,
-                                              std::int64_t vocab, std::span<Scalar> dhidden,
-                                              std::span<Scalar> dweight, double grad_scale,
-                                              std::int64_t chunk_tokens) {
+                                              std::int64_t vocab, std::span<Scalar> dhidden, std::span<Scalar> dweight,
+                                              double grad_scale, std::int64_t chunk_tokens) {
   constexpr std::string_view op = "cross_entropy_backward";
   const std::int64_t count = check_arguments(op, hidden, weight, targets, dim, vocab, chunk_tokens);
   checks::require_size(op, "dhidden", dhidden, static_cast<std::int64_t>(hidden.size()), "tokens * dim");
   checks::require_size(op, "dweight", dweight, vocab * dim, "vocab * dim");
-  checks::require_disjoint(op, {checks::region("dhidden", dhidden), checks::region("dweight", dweight)},
-                           {checks::region("hidden", hidden), checks::region("weight", weight),
-                            checks::region("targets", targets)});
+  checks::require_disjoint(
+      op, {checks::region("dhidden", dhidden), checks::region("dweight", dweight)},
+      {checks::region("hidden", hidden), checks::region("weight", weight), checks::region("targets", targets)});
   if (!std::isfinite(grad_scale)) checks::fail(op, "grad_scale must be finite, got " + std::to_string(grad_scale));
   const Gradients<Scalar> gradients{dhidden.data(), dweight.data(), 0, vocab, grad_scale};
   return run<Scalar>(hidden, weight, targets, dim, vocab, count, chunk_tokens, &gradients);
@@ -170,8 +169,8 @@ CrossEntropyResult cross_entropy_backward_cpu(std::span<const Scalar> hidden, st
 
 template <typename Scalar>
 void cross_entropy_backward_weight_rows_cpu(std::span<const Scalar> hidden, std::span<const Scalar> weight,
-                                            std::span<const std::int32_t> targets, std::int64_t dim,
-                                            std::int64_t vocab, std::int64_t row_begin, std::int64_t row_end,
+                                            std::span<const std::int32_t> targets, std::int64_t dim, std::int64_t vocab,
+                                            std::int64_t row_begin, std::int64_t row_end,
                                             std::span<Scalar> dweight_rows, double grad_scale,
                                             std::int64_t chunk_tokens) {
   constexpr std::string_view op = "cross_entropy_backward_weight_rows";
@@ -181,9 +180,9 @@ void cross_entropy_backward_weight_rows_cpu(std::span<const Scalar> hidden, std:
                          ") must be a non-empty range within the vocabulary [0, " + std::to_string(vocab) + ")");
   }
   checks::require_size(op, "dweight_rows", dweight_rows, (row_end - row_begin) * dim, "(row_end - row_begin) * dim");
-  checks::require_disjoint(op, {checks::region("dweight_rows", dweight_rows)},
-                           {checks::region("hidden", hidden), checks::region("weight", weight),
-                            checks::region("targets", targets)});
+  checks::require_disjoint(
+      op, {checks::region("dweight_rows", dweight_rows)},
+      {checks::region("hidden", hidden), checks::region("weight", weight), checks::region("targets", targets)});
   if (!std::isfinite(grad_scale)) checks::fail(op, "grad_scale must be finite, got " + std::to_string(grad_scale));
   const Gradients<Scalar> gradients{nullptr, dweight_rows.data(), row_begin, row_end, grad_scale};
   run<Scalar>(hidden, weight, targets, dim, vocab, count, chunk_tokens, &gradients);
@@ -196,20 +195,19 @@ template CrossEntropyResult cross_entropy_forward_cpu<double>(std::span<const do
                                                               std::span<const std::int32_t>, std::int64_t,
                                                               std::int64_t, std::int64_t, std::span<float>);
 template CrossEntropyResult cross_entropy_backward_cpu<float>(std::span<const float>, std::span<const float>,
-                                                              std::span<const std::int32_t>, std::int64_t,
-                                                              std::int64_t, std::span<float>, std::span<float>,
-                                                              double, std::int64_t);
+                                                              std::span<const std::int32_t>, std::int64_t, std::int64_t,
+                                                              std::span<float>, std::span<float>, double, std::int64_t);
 template CrossEntropyResult cross_entropy_backward_cpu<double>(std::span<const double>, std::span<const double>,
                                                                std::span<const std::int32_t>, std::int64_t,
                                                                std::int64_t, std::span<double>, std::span<double>,
                                                                double, std::int64_t);
 template void cross_entropy_backward_weight_rows_cpu<float>(std::span<const float>, std::span<const float>,
-                                                           std::span<const std::int32_t>, std::int64_t, std::int64_t,
-                                                           std::int64_t, std::int64_t, std::span<float>, double,
-                                                           std::int64_t);
-template void cross_entropy_backward_weight_rows_cpu<double>(std::span<const double>, std::span<const double>,
                                                             std::span<const std::int32_t>, std::int64_t, std::int64_t,
-                                                            std::int64_t, std::int64_t, std::span<double>, double,
+                                                            std::int64_t, std::int64_t, std::span<float>, double,
                                                             std::int64_t);
+template void cross_entropy_backward_weight_rows_cpu<double>(std::span<const double>, std::span<const double>,
+                                                             std::span<const std::int32_t>, std::int64_t, std::int64_t,
+                                                             std::int64_t, std::int64_t, std::span<double>, double,
+                                                             std::int64_t);
 
 }  // namespace models::ops

@@ -125,9 +125,9 @@ __device__ __forceinline__ void write_dlogits(__nv_bfloat16* row, std::int64_t w
 // kVector: rows start 16-byte aligned and vocab % 8 == 0, so 8 logits per 16-byte access.
 template <bool kBackward, bool kVector>
 __global__ void __launch_bounds__(kRowThreads)
-cross_entropy_rows_kernel(__nv_bfloat16* __restrict__ logits, std::int64_t vocab,
-                          const std::int32_t* __restrict__ targets, float* __restrict__ token_losses,
-                          float* __restrict__ token_lse, const std::int32_t* __restrict__ count, float grad_scale) {
+    cross_entropy_rows_kernel(__nv_bfloat16* __restrict__ logits, std::int64_t vocab,
+                              const std::int32_t* __restrict__ targets, float* __restrict__ token_losses,
+                              float* __restrict__ token_lse, const std::int32_t* __restrict__ count, float grad_scale) {
   __shared__ MaxSum warp_states[kRowThreads / 32];
   __shared__ float row_lse;
   __nv_bfloat16* row = logits + static_cast<std::int64_t>(blockIdx.x) * vocab;
@@ -186,10 +186,10 @@ cross_entropy_rows_kernel(__nv_bfloat16* __restrict__ logits, std::int64_t vocab
 // kVector: rows % 8 == 0 (tile rows start 16-byte aligned in the 256-byte-aligned workspace).
 template <bool kVector>
 __global__ void __launch_bounds__(kWindowThreads)
-cross_entropy_window_dlogits_kernel(__nv_bfloat16* __restrict__ logits, std::int64_t rows, std::int64_t row_begin,
-                                    std::int64_t vocab, const std::int32_t* __restrict__ targets,
-                                    const float* __restrict__ token_lse, const std::int32_t* __restrict__ count,
-                                    float grad_scale) {
+    cross_entropy_window_dlogits_kernel(__nv_bfloat16* __restrict__ logits, std::int64_t rows, std::int64_t row_begin,
+                                        std::int64_t vocab, const std::int32_t* __restrict__ targets,
+                                        const float* __restrict__ token_lse, const std::int32_t* __restrict__ count,
+                                        float grad_scale) {
   __nv_bfloat16* row = logits + static_cast<std::int64_t>(blockIdx.x) * rows;
   const std::int32_t target = targets[blockIdx.x];
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.y) * kWindowThreads + threadIdx.x;
@@ -206,7 +206,8 @@ cross_entropy_window_dlogits_kernel(__nv_bfloat16* __restrict__ logits, std::int
 
 // Counts the targets that are not the ignore index (one block; integers, so any order is exact).
 __global__ void __launch_bounds__(kReduceThreads)
-count_targets_kernel(const std::int32_t* __restrict__ targets, std::int64_t tokens, std::int32_t* __restrict__ count) {
+    count_targets_kernel(const std::int32_t* __restrict__ targets, std::int64_t tokens,
+                         std::int32_t* __restrict__ count) {
   __shared__ int scratch[kReduceThreads / 32];
   int local = 0;
   for (std::int64_t n = threadIdx.x; n < tokens; n += kReduceThreads) local += targets[n] != kIgnoreIndex ? 1 : 0;
@@ -218,8 +219,8 @@ count_targets_kernel(const std::int32_t* __restrict__ targets, std::int64_t toke
 // kCountTargets it also counts the targets (the forward, which needs no count before).
 template <bool kCountTargets>
 __global__ void __launch_bounds__(kReduceThreads)
-mean_loss_kernel(const float* __restrict__ token_losses, const std::int32_t* __restrict__ targets,
-                 std::int64_t tokens, std::int32_t* __restrict__ count, float* __restrict__ mean_loss) {
+    mean_loss_kernel(const float* __restrict__ token_losses, const std::int32_t* __restrict__ targets,
+                     std::int64_t tokens, std::int32_t* __restrict__ count, float* __restrict__ mean_loss) {
   __shared__ double sum_scratch[kReduceThreads / 32];
   __shared__ int count_scratch[kReduceThreads / 32];
   double local_sum = 0.0;
@@ -298,11 +299,10 @@ void CrossEntropyPlan::forward(const __nv_bfloat16* hidden, const __nv_bfloat16*
       0.0f, outputs, workspace, chunk_tokens);
 }
 
-void CrossEntropyPlan::backward(const __nv_bfloat16* hidden, const __nv_bfloat16* weight,
-                                const std::int32_t* targets, std::int64_t tokens, std::int64_t dim,
-                                std::int64_t vocab, __nv_bfloat16* dhidden, float* dweight, float grad_scale,
-                                CrossEntropyDeviceOutputs outputs, DeviceWorkspace workspace,
-                                std::int64_t chunk_tokens) {
+void CrossEntropyPlan::backward(const __nv_bfloat16* hidden, const __nv_bfloat16* weight, const std::int32_t* targets,
+                                std::int64_t tokens, std::int64_t dim, std::int64_t vocab, __nv_bfloat16* dhidden,
+                                float* dweight, float grad_scale, CrossEntropyDeviceOutputs outputs,
+                                DeviceWorkspace workspace, std::int64_t chunk_tokens) {
   constexpr std::string_view op = "cross_entropy_backward (cuda)";
   if (dweight == nullptr) checks::fail(op, "dweight is null");
   run(op, hidden, weight, targets, tokens, dim, vocab, true, dhidden, dweight, nullptr, grad_scale, outputs, workspace,
@@ -343,7 +343,8 @@ void CrossEntropyPlan::run(std::string_view op, const __nv_bfloat16* hidden, con
   if (reinterpret_cast<std::uintptr_t>(workspace.data) % kWorkspaceAlignment != 0) {
     checks::fail(op, "workspace is not 256-byte aligned");
   }
-  if (outputs.mean_loss == nullptr || outputs.count == nullptr) checks::fail(op, "mean_loss and count must not be null");
+  if (outputs.mean_loss == nullptr || outputs.count == nullptr)
+    checks::fail(op, "mean_loss and count must not be null");
   const checks::Region losses = device_region(op, "token_losses", outputs.token_losses, tokens);
   const checks::Region mean = device_region(op, "mean_loss", outputs.mean_loss, 1);
   const checks::Region counted = device_region(op, "count", outputs.count, 1);
@@ -357,11 +358,13 @@ void CrossEntropyPlan::run(std::string_view op, const __nv_bfloat16* hidden, con
   checks::require_disjoint(op, {losses, mean, counted, dhidden_region, dweight_region, lse_region, scratch},
                            {hidden_region, weight_region, targets_region});
 
-  const std::int64_t chunk = std::max<std::int64_t>(1, std::min(tokens, cross_entropy_chunk_tokens_cuda(vocab, chunk_tokens)));
+  const std::int64_t chunk =
+      std::max<std::int64_t>(1, std::min(tokens, cross_entropy_chunk_tokens_cuda(vocab, chunk_tokens)));
   auto* logits = static_cast<__nv_bfloat16*>(workspace.data);
   const std::size_t logits_bytes =
       round_up(static_cast<std::size_t>(std::min(tokens, chunk) * vocab) * sizeof(__nv_bfloat16), kWorkspaceAlignment);
-  const DeviceWorkspace gemm_workspace{static_cast<char*>(workspace.data) + logits_bytes, workspace.bytes - logits_bytes};
+  const DeviceWorkspace gemm_workspace{static_cast<char*>(workspace.data) + logits_bytes,
+                                       workspace.bytes - logits_bytes};
   // 16-byte row accesses: the workspace is 256-byte aligned, so rows are aligned when vocab % 8 == 0.
   const bool vector = vocab % 8 == 0;
 
@@ -399,11 +402,11 @@ void CrossEntropyPlan::run(std::string_view op, const __nv_bfloat16* hidden, con
     }
   }
   if (backward) {
-    mean_loss_kernel<false><<<1, kReduceThreads, 0, stream_>>>(outputs.token_losses, targets, tokens, outputs.count,
-                                                               outputs.mean_loss);
+    mean_loss_kernel<false>
+        <<<1, kReduceThreads, 0, stream_>>>(outputs.token_losses, targets, tokens, outputs.count, outputs.mean_loss);
   } else {
-    mean_loss_kernel<true><<<1, kReduceThreads, 0, stream_>>>(outputs.token_losses, targets, tokens, outputs.count,
-                                                              outputs.mean_loss);
+    mean_loss_kernel<true>
+        <<<1, kReduceThreads, 0, stream_>>>(outputs.token_losses, targets, tokens, outputs.count, outputs.mean_loss);
   }
   CUDA_CHECK_LAUNCH("mean_loss_kernel");
 }
@@ -451,13 +454,14 @@ void CrossEntropyPlan::backward_weight_rows(const __nv_bfloat16* hidden, const _
   auto* logits = static_cast<__nv_bfloat16*>(workspace.data);
   const std::size_t logits_bytes =
       round_up(static_cast<std::size_t>(tile * rows) * sizeof(__nv_bfloat16), kWorkspaceAlignment);
-  const DeviceWorkspace gemm_workspace{static_cast<char*>(workspace.data) + logits_bytes, workspace.bytes - logits_bytes};
+  const DeviceWorkspace gemm_workspace{static_cast<char*>(workspace.data) + logits_bytes,
+                                       workspace.bytes - logits_bytes};
   const __nv_bfloat16* window = weight + row_begin * dim;
   // 16-byte accesses when every tile row starts 16-byte aligned.
   const bool vector = rows % 8 == 0;
   const std::int64_t units = vector ? rows / 8 : rows;
-  const auto slices = static_cast<unsigned>(
-      std::min<std::int64_t>(kMaxGridY, (units + kWindowThreads - 1) / kWindowThreads));
+  const auto slices =
+      static_cast<unsigned>(std::min<std::int64_t>(kMaxGridY, (units + kWindowThreads - 1) / kWindowThreads));
 
   for (std::int64_t first = 0; first < tokens; first += tile) {
     const std::int64_t n = std::min(tile, tokens - first);

@@ -75,9 +75,8 @@ CrossEntropyResult cross_entropy_forward_cpu(std::span<const Scalar> hidden, std
 template <typename Scalar>
 CrossEntropyResult cross_entropy_backward_cpu(std::span<const Scalar> hidden, std::span<const Scalar> weight,
                                               std::span<const std::int32_t> targets, std::int64_t dim,
-                                              std::int64_t vocab, std::span<Scalar> dhidden,
-                                              std::span<Scalar> dweight, double grad_scale = 1.0,
-                                              std::int64_t chunk_tokens = 0);
+                                              std::int64_t vocab, std::span<Scalar> dhidden, std::span<Scalar> dweight,
+                                              double grad_scale = 1.0, std::int64_t chunk_tokens = 0);
 
 // The weight gradient restricted to the vocabulary rows [row_begin, row_end) (the reference for
 // CrossEntropyPlan::backward_weight_rows):
@@ -87,18 +86,18 @@ CrossEntropyResult cross_entropy_backward_cpu(std::span<const Scalar> hidden, st
 // that partition [0, vocab) together give its dweight.
 template <typename Scalar>
 void cross_entropy_backward_weight_rows_cpu(std::span<const Scalar> hidden, std::span<const Scalar> weight,
-                                            std::span<const std::int32_t> targets, std::int64_t dim,
-                                            std::int64_t vocab, std::int64_t row_begin, std::int64_t row_end,
+                                            std::span<const std::int32_t> targets, std::int64_t dim, std::int64_t vocab,
+                                            std::int64_t row_begin, std::int64_t row_end,
                                             std::span<Scalar> dweight_rows, double grad_scale = 1.0,
                                             std::int64_t chunk_tokens = 0);
 
 // ---- GPU ----
 
 // Default GPU chunk: the bf16 logits of a chunk take at most this many bytes (1 GiB: 3456 tokens
-// for Qwen3's vocabulary of 151936; small next to a 0.6B model's activations at T = 2048). Larger chunks trade memory for speed: the weight-gradient
-// product (K = chunk) reads and writes the whole fp32 dW once per chunk. Measured on H200 for
-// 16384 tokens, dim 1024, vocab 151936 (bench/linear_bench): 39.2 ms at 384 tokens per chunk,
-// 31.0 at 768, 29.0 at 1536, 27.6 at 3072, 26.9 at 6144.
+// for Qwen3's vocabulary of 151936; small next to a 0.6B model's activations at T = 2048). Larger chunks trade memory
+// for speed: the weight-gradient product (K = chunk) reads and writes the whole fp32 dW once per chunk. Measured on
+// H200 for 16384 tokens, dim 1024, vocab 151936 (bench/linear_bench): 39.2 ms at 384 tokens per chunk, 31.0 at
+// 768, 29.0 at 1536, 27.6 at 3072, 26.9 at 6144.
 inline constexpr std::size_t kCrossEntropyChunkLogitBytes = std::size_t{1} << 30;
 
 // Tokens per GPU chunk: `requested` when positive, else the most tokens whose bf16 logits fit in
@@ -172,8 +171,8 @@ class CrossEntropyPlan {
   // workspace as backward().
   void backward_hidden(const __nv_bfloat16* hidden, const __nv_bfloat16* weight, const std::int32_t* targets,
                        std::int64_t tokens, std::int64_t dim, std::int64_t vocab, __nv_bfloat16* dhidden,
-                       float grad_scale, CrossEntropyDeviceOutputs outputs, float* token_lse,
-                       DeviceWorkspace workspace, std::int64_t chunk_tokens = 0);
+                       float grad_scale, CrossEntropyDeviceOutputs outputs, float* token_lse, DeviceWorkspace workspace,
+                       std::int64_t chunk_tokens = 0);
 
   // Pass 2, for vocabulary rows [row_begin, row_end) (0 <= row_begin < row_end <= vocab):
   //   dweight_rows[r - row_begin, k] += sum_n dlogits[n, r] * hidden[n, k]   (fp32, beta = 1),

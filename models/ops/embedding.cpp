@@ -32,7 +32,8 @@ void embedding_forward_cpu(std::span<const std::int32_t> ids, std::span<const Sc
   const auto tokens = static_cast<std::int64_t>(ids.size());
   checks::require_size(op, "table", table, vocab * dim, "vocab * dim");
   checks::require_size(op, "out", out, tokens * dim, "tokens * dim");
-  checks::require_disjoint(op, {checks::region("out", out)}, {checks::region("table", table), checks::region("ids", ids)});
+  checks::require_disjoint(op, {checks::region("out", out)},
+                           {checks::region("table", table), checks::region("ids", ids)});
   check_ids(op, ids, vocab);
 
 #pragma omp parallel for schedule(static)
@@ -96,7 +97,8 @@ void embedding_backward_cpu(std::span<const std::int32_t> ids, std::span<const S
       }
       const std::int64_t r = id_of[order[group_begin[g]]];
       Scalar* grad_row = dtable_rows.data() + (r - row_begin) * dim;
-      for (std::int64_t d = 0; d < dim; ++d) grad_row[d] = static_cast<Scalar>(static_cast<double>(grad_row[d]) + acc[d]);
+      for (std::int64_t d = 0; d < dim; ++d)
+        grad_row[d] = static_cast<Scalar>(static_cast<double>(grad_row[d]) + acc[d]);
     }
   }
 }

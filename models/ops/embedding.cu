@@ -30,9 +30,9 @@ __device__ __forceinline__ std::int64_t clamp_id(std::int32_t id, std::int64_t v
 
 template <int Vec>
 __global__ void __launch_bounds__(kCopyThreads)
-embedding_forward_kernel(const std::int32_t* __restrict__ ids, std::int64_t tokens, const __nv_bfloat16* __restrict__ table,
-                         std::int64_t vocab, std::int64_t dim, __nv_bfloat16* __restrict__ out,
-                         std::int32_t* invalid_id_flag) {
+    embedding_forward_kernel(const std::int32_t* __restrict__ ids, std::int64_t tokens,
+                             const __nv_bfloat16* __restrict__ table, std::int64_t vocab, std::int64_t dim,
+                             __nv_bfloat16* __restrict__ out, std::int32_t* invalid_id_flag) {
   gpu::for_each_chunk<Vec>(tokens, dim, [&](std::int64_t n, std::int64_t column) {
     const std::int64_t id = clamp_id(ids[n], vocab, column == 0 ? invalid_id_flag : nullptr);
     const __nv_bfloat16* src = table + id * dim + column;
@@ -47,9 +47,9 @@ embedding_forward_kernel(const std::int32_t* __restrict__ ids, std::int64_t toke
 
 // Sort input: clamped ids as keys, token indices as values.
 __global__ void __launch_bounds__(kCopyThreads)
-embedding_sort_input_kernel(const std::int32_t* __restrict__ ids, std::int64_t tokens, std::int64_t vocab,
-                            std::uint32_t* __restrict__ keys, std::int32_t* __restrict__ positions,
-                            std::int32_t* invalid_id_flag) {
+    embedding_sort_input_kernel(const std::int32_t* __restrict__ ids, std::int64_t tokens, std::int64_t vocab,
+                                std::uint32_t* __restrict__ keys, std::int32_t* __restrict__ positions,
+                                std::int32_t* invalid_id_flag) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; n < tokens; n += stride) {
     keys[n] = static_cast<std::uint32_t>(clamp_id(ids[n], vocab, invalid_id_flag));
@@ -79,9 +79,10 @@ struct RowWindow {
 // continues only into windows holding that id).
 template <int Vec>
 __global__ void __launch_bounds__(kBackwardThreads)
-embedding_backward_window_kernel(const std::uint32_t* __restrict__ sorted_ids, const std::int32_t* __restrict__ sorted_tokens,
-                                 std::int64_t tokens, const __nv_bfloat16* __restrict__ dout, std::int64_t dim,
-                                 RowWindow dtable, float* __restrict__ partials) {
+    embedding_backward_window_kernel(const std::uint32_t* __restrict__ sorted_ids,
+                                     const std::int32_t* __restrict__ sorted_tokens, std::int64_t tokens,
+                                     const __nv_bfloat16* __restrict__ dout, std::int64_t dim, RowWindow dtable,
+                                     float* __restrict__ partials) {
   __shared__ std::uint32_t window_ids[kWindow];
   __shared__ std::int32_t window_tokens[kWindow];
   const std::int64_t begin = static_cast<std::int64_t>(blockIdx.x) * kWindow;
@@ -144,8 +145,9 @@ __device__ __forceinline__ void continue_run(const std::uint32_t* sorted_ids, st
 // order.
 template <int Vec>
 __global__ void __launch_bounds__(kBackwardThreads)
-embedding_backward_combine_kernel(const std::uint32_t* __restrict__ sorted_ids, std::int64_t tokens, std::int64_t windows,
-                                  const float* __restrict__ partials, std::int64_t dim, RowWindow dtable) {
+    embedding_backward_combine_kernel(const std::uint32_t* __restrict__ sorted_ids, std::int64_t tokens,
+                                      std::int64_t windows, const float* __restrict__ partials, std::int64_t dim,
+                                      RowWindow dtable) {
   const std::int64_t window = blockIdx.x;
   const std::int64_t column = (static_cast<std::int64_t>(blockIdx.y) * kBackwardThreads + threadIdx.x) * Vec;
   if (column >= dim) return;
@@ -157,7 +159,8 @@ embedding_backward_combine_kernel(const std::uint32_t* __restrict__ sorted_ids, 
   if (dtable.holds(first_id) && (window == 0 || sorted_ids[begin - 1] != first_id)) {
     float acc[Vec];
     gpu::load_float<Vec>(partials + (2 * window) * dim + column, acc);
-    if (first_id == last_id) continue_run<Vec>(sorted_ids, tokens, windows, window, first_id, partials, dim, column, acc);
+    if (first_id == last_id)
+      continue_run<Vec>(sorted_ids, tokens, windows, window, first_id, partials, dim, column, acc);
     gpu::add_to_float<Vec>(dtable.row(first_id, dim) + column, acc);
   }
   if (first_id != last_id && dtable.holds(last_id)) {
@@ -197,11 +200,10 @@ struct BackwardWorkspace {
 BackwardWorkspace plan_workspace(std::int64_t tokens, std::int64_t vocab, std::int64_t dim, void* base) {
   BackwardWorkspace w;
   if (tokens == 0) return w;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, w.sort_bytes, static_cast<const std::uint32_t*>(nullptr),
-                                             static_cast<std::uint32_t*>(nullptr),
-                                             static_cast<const std::int32_t*>(nullptr),
-                                             static_cast<std::int32_t*>(nullptr), static_cast<int>(tokens), 0,
-                                             id_bits(vocab)));
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, w.sort_bytes, static_cast<const std::uint32_t*>(nullptr), static_cast<std::uint32_t*>(nullptr),
+      static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), static_cast<int>(tokens), 0,
+      id_bits(vocab)));
   auto* bytes = static_cast<std::byte*>(base);
   std::size_t offset = 0;
   auto take = [&](std::size_t size) {
@@ -241,7 +243,8 @@ void check_workspace(std::string_view op, const void* workspace, std::size_t wor
                          " (embedding_backward_workspace_bytes)");
   }
   require_pointer(op, "workspace", workspace);
-  if (reinterpret_cast<std::uintptr_t>(workspace) % kAlignment != 0) checks::fail(op, "workspace must be 256-byte aligned");
+  if (reinterpret_cast<std::uintptr_t>(workspace) % kAlignment != 0)
+    checks::fail(op, "workspace must be 256-byte aligned");
 }
 
 // Phase 1 (sizes and workspace already checked, tokens > 0).
@@ -278,17 +281,17 @@ void launch_scatter(const ScatterShape& shape, std::int64_t tokens, const __nv_b
   const dim3 grid = shape.grid;
   const RowWindow rows{dtable_rows, static_cast<std::uint32_t>(row_begin), static_cast<std::uint32_t>(row_end)};
   if (shape.vector) {
-    embedding_backward_window_kernel<gpu::kVector><<<grid, kBackwardThreads, 0, stream>>>(
-        w.keys_out, w.positions_out, tokens, dout, dim, rows, w.partials);
+    embedding_backward_window_kernel<gpu::kVector>
+        <<<grid, kBackwardThreads, 0, stream>>>(w.keys_out, w.positions_out, tokens, dout, dim, rows, w.partials);
     CUDA_CHECK_LAUNCH("embedding_backward_window_kernel");
-    embedding_backward_combine_kernel<gpu::kVector><<<grid, kBackwardThreads, 0, stream>>>(
-        w.keys_out, tokens, windows, w.partials, dim, rows);
+    embedding_backward_combine_kernel<gpu::kVector>
+        <<<grid, kBackwardThreads, 0, stream>>>(w.keys_out, tokens, windows, w.partials, dim, rows);
   } else {
-    embedding_backward_window_kernel<1><<<grid, kBackwardThreads, 0, stream>>>(
-        w.keys_out, w.positions_out, tokens, dout, dim, rows, w.partials);
+    embedding_backward_window_kernel<1>
+        <<<grid, kBackwardThreads, 0, stream>>>(w.keys_out, w.positions_out, tokens, dout, dim, rows, w.partials);
     CUDA_CHECK_LAUNCH("embedding_backward_window_kernel");
-    embedding_backward_combine_kernel<1><<<grid, kBackwardThreads, 0, stream>>>(
-        w.keys_out, tokens, windows, w.partials, dim, rows);
+    embedding_backward_combine_kernel<1>
+        <<<grid, kBackwardThreads, 0, stream>>>(w.keys_out, tokens, windows, w.partials, dim, rows);
   }
   CUDA_CHECK_LAUNCH("embedding_backward_combine_kernel");
 }
@@ -352,9 +355,8 @@ void embedding_backward_sort_cuda(const std::int32_t* ids, std::int64_t tokens, 
 }
 
 void embedding_backward_scatter_cuda(std::int64_t tokens, const __nv_bfloat16* dout, std::int64_t vocab,
-                                     std::int64_t dim, std::int64_t row_begin, std::int64_t row_end,
-                                     float* dtable_rows, void* workspace, std::size_t workspace_bytes,
-                                     cudaStream_t stream) {
+                                     std::int64_t dim, std::int64_t row_begin, std::int64_t row_end, float* dtable_rows,
+                                     void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   constexpr std::string_view op = "embedding_backward_scatter_cuda";
   check_sizes(op, tokens, vocab, dim);
   check_row_window(op, vocab, row_begin, row_end);
@@ -363,8 +365,8 @@ void embedding_backward_scatter_cuda(std::int64_t tokens, const __nv_bfloat16* d
   check_workspace(op, workspace, workspace_bytes, w.total_bytes);
   require_pointer(op, "dout", dout);
   require_pointer(op, "dtable_rows", dtable_rows);
-  launch_scatter(scatter_shape(op, tokens, dout, dim, dtable_rows), tokens, dout, dim, row_begin, row_end,
-                 dtable_rows, w, stream);
+  launch_scatter(scatter_shape(op, tokens, dout, dim, dtable_rows), tokens, dout, dim, row_begin, row_end, dtable_rows,
+                 w, stream);
 }
 
 }  // namespace models::ops

@@ -88,8 +88,7 @@ void embedding_backward_sort_cuda(const std::int32_t* ids, std::int64_t tokens, 
 // that sort and its scatters (the scatters themselves only write its partials part, which is
 // scratch per call, so scatters sharing a workspace must be ordered, e.g. on one stream).
 void embedding_backward_scatter_cuda(std::int64_t tokens, const __nv_bfloat16* dout, std::int64_t vocab,
-                                     std::int64_t dim, std::int64_t row_begin, std::int64_t row_end,
-                                     float* dtable_rows, void* workspace, std::size_t workspace_bytes,
-                                     cudaStream_t stream);
+                                     std::int64_t dim, std::int64_t row_begin, std::int64_t row_end, float* dtable_rows,
+                                     void* workspace, std::size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace models::ops

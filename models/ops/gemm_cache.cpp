@@ -30,7 +30,8 @@ struct Preference {
   ~Preference() { (void)cublasLtMatmulPreferenceDestroy(handle); }
   Preference(const Preference&) = delete;
   Preference& operator=(const Preference&) = delete;
-  template <typename T> void set(cublasLtMatmulPreferenceAttributes_t attribute, T value) {
+  template <typename T>
+  void set(cublasLtMatmulPreferenceAttributes_t attribute, T value) {
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(handle, attribute, &value, sizeof(value)));
   }
 };
@@ -54,9 +55,19 @@ GemmCache::~GemmCache() = default;
 
 void GemmCache::run(const GemmShape& shape, const void* a, const void* b, void* d, DeviceWorkspace workspace) {
   const std::array<std::uint32_t, 3> alignments = {pointer_alignment(a), pointer_alignment(b), pointer_alignment(d)};
-  const Key key{static_cast<std::int64_t>(shape.trans_a), static_cast<std::int64_t>(shape.trans_b), shape.m, shape.n,
-                shape.k, shape.lda, shape.ldb, shape.ldd, static_cast<std::int64_t>(shape.d_type),
-                shape.accumulate ? 1 : 0, static_cast<std::int64_t>(shape.ab_type), alignments[0], alignments[1],
+  const Key key{static_cast<std::int64_t>(shape.trans_a),
+                static_cast<std::int64_t>(shape.trans_b),
+                shape.m,
+                shape.n,
+                shape.k,
+                shape.lda,
+                shape.ldb,
+                shape.ldd,
+                static_cast<std::int64_t>(shape.d_type),
+                shape.accumulate ? 1 : 0,
+                static_cast<std::int64_t>(shape.ab_type),
+                alignments[0],
+                alignments[1],
                 alignments[2]};
   auto found = entries_.find(key);
   if (found == entries_.end()) found = entries_.emplace(key, create(shape, alignments)).first;
@@ -71,7 +82,8 @@ GemmCache::Entry GemmCache::create(const GemmShape& s, const std::array<std::uin
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   if (capture != cudaStreamCaptureStatusNone) {
-    throw core::Error(owner_ + ": first use of a product shape inside a CUDA graph capture (" + describe(s, alignments) +
+    throw core::Error(owner_ + ": first use of a product shape inside a CUDA graph capture (" +
+                      describe(s, alignments) +
                       "); run the step once before capturing so the algorithm is chosen outside the capture");
   }
   Entry entry;

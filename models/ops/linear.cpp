@@ -29,8 +29,8 @@ void linear_forward_cpu(std::span<const Scalar> x, std::span<const Scalar> weigh
 
 template <typename Scalar>
 void linear_backward_cpu(std::span<const Scalar> dy, std::span<const Scalar> x, std::span<const Scalar> weight,
-                         std::int64_t rows, std::int64_t in_features, std::int64_t out_features,
-                         std::span<Scalar> dx, std::span<Scalar> dweight) {
+                         std::int64_t rows, std::int64_t in_features, std::int64_t out_features, std::span<Scalar> dx,
+                         std::span<Scalar> dweight) {
   constexpr std::string_view op = "linear_backward";
   check_shape(op, rows, in_features, out_features);
   checks::require_size(op, "dy", dy, rows * out_features, "rows * out_features");
@@ -46,11 +46,10 @@ void linear_backward_cpu(std::span<const Scalar> dy, std::span<const Scalar> x, 
 
 template void linear_forward_cpu<float>(std::span<const float>, std::span<const float>, std::int64_t, std::int64_t,
                                         std::int64_t, std::span<float>);
-template void linear_forward_cpu<double>(std::span<const double>, std::span<const double>, std::int64_t,
-                                         std::int64_t, std::int64_t, std::span<double>);
+template void linear_forward_cpu<double>(std::span<const double>, std::span<const double>, std::int64_t, std::int64_t,
+                                         std::int64_t, std::span<double>);
 template void linear_backward_cpu<float>(std::span<const float>, std::span<const float>, std::span<const float>,
-                                         std::int64_t, std::int64_t, std::int64_t, std::span<float>,
-                                         std::span<float>);
+                                         std::int64_t, std::int64_t, std::int64_t, std::span<float>, std::span<float>);
 template void linear_backward_cpu<double>(std::span<const double>, std::span<const double>, std::span<const double>,
                                           std::int64_t, std::int64_t, std::int64_t, std::span<double>,
                                           std::span<double>);

@@ -42,8 +42,8 @@ void linear_forward_cpu(std::span<const Scalar> x, std::span<const Scalar> weigh
 // dx = dy @ W (written); dweight += dy^T @ x (accumulated).
 template <typename Scalar>
 void linear_backward_cpu(std::span<const Scalar> dy, std::span<const Scalar> x, std::span<const Scalar> weight,
-                         std::int64_t rows, std::int64_t in_features, std::int64_t out_features,
-                         std::span<Scalar> dx, std::span<Scalar> dweight);
+                         std::int64_t rows, std::int64_t in_features, std::int64_t out_features, std::span<Scalar> dx,
+                         std::span<Scalar> dweight);
 
 // ---- GPU (cuBLASLt) ----
 
@@ -88,9 +88,9 @@ class LinearPlan {
   // GEMM epilogue (beta = 1). cuBLASLt does not promise one rounding of that sum: measured on
   // H200, some kernels round the product to bf16 before adding, so the result is within
   // 2^-8 (|dx| + |dy W|) of the exact sum (two roundings) rather than 2^-8 |dx + dy W|.
-  void backward_input(const __nv_bfloat16* dy, const __nv_bfloat16* weight, std::int64_t rows,
-                      std::int64_t in_features, std::int64_t out_features, __nv_bfloat16* dx,
-                      DeviceWorkspace workspace, GradOutput dx_mode = GradOutput::write);
+  void backward_input(const __nv_bfloat16* dy, const __nv_bfloat16* weight, std::int64_t rows, std::int64_t in_features,
+                      std::int64_t out_features, __nv_bfloat16* dx, DeviceWorkspace workspace,
+                      GradOutput dx_mode = GradOutput::write);
 
   // dweight += dy^T @ x (fp32, accumulated: beta = 1 on the fp32 gradient).
   void backward_weight(const __nv_bfloat16* dy, const __nv_bfloat16* x, std::int64_t rows, std::int64_t in_features,

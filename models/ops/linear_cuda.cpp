@@ -25,8 +25,6 @@ namespace models::ops {
 
 std::size_t linear_workspace_bytes() { return kLinearWorkspaceBytes; }
 
-
-
 namespace {
 
 using checks::Region;
@@ -54,8 +52,8 @@ Operand operand(std::string_view name, const Element* data, std::int64_t element
 Region matrix(std::string_view op, const Operand& m) {
   if (m.data == nullptr) checks::fail(op, std::string(m.name) + " is null");
   if (reinterpret_cast<std::uintptr_t>(m.data) % m.element_bytes != 0) {
-    checks::fail(op, std::string(m.name) + " is not aligned to its " + std::to_string(m.element_bytes) +
-                         "-byte element");
+    checks::fail(op,
+                 std::string(m.name) + " is not aligned to its " + std::to_string(m.element_bytes) + "-byte element");
   }
   return {m.name, m.data, static_cast<std::size_t>(m.elements) * m.element_bytes};
 }
@@ -65,7 +63,8 @@ void check_workspace(std::string_view op, DeviceWorkspace workspace) {
     checks::fail(op, "needs a device workspace of linear_workspace_bytes() = " + std::to_string(kLinearWorkspaceBytes) +
                          " bytes, got " + std::to_string(workspace.bytes) + (workspace.data ? "" : " (null)"));
   }
-  if (reinterpret_cast<std::uintptr_t>(workspace.data) % 256 != 0) checks::fail(op, "workspace is not 256-byte aligned");
+  if (reinterpret_cast<std::uintptr_t>(workspace.data) % 256 != 0)
+    checks::fail(op, "workspace is not 256-byte aligned");
 }
 
 // The checks of one product, in order: sizes, workspace, operands, the output apart from both
@@ -101,7 +100,7 @@ void LinearPlan::forward(const __nv_bfloat16* x, const __nv_bfloat16* weight, st
                      operand("y", y, rows * out_features))) {
     return;
   }
-  const detail::GemmShape shape{CUBLAS_OP_T, CUBLAS_OP_N, out_features, rows, in_features,
+  const detail::GemmShape shape{CUBLAS_OP_T, CUBLAS_OP_N, out_features, rows,        in_features,
                                 in_features, in_features, out_features, CUDA_R_16BF, false};
   gemms_->run(shape, weight, x, y, workspace);
 }
@@ -114,9 +113,8 @@ void LinearPlan::backward_input(const __nv_bfloat16* dy, const __nv_bfloat16* we
                      operand("dx", dx, rows * in_features))) {
     return;
   }
-  const detail::GemmShape shape{CUBLAS_OP_N, CUBLAS_OP_N, in_features, rows, out_features,
-                                in_features, out_features, in_features, CUDA_R_16BF,
-                                dx_mode == GradOutput::accumulate};
+  const detail::GemmShape shape{CUBLAS_OP_N, CUBLAS_OP_N,  in_features, rows,        out_features,
+                                in_features, out_features, in_features, CUDA_R_16BF, dx_mode == GradOutput::accumulate};
   gemms_->run(shape, weight, dy, dx, workspace);
 }
 
@@ -128,8 +126,8 @@ void LinearPlan::backward_weight(const __nv_bfloat16* dy, const __nv_bfloat16* x
                      operand("dweight", dweight, out_features * in_features))) {
     return;  // dweight += 0
   }
-  const detail::GemmShape shape{CUBLAS_OP_N, CUBLAS_OP_T, in_features, out_features, rows,
-                                in_features, out_features, in_features, CUDA_R_32F, true};
+  const detail::GemmShape shape{CUBLAS_OP_N, CUBLAS_OP_T,  in_features, out_features, rows,
+                                in_features, out_features, in_features, CUDA_R_32F,   true};
   gemms_->run(shape, x, dy, dweight, workspace);
 }
 
@@ -137,10 +135,11 @@ void LinearPlan::backward(const __nv_bfloat16* dy, const __nv_bfloat16* x, const
                           std::int64_t rows, std::int64_t in_features, std::int64_t out_features, __nv_bfloat16* dx,
                           float* dweight, DeviceWorkspace workspace, GradOutput dx_mode) {
   if (rows > 0) {
-    checks::require_disjoint("linear_backward (cuda)",
-                             {Region{"dx", dx, static_cast<std::size_t>(rows * in_features) * sizeof(*dx)},
-                              Region{"dweight", dweight, static_cast<std::size_t>(out_features * in_features) * sizeof(float)}},
-                             {});
+    checks::require_disjoint(
+        "linear_backward (cuda)",
+        {Region{"dx", dx, static_cast<std::size_t>(rows * in_features) * sizeof(*dx)},
+         Region{"dweight", dweight, static_cast<std::size_t>(out_features * in_features) * sizeof(float)}},
+        {});
   }
   backward_input(dy, weight, rows, in_features, out_features, dx, workspace, dx_mode);
   backward_weight(dy, x, rows, in_features, out_features, dweight, workspace);

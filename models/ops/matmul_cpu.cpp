@@ -66,7 +66,8 @@ void matmul_nt_cpu(const Scalar* a, const Scalar* b, std::int64_t m, std::int64_
       const std::int64_t i1 = std::min(m, (rb + 1) * kRowBlock);
       const std::int64_t j1 = std::min(n, (cb + 1) * kColBlock);
       for (std::int64_t i = rb * kRowBlock; i < i1; ++i) {
-        for (std::int64_t j = cb * kColBlock; j < j1; ++j) store(c[i * n + j], dot_double(a + i * k, b + j * k, k), mode);
+        for (std::int64_t j = cb * kColBlock; j < j1; ++j)
+          store(c[i * n + j], dot_double(a + i * k, b + j * k, k), mode);
       }
     }
   }
@@ -84,11 +85,17 @@ void matmul_tn_cpu(const Scalar* a, const Scalar* b, std::int64_t m, std::int64_
   matmul_rows_cpu(a, 1, m, b, m, n, k, c, mode);
 }
 
-template void matmul_nt_cpu<float>(const float*, const float*, std::int64_t, std::int64_t, std::int64_t, float*, Accumulate);
-template void matmul_nt_cpu<double>(const double*, const double*, std::int64_t, std::int64_t, std::int64_t, double*, Accumulate);
-template void matmul_nn_cpu<float>(const float*, const float*, std::int64_t, std::int64_t, std::int64_t, float*, Accumulate);
-template void matmul_nn_cpu<double>(const double*, const double*, std::int64_t, std::int64_t, std::int64_t, double*, Accumulate);
-template void matmul_tn_cpu<float>(const float*, const float*, std::int64_t, std::int64_t, std::int64_t, float*, Accumulate);
-template void matmul_tn_cpu<double>(const double*, const double*, std::int64_t, std::int64_t, std::int64_t, double*, Accumulate);
+template void matmul_nt_cpu<float>(const float*, const float*, std::int64_t, std::int64_t, std::int64_t, float*,
+                                   Accumulate);
+template void matmul_nt_cpu<double>(const double*, const double*, std::int64_t, std::int64_t, std::int64_t, double*,
+                                    Accumulate);
+template void matmul_nn_cpu<float>(const float*, const float*, std::int64_t, std::int64_t, std::int64_t, float*,
+                                   Accumulate);
+template void matmul_nn_cpu<double>(const double*, const double*, std::int64_t, std::int64_t, std::int64_t, double*,
+                                    Accumulate);
+template void matmul_tn_cpu<float>(const float*, const float*, std::int64_t, std::int64_t, std::int64_t, float*,
+                                   Accumulate);
+template void matmul_tn_cpu<double>(const double*, const double*, std::int64_t, std::int64_t, std::int64_t, double*,
+                                    Accumulate);
 
 }  // namespace models::ops

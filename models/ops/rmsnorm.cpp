@@ -21,8 +21,8 @@ void check_shape(std::string_view op, std::int64_t rows, std::int64_t dim) {
 }  // namespace
 
 template <typename Scalar>
-void rmsnorm_forward_cpu(std::span<const Scalar> x, std::span<const Scalar> weight, std::int64_t rows,
-                         std::int64_t dim, double eps, std::span<Scalar> y, std::span<Scalar> rstd) {
+void rmsnorm_forward_cpu(std::span<const Scalar> x, std::span<const Scalar> weight, std::int64_t rows, std::int64_t dim,
+                         double eps, std::span<Scalar> y, std::span<Scalar> rstd) {
   constexpr std::string_view op = "rmsnorm_forward";
   check_shape(op, rows, dim);
   if (!(eps >= 0.0)) checks::fail(op, "eps must be non-negative, got " + std::to_string(eps));
@@ -105,8 +105,8 @@ void rmsnorm_backward_cpu(std::span<const Scalar> dy, std::span<const Scalar> x,
 
 template void rmsnorm_forward_cpu<float>(std::span<const float>, std::span<const float>, std::int64_t, std::int64_t,
                                          double, std::span<float>, std::span<float>);
-template void rmsnorm_forward_cpu<double>(std::span<const double>, std::span<const double>, std::int64_t,
-                                          std::int64_t, double, std::span<double>, std::span<double>);
+template void rmsnorm_forward_cpu<double>(std::span<const double>, std::span<const double>, std::int64_t, std::int64_t,
+                                          double, std::span<double>, std::span<double>);
 template void rmsnorm_backward_cpu<float>(std::span<const float>, std::span<const float>, std::span<const float>,
                                           std::span<const float>, std::int64_t, std::int64_t, std::span<float>,
                                           std::span<float>);

@@ -45,9 +45,9 @@ Chunking chunking(std::int64_t rows) {
 
 template <int Vec, int Lanes>
 __global__ void __launch_bounds__(kThreads)
-rmsnorm_forward_kernel(const __nv_bfloat16* __restrict__ x, RowAddress x_at, const __nv_bfloat16* __restrict__ weight,
-                       std::int64_t rows, int dim, float eps, __nv_bfloat16* __restrict__ y, RowAddress y_at,
-                       float* __restrict__ rstd) {
+    rmsnorm_forward_kernel(const __nv_bfloat16* __restrict__ x, RowAddress x_at,
+                           const __nv_bfloat16* __restrict__ weight, std::int64_t rows, int dim, float eps,
+                           __nv_bfloat16* __restrict__ y, RowAddress y_at, float* __restrict__ rstd) {
   const int lane = threadIdx.x % Lanes;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (kThreads / Lanes) + threadIdx.x / Lanes;
   const bool active = row < rows;
@@ -82,9 +82,10 @@ rmsnorm_forward_kernel(const __nv_bfloat16* __restrict__ x, RowAddress x_at, con
 // dx = r * (g - x_hat * mean(g * x_hat)) with g = dy * w, x_hat = x * r.
 template <int Vec, int Lanes>
 __global__ void __launch_bounds__(kThreads)
-rmsnorm_backward_dx_kernel(const __nv_bfloat16* __restrict__ dy, RowAddress dy_at, const __nv_bfloat16* __restrict__ x,
-                           RowAddress x_at, const __nv_bfloat16* __restrict__ weight, const float* __restrict__ rstd,
-                           std::int64_t rows, int dim, __nv_bfloat16* __restrict__ dx, RowAddress dx_at) {
+    rmsnorm_backward_dx_kernel(const __nv_bfloat16* __restrict__ dy, RowAddress dy_at,
+                               const __nv_bfloat16* __restrict__ x, RowAddress x_at,
+                               const __nv_bfloat16* __restrict__ weight, const float* __restrict__ rstd,
+                               std::int64_t rows, int dim, __nv_bfloat16* __restrict__ dx, RowAddress dx_at) {
   const int lane = threadIdx.x % Lanes;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (kThreads / Lanes) + threadIdx.x / Lanes;
   const bool active = row < rows;
@@ -124,9 +125,10 @@ rmsnorm_backward_dx_kernel(const __nv_bfloat16* __restrict__ dy, RowAddress dy_a
 // Warp w takes rows w, w + kWarps, ... of the chunk; the warps' sums are added in warp order.
 template <int Vec>
 __global__ void __launch_bounds__(kThreads)
-rmsnorm_dweight_partial_kernel(const __nv_bfloat16* __restrict__ dy, RowAddress dy_at, const __nv_bfloat16* __restrict__ x,
-                               RowAddress x_at, const float* __restrict__ rstd, std::int64_t rows, int dim,
-                               std::int64_t rows_per_chunk, float* __restrict__ partials) {
+    rmsnorm_dweight_partial_kernel(const __nv_bfloat16* __restrict__ dy, RowAddress dy_at,
+                                   const __nv_bfloat16* __restrict__ x, RowAddress x_at, const float* __restrict__ rstd,
+                                   std::int64_t rows, int dim, std::int64_t rows_per_chunk,
+                                   float* __restrict__ partials) {
   constexpr int kTile = 32 * Vec;
   __shared__ float warp_sums[kWarps][kTile];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -164,8 +166,8 @@ rmsnorm_dweight_partial_kernel(const __nv_bfloat16* __restrict__ dy, RowAddress 
 // Block of 32 columns: warp w adds chunks w, w + kWarps, ... in order, then the warp sums are added
 // in warp order and the total is added to dweight.
 __global__ void __launch_bounds__(kThreads)
-rmsnorm_dweight_combine_kernel(const float* __restrict__ partials, std::int64_t chunks, int dim,
-                               float* __restrict__ dweight) {
+    rmsnorm_dweight_combine_kernel(const float* __restrict__ partials, std::int64_t chunks, int dim,
+                                   float* __restrict__ dweight) {
   __shared__ float warp_sums[kWarps][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const std::int64_t column = static_cast<std::int64_t>(blockIdx.x) * 32 + lane;
@@ -213,8 +215,8 @@ void launch_dx_lanes(const __nv_bfloat16* dy, RowAddress dy_at, const __nv_bfloa
                      const __nv_bfloat16* weight, const float* rstd, std::int64_t rows, int dim, __nv_bfloat16* dx,
                      RowAddress dx_at, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned int>(ceil_div(rows, kThreads / Lanes));
-  rmsnorm_backward_dx_kernel<Vec, Lanes><<<blocks, kThreads, 0, stream>>>(dy, dy_at, x, x_at, weight, rstd, rows, dim,
-                                                                          dx, dx_at);
+  rmsnorm_backward_dx_kernel<Vec, Lanes>
+      <<<blocks, kThreads, 0, stream>>>(dy, dy_at, x, x_at, weight, rstd, rows, dim, dx, dx_at);
 }
 
 template <int Vec>
@@ -231,8 +233,8 @@ void launch_backward(const __nv_bfloat16* dy, RowAddress dy_at, const __nv_bfloa
 
   const Chunking c = chunking(rows);
   const dim3 grid(static_cast<unsigned int>(ceil_div(dim, 32 * Vec)), static_cast<unsigned int>(c.chunks));
-  rmsnorm_dweight_partial_kernel<Vec><<<grid, kThreads, 0, stream>>>(dy, dy_at, x, x_at, rstd, rows, dim,
-                                                                      c.rows_per_chunk, partials);
+  rmsnorm_dweight_partial_kernel<Vec>
+      <<<grid, kThreads, 0, stream>>>(dy, dy_at, x, x_at, rstd, rows, dim, c.rows_per_chunk, partials);
   CUDA_CHECK_LAUNCH("rmsnorm_dweight_partial_kernel");
   rmsnorm_dweight_combine_kernel<<<static_cast<unsigned int>(ceil_div(dim, 32)), kThreads, 0, stream>>>(
       partials, c.chunks, dim, dweight);
@@ -249,8 +251,8 @@ void check_rows(std::string_view op, std::int64_t tokens, std::int64_t heads, st
 void check_stride(std::string_view op, std::string_view name, std::int64_t stride, std::int64_t heads,
                   std::int64_t dim) {
   if (stride < heads * dim) {
-    checks::fail(op, std::string(name) + " token stride " + std::to_string(stride) + " is below heads * head_dim = " +
-                         std::to_string(heads * dim));
+    checks::fail(op, std::string(name) + " token stride " + std::to_string(stride) +
+                         " is below heads * head_dim = " + std::to_string(heads * dim));
   }
 }
 
@@ -328,8 +330,8 @@ std::size_t rmsnorm_backward_workspace_bytes(std::int64_t rows, std::int64_t dim
 }
 
 void rmsnorm_backward_cuda(const __nv_bfloat16* dy, const __nv_bfloat16* x, const __nv_bfloat16* weight,
-                           const float* rstd, std::int64_t rows, std::int64_t dim, __nv_bfloat16* dx,
-                           float* dweight, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+                           const float* rstd, std::int64_t rows, std::int64_t dim, __nv_bfloat16* dx, float* dweight,
+                           void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   backward("rmsnorm_backward_cuda", dy, dim, x, dim, weight, rstd, rows, 1, dim, dx, dim, dweight, workspace,
            workspace_bytes, stream);
 }
@@ -337,8 +339,8 @@ void rmsnorm_backward_cuda(const __nv_bfloat16* dy, const __nv_bfloat16* x, cons
 void head_rmsnorm_forward_cuda(const __nv_bfloat16* x, std::int64_t x_token_stride, const __nv_bfloat16* weight,
                                std::int64_t tokens, std::int64_t heads, std::int64_t head_dim, double eps,
                                __nv_bfloat16* y, std::int64_t y_token_stride, float* rstd, cudaStream_t stream) {
-  forward("head_rmsnorm_forward_cuda", x, x_token_stride, weight, tokens, heads, head_dim, eps, y, y_token_stride,
-          rstd, stream);
+  forward("head_rmsnorm_forward_cuda", x, x_token_stride, weight, tokens, heads, head_dim, eps, y, y_token_stride, rstd,
+          stream);
 }
 
 std::size_t head_rmsnorm_backward_workspace_bytes(std::int64_t tokens, std::int64_t heads, std::int64_t head_dim) {
@@ -351,8 +353,8 @@ void head_rmsnorm_backward_cuda(const __nv_bfloat16* dy, std::int64_t dy_token_s
                                 std::int64_t tokens, std::int64_t heads, std::int64_t head_dim, __nv_bfloat16* dx,
                                 std::int64_t dx_token_stride, float* dweight, void* workspace,
                                 std::size_t workspace_bytes, cudaStream_t stream) {
-  backward("head_rmsnorm_backward_cuda", dy, dy_token_stride, x, x_token_stride, weight, rstd, tokens, heads,
-           head_dim, dx, dx_token_stride, dweight, workspace, workspace_bytes, stream);
+  backward("head_rmsnorm_backward_cuda", dy, dy_token_stride, x, x_token_stride, weight, rstd, tokens, heads, head_dim,
+           dx, dx_token_stride, dweight, workspace, workspace_bytes, stream);
 }
 
 }  // namespace models::ops

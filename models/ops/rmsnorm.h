@@ -29,8 +29,8 @@
 namespace models::ops {
 
 template <typename Scalar>
-void rmsnorm_forward_cpu(std::span<const Scalar> x, std::span<const Scalar> weight, std::int64_t rows,
-                         std::int64_t dim, double eps, std::span<Scalar> y, std::span<Scalar> rstd);
+void rmsnorm_forward_cpu(std::span<const Scalar> x, std::span<const Scalar> weight, std::int64_t rows, std::int64_t dim,
+                         double eps, std::span<Scalar> y, std::span<Scalar> rstd);
 
 // dx = rstd * (g - x_hat * mean_d(g * x_hat)) with g = dy * w (written);
 // dw[d] += sum_n dy[n, d] * x_hat[n, d] (accumulated, summed in double in row order).
@@ -67,8 +67,8 @@ std::size_t rmsnorm_backward_workspace_bytes(std::int64_t rows, std::int64_t dim
 
 // dx written, dweight accumulated (+=), from the forward's rstd. dx must not overlap the inputs.
 void rmsnorm_backward_cuda(const __nv_bfloat16* dy, const __nv_bfloat16* x, const __nv_bfloat16* weight,
-                           const float* rstd, std::int64_t rows, std::int64_t dim, __nv_bfloat16* dx,
-                           float* dweight, void* workspace, std::size_t workspace_bytes, cudaStream_t stream);
+                           const float* rstd, std::int64_t rows, std::int64_t dim, __nv_bfloat16* dx, float* dweight,
+                           void* workspace, std::size_t workspace_bytes, cudaStream_t stream);
 
 // Per-head RMSNorm of [tokens, heads, head_dim] tensors whose tokens are `*_token_stride` elements
 // apart (>= heads * head_dim); rstd is dense [tokens * heads].

@@ -78,8 +78,8 @@ void rope_backward_cpu(std::span<const Scalar> dout, std::span<const std::int32_
   rotate<Scalar>("rope_backward", "dout", dout, positions, heads, head_dim, theta, "dx", dx, -1.0);
 }
 
-template void rope_forward_cpu<float>(std::span<const float>, std::span<const std::int32_t>, std::int64_t,
-                                      std::int64_t, double, std::span<float>);
+template void rope_forward_cpu<float>(std::span<const float>, std::span<const std::int32_t>, std::int64_t, std::int64_t,
+                                      double, std::span<float>);
 template void rope_forward_cpu<double>(std::span<const double>, std::span<const std::int32_t>, std::int64_t,
                                        std::int64_t, double, std::span<double>);
 template void rope_backward_cpu<float>(std::span<const float>, std::span<const std::int32_t>, std::int64_t,

@@ -22,9 +22,9 @@ struct InverseFrequencies {
 
 template <int Vec>
 __global__ void __launch_bounds__(kThreads)
-rope_kernel(const __nv_bfloat16* in, std::int64_t in_stride, __nv_bfloat16* out, std::int64_t out_stride,
-            const std::int32_t* __restrict__ positions, std::int64_t tokens, int heads, int half, float direction,
-            const InverseFrequencies inv_freq) {
+    rope_kernel(const __nv_bfloat16* in, std::int64_t in_stride, __nv_bfloat16* out, std::int64_t out_stride,
+                const std::int32_t* __restrict__ positions, std::int64_t tokens, int heads, int half, float direction,
+                const InverseFrequencies inv_freq) {
   constexpr double kTwoPi = 6.283185307179586476925286766559;
   constexpr double kInvTwoPi = 0.15915494309189533576888376337251;
   __shared__ double shared_inv_freq[kMaxHalf];
@@ -114,15 +114,15 @@ void rotate(std::string_view op, const __nv_bfloat16* in, std::int64_t in_stride
 void rope_forward_cuda(const __nv_bfloat16* x, std::int64_t x_token_stride, __nv_bfloat16* out,
                        std::int64_t out_token_stride, const std::int32_t* positions, std::int64_t tokens,
                        std::int64_t heads, std::int64_t head_dim, double theta, cudaStream_t stream) {
-  rotate("rope_forward_cuda", x, x_token_stride, out, out_token_stride, positions, tokens, heads, head_dim, theta,
-         1.0f, stream);
+  rotate("rope_forward_cuda", x, x_token_stride, out, out_token_stride, positions, tokens, heads, head_dim, theta, 1.0f,
+         stream);
 }
 
 void rope_backward_cuda(const __nv_bfloat16* dout, std::int64_t dout_token_stride, __nv_bfloat16* dx,
                         std::int64_t dx_token_stride, const std::int32_t* positions, std::int64_t tokens,
                         std::int64_t heads, std::int64_t head_dim, double theta, cudaStream_t stream) {
-  rotate("rope_backward_cuda", dout, dout_token_stride, dx, dx_token_stride, positions, tokens, heads, head_dim,
-         theta, -1.0f, stream);
+  rotate("rope_backward_cuda", dout, dout_token_stride, dx, dx_token_stride, positions, tokens, heads, head_dim, theta,
+         -1.0f, stream);
 }
 
 }  // namespace models::ops

@@ -29,7 +29,8 @@ void check_sampling(const SamplingParams& params) {
     throw core::InputError("sampling: temperature must be finite and >= 0 (0 = greedy), got " +
                            std::to_string(params.temperature));
   }
-  if (params.top_k < 0) throw core::InputError("sampling: top_k must be >= 0 (0 = off), got " + std::to_string(params.top_k));
+  if (params.top_k < 0)
+    throw core::InputError("sampling: top_k must be >= 0 (0 = off), got " + std::to_string(params.top_k));
   if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
     throw core::InputError("sampling: top_p must lie in (0, 1] (1 = off), got " + std::to_string(params.top_p));
   }

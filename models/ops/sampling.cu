@@ -104,8 +104,8 @@ __device__ Candidate block_best(Candidate c) {
 }
 
 __global__ void __launch_bounds__(kGreedyThreads)
-argmax_partial_kernel(const float* __restrict__ logits, std::int64_t vocab, float* __restrict__ value,
-                      std::int32_t* __restrict__ index) {
+    argmax_partial_kernel(const float* __restrict__ logits, std::int64_t vocab, float* __restrict__ value,
+                          std::int32_t* __restrict__ index) {
   Candidate best{-INFINITY, std::numeric_limits<std::int32_t>::max()};
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vocab; i += stride) {
@@ -158,8 +158,8 @@ __device__ __forceinline__ double key_z(std::uint64_t key, int id_bits) {
 
 // Tile-local running sums of e along the sorted keys; tile_total[b] is the tile's last sum.
 __global__ void __launch_bounds__(kScanThreads)
-scan_tiles_kernel(const std::uint64_t* __restrict__ keys, std::int64_t vocab, int id_bits, double* __restrict__ cum,
-                  double* __restrict__ tile_total) {
+    scan_tiles_kernel(const std::uint64_t* __restrict__ keys, std::int64_t vocab, int id_bits, double* __restrict__ cum,
+                      double* __restrict__ tile_total) {
   __shared__ double warp_total[kScanThreads / 32];
   const double z_max = key_z(keys[0], id_bits);
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kTile + threadIdx.x * kPerThread;
@@ -218,7 +218,10 @@ __global__ void choose_kernel(const std::uint64_t* __restrict__ keys, std::int64
     std::int64_t lo = top_k, hi = vocab;
     while (lo < hi) {
       const std::int64_t mid = lo + (hi - lo) / 2;
-      if ((keys[mid] >> id_bits) == kth) lo = mid + 1; else hi = mid;
+      if ((keys[mid] >> id_bits) == kth)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     kept = lo;
   }
@@ -228,7 +231,10 @@ __global__ void choose_kernel(const std::uint64_t* __restrict__ keys, std::int64
     while (lo < hi) {
       const std::int64_t mid = lo + (hi - lo) / 2;
       const double c = cum_at(mid);
-      if (strict ? c > value : c >= value) hi = mid; else lo = mid + 1;
+      if (strict ? c > value : c >= value)
+        hi = mid;
+      else
+        lo = mid + 1;
     }
     return lo;
   };

@@ -11,10 +11,10 @@
 // With all logits -inf (or NaN) both give id 0.
 //
 // The CPU reference (sampling.cpp) and the CUDA kernels (sampling.cu) compute the same z, order
-// and e bit for bit (e by sampling_exp below, the same operations on both). Only the summation order of cum differs (sequential
-// on the host, a tiled block scan on the device), so the two choose the same id for the same u
-// except when a running sum lies within double rounding (~1e-16 relative) of p * sum or of u * sum;
-// sums of exactly representable terms (ties, masked tokens) are exact in both.
+// and e bit for bit (e by sampling_exp below, the same operations on both). Only the summation order of cum differs
+// (sequential on the host, a tiled block scan on the device), so the two choose the same id for the same u except when
+// a running sum lies within double rounding (~1e-16 relative) of p * sum or of u * sum; sums of exactly representable
+// terms (ties, masked tokens) are exact in both.
 //
 // Draws: sampling_uniform(seed, step) is core::uniform01 of the seed and the index of the
 // generated token, so a seeded generation makes the same choices on either backend.

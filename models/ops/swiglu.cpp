@@ -70,7 +70,7 @@ template void swiglu_forward_cpu<float>(std::span<const float>, std::int64_t, st
 template void swiglu_forward_cpu<double>(std::span<const double>, std::int64_t, std::int64_t, std::span<double>);
 template void swiglu_backward_cpu<float>(std::span<const float>, std::span<const float>, std::int64_t, std::int64_t,
                                          std::span<float>);
-template void swiglu_backward_cpu<double>(std::span<const double>, std::span<const double>, std::int64_t,
-                                          std::int64_t, std::span<double>);
+template void swiglu_backward_cpu<double>(std::span<const double>, std::span<const double>, std::int64_t, std::int64_t,
+                                          std::span<double>);
 
 }  // namespace models::ops

@@ -14,8 +14,8 @@ __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-
 
 template <int Vec>
 __global__ void __launch_bounds__(kThreads)
-swiglu_forward_kernel(const __nv_bfloat16* __restrict__ gate_up, std::int64_t rows, std::int64_t features,
-                      __nv_bfloat16* __restrict__ out) {
+    swiglu_forward_kernel(const __nv_bfloat16* __restrict__ gate_up, std::int64_t rows, std::int64_t features,
+                          __nv_bfloat16* __restrict__ out) {
   gpu::for_each_chunk<Vec>(rows, features, [&](std::int64_t n, std::int64_t f) {
     const __nv_bfloat16* gate = gate_up + n * 2 * features + f;
     float g[Vec], u[Vec], y[Vec];
@@ -30,8 +30,8 @@ swiglu_forward_kernel(const __nv_bfloat16* __restrict__ gate_up, std::int64_t ro
 // dgate = dout * up * s * (1 + g * (1 - s)), dup = dout * g * s with s = sigmoid(g).
 template <int Vec>
 __global__ void __launch_bounds__(kThreads)
-swiglu_backward_kernel(const __nv_bfloat16* __restrict__ dout, const __nv_bfloat16* __restrict__ gate_up,
-                       std::int64_t rows, std::int64_t features, __nv_bfloat16* __restrict__ dgate_up) {
+    swiglu_backward_kernel(const __nv_bfloat16* __restrict__ dout, const __nv_bfloat16* __restrict__ gate_up,
+                           std::int64_t rows, std::int64_t features, __nv_bfloat16* __restrict__ dgate_up) {
   gpu::for_each_chunk<Vec>(rows, features, [&](std::int64_t n, std::int64_t f) {
     const __nv_bfloat16* gate = gate_up + n * 2 * features + f;
     __nv_bfloat16* dgate = dgate_up + n * 2 * features + f;
@@ -62,11 +62,12 @@ void swiglu_forward_cuda(const __nv_bfloat16* gate_up, std::int64_t rows, std::i
   check_shape("swiglu_forward_cuda", rows, features);
   if (rows == 0) return;
   if (features % gpu::kVector == 0 && gpu::aligned_16(gate_up) && gpu::aligned_16(out)) {
-    swiglu_forward_kernel<gpu::kVector><<<gpu::grid_for(rows * (features / gpu::kVector), kThreads), kThreads, 0,
-                                          stream>>>(gate_up, rows, features, out);
+    swiglu_forward_kernel<gpu::kVector>
+        <<<gpu::grid_for(rows * (features / gpu::kVector), kThreads), kThreads, 0, stream>>>(gate_up, rows, features,
+                                                                                             out);
   } else {
-    swiglu_forward_kernel<1><<<gpu::grid_for(rows * features, kThreads), kThreads, 0, stream>>>(gate_up, rows,
-                                                                                               features, out);
+    swiglu_forward_kernel<1>
+        <<<gpu::grid_for(rows * features, kThreads), kThreads, 0, stream>>>(gate_up, rows, features, out);
   }
   CUDA_CHECK_LAUNCH("swiglu_forward_kernel");
 }
@@ -75,13 +76,13 @@ void swiglu_backward_cuda(const __nv_bfloat16* dout, const __nv_bfloat16* gate_u
                           std::int64_t features, __nv_bfloat16* dgate_up, cudaStream_t stream) {
   check_shape("swiglu_backward_cuda", rows, features);
   if (rows == 0) return;
-  if (features % gpu::kVector == 0 && gpu::aligned_16(dout) && gpu::aligned_16(gate_up) &&
-      gpu::aligned_16(dgate_up)) {
-    swiglu_backward_kernel<gpu::kVector><<<gpu::grid_for(rows * (features / gpu::kVector), kThreads), kThreads, 0,
-                                           stream>>>(dout, gate_up, rows, features, dgate_up);
+  if (features % gpu::kVector == 0 && gpu::aligned_16(dout) && gpu::aligned_16(gate_up) && gpu::aligned_16(dgate_up)) {
+    swiglu_backward_kernel<gpu::kVector>
+        <<<gpu::grid_for(rows * (features / gpu::kVector), kThreads), kThreads, 0, stream>>>(dout, gate_up, rows,
+                                                                                             features, dgate_up);
   } else {
-    swiglu_backward_kernel<1><<<gpu::grid_for(rows * features, kThreads), kThreads, 0, stream>>>(
-        dout, gate_up, rows, features, dgate_up);
+    swiglu_backward_kernel<1>
+        <<<gpu::grid_for(rows * features, kThreads), kThreads, 0, stream>>>(dout, gate_up, rows, features, dgate_up);
   }
   CUDA_CHECK_LAUNCH("swiglu_backward_kernel");
 }

@@ -11,8 +11,8 @@ std::string layer(std::int64_t i) { return "layers." + std::to_string(i) + "."; 
 }  // namespace
 
 std::int64_t Qwen3Config::parameter_count() const {
-  const std::int64_t per_layer = 2 * hidden_size + qkv_size() * hidden_size + 2 * head_dim +
-                                 hidden_size * q_size() + 3 * intermediate_size * hidden_size;
+  const std::int64_t per_layer = 2 * hidden_size + qkv_size() * hidden_size + 2 * head_dim + hidden_size * q_size() +
+                                 3 * intermediate_size * hidden_size;
   return vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + hidden_size;
 }
 
@@ -20,8 +20,12 @@ std::vector<optim::ParamSpec> parameter_specs(const Qwen3Config& c) {
   using optim::InitKind;
   std::vector<optim::ParamSpec> p;
   auto matrix = [&](std::string name, std::int64_t rows, std::int64_t cols) {
-    p.push_back({.name = std::move(name), .shape = {rows, cols}, .decay = true, .factored = true,
-                 .init = InitKind::normal, .init_std = 0.02f});
+    p.push_back({.name = std::move(name),
+                 .shape = {rows, cols},
+                 .decay = true,
+                 .factored = true,
+                 .init = InitKind::normal,
+                 .init_std = 0.02f});
   };
   auto norm = [&](std::string name, std::int64_t n) {
     p.push_back({.name = std::move(name), .shape = {n}, .decay = false, .init = InitKind::ones});

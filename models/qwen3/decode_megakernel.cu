@@ -95,10 +95,10 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint3
         "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
         : "memory");
   } else {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar))
+        : "memory");
   }
 }
 
@@ -336,8 +336,8 @@ __device__ void run_producer(const Params& p, unsigned char* smem, std::uint64_t
         std::uint64_t* bar = full + ring.slot;
         const Span s = page_span(u, position, k, g, d);
         if (u.kind == UnitKind::attention) {
-          const std::int64_t row = ((static_cast<std::int64_t>(u.layer) * d.kv_heads + u.a) * p.capacity + s.first) *
-                                   d.head_dim;
+          const std::int64_t row =
+              ((static_cast<std::int64_t>(u.layer) * d.kv_heads + u.a) * p.capacity + s.first) * d.head_dim;
           const std::uint32_t bytes = static_cast<std::uint32_t>(s.count) * d.head_dim * 2;
           mbar_arrive_expect_tx(bar, 2 * bytes);
           bulk_copy(dst, p.k_cache + row, bytes, bar, policy, hint);
@@ -374,15 +374,15 @@ struct Consumer {
   Ring ring;
   bool ok = true;
   // Shared-memory areas.
-  float* vec_a;   // input vector, elements 8c..8c+3 at [4c..4c+3]
-  float* vec_b;   // elements 8c+4..8c+7 at [4c..4c+3]
-  float* scratch; // attention scratch (aliases the vector)
-  float* red;     // [warps] block reductions
-  float* best_v;  // [warps]
-  int* best_i;    // [warps]
-  int* bcast;     // [4]
-  float* merge;   // [merge_floats]
-  float* rows;    // [max unit rows] residual rows
+  float* vec_a;    // input vector, elements 8c..8c+3 at [4c..4c+3]
+  float* vec_b;    // elements 8c+4..8c+7 at [4c..4c+3]
+  float* scratch;  // attention scratch (aliases the vector)
+  float* red;      // [warps] block reductions
+  float* best_v;   // [warps]
+  int* best_i;     // [warps]
+  int* bcast;      // [4]
+  float* merge;    // [merge_floats]
+  float* rows;     // [max unit rows] residual rows
   // Diagnostics: this unit's trace row (null unless tracing), marks 1..6 between start and end.
   std::uint64_t* trace_row = nullptr;
   __device__ void mark(int k) {
@@ -482,7 +482,8 @@ struct Consumer {
   // The same with addresses base + index_of(j).
   template <class IndexOf, class Use>
   __device__ void gather(const std::uint64_t* base, int n, Where where, IndexOf index_of, Use use) {
-    gather_words(n, where, [&](int j) { return base + index_of(j); }, use);
+    gather_words(
+        n, where, [&](int j) { return base + index_of(j); }, use);
   }
 
   // Sum over the consumer threads, the same on every thread, in a fixed order.
@@ -529,7 +530,9 @@ struct Consumer {
     if (tid == 0) {
       std::uint64_t v = 0;
       if ((p.greedy != 0 || t > 0) && ok) v = await_word(p.token, ld_tagged(p.token), epoch, where);
-      int id = p.greedy != 0 ? static_cast<int>(static_cast<std::uint32_t>(v)) : p.ids != nullptr ? p.ids[t] : p.host_id;
+      int id = p.greedy != 0      ? static_cast<int>(static_cast<std::uint32_t>(v))
+               : p.ids != nullptr ? p.ids[t]
+                                  : p.host_id;
       if (id < 0 || id >= p.dims.vocab) id = 0;
       bcast[0] = id;
     }
@@ -552,11 +555,12 @@ struct Consumer {
         ss += v * v;
       }
     } else {
-      gather(p.x + static_cast<std::int64_t>(layer) * d, d, where, [](int j) { return j; },
-             [&](int j, float v) {
-               vec_set(j, v);
-               ss += v * v;
-             });
+      gather(
+          p.x + static_cast<std::int64_t>(layer) * d, d, where, [](int j) { return j; },
+          [&](int j, float v) {
+            vec_set(j, v);
+            ss += v * v;
+          });
     }
     normalise(d, ss, weight);
   }
@@ -588,7 +592,8 @@ struct Consumer {
         const int second = pairs ? count + i : i + warps;
         const bool two = pairs || second < count;
         const uint4* row0 = reinterpret_cast<const uint4*>(page + static_cast<std::size_t>(i) * length * 2);
-        const uint4* row1 = reinterpret_cast<const uint4*>(page + static_cast<std::size_t>(two ? second : i) * length * 2);
+        const uint4* row1 =
+            reinterpret_cast<const uint4*>(page + static_cast<std::size_t>(two ? second : i) * length * 2);
         float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll 4
         for (int c = lane; c < chunks; c += 32) {
@@ -626,7 +631,8 @@ __device__ void run_qkv(Consumer& c, const Unit& u) {
   if (l == 0 && u.index == 0 && p.greedy != 0 && p.ids_out != nullptr && c.tid == 0) p.ids_out[c.t] = c.bcast[0];
   std::uint64_t* out = p.qkv + static_cast<std::int64_t>(l) * d.qkv_size;
   const std::uint32_t tag = c.tag;
-  c.matvec(u, [&](int row, float v, float) { st_tagged(out + row, v, tag); }, where);
+  c.matvec(
+      u, [&](int row, float v, float) { st_tagged(out + row, v, tag); }, where);
   c.mark(3);
   if (!c.finish()) return;
   if (c.tid == 0) {
@@ -655,13 +661,13 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
   }
   const bool writer = range.holds_current;
 
-  float* raw = c.scratch;              // [(group + 2) * hd] q heads, k, v as produced
-  float* q = raw + (group + 2) * hd;   // [group * hd] normed, rotated, scaled by log2(e)/sqrt(hd)
-  float* k_new = q + group * hd;       // [hd] this token's k (bf16-rounded)
-  float* v_new = k_new + hd;           // [hd]
-  float* warp_state = v_new + hd;      // [warps * (hd + 2)]
+  float* raw = c.scratch;                               // [(group + 2) * hd] q heads, k, v as produced
+  float* q = raw + (group + 2) * hd;                    // [group * hd] normed, rotated, scaled by log2(e)/sqrt(hd)
+  float* k_new = q + group * hd;                        // [hd] this token's k (bf16-rounded)
+  float* v_new = k_new + hd;                            // [hd]
+  float* warp_state = v_new + hd;                       // [warps * (hd + 2)]
   float* head_state = warp_state + c.warps * (hd + 2);  // [group * (hd + 2)] (max, sum, output) per head
-  float* weights = head_state + group * (hd + 2);        // [group * max_splits * 2] merge scratch
+  float* weights = head_state + group * (hd + 2);       // [group * max_splits * 2] merge scratch
 
   c.wait_counter(p.counter_index.group(l, g), static_cast<std::uint32_t>(p.group_counts[g]) * c.tag, where);
   c.mark(1);
@@ -671,13 +677,14 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
   const std::int64_t q0 = static_cast<std::int64_t>(g) * group * hd;
   const std::int64_t k0 = d.q_size + static_cast<std::int64_t>(g) * hd;
   const std::int64_t v0 = d.q_size + d.kv_size + static_cast<std::int64_t>(g) * hd;
-  c.gather(p.qkv + static_cast<std::int64_t>(l) * d.qkv_size, (group + 2) * hd, where,
-           [&](int j) -> std::int64_t {
-             if (j < group * hd) return q0 + j;
-             if (j < (group + 1) * hd) return k0 + (j - group * hd);
-             return v0 + (j - (group + 1) * hd);
-           },
-           [&](int j, float v) { raw[j] = v; });
+  c.gather(
+      p.qkv + static_cast<std::int64_t>(l) * d.qkv_size, (group + 2) * hd, where,
+      [&](int j) -> std::int64_t {
+        if (j < group * hd) return q0 + j;
+        if (j < (group + 1) * hd) return k0 + (j - group * hd);
+        return v0 + (j - (group + 1) * hd);
+      },
+      [&](int j, float v) { raw[j] = v; });
   consumer_sync(c.threads);
   c.mark(2);
 
@@ -746,7 +753,7 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
       acc[h][e] = 0.0f;
     }
   }
-  auto update = [&](const float (&kf)[E], const float (&vf)[E]) {
+  auto update = [&](const float(&kf)[E], const float(&vf)[E]) {
 #pragma unroll
     for (int h = 0; h < G; ++h) {
       if (h < group) {
@@ -767,7 +774,7 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
   // kPositions cached positions at once per warp: independent dot products and shuffles in flight,
   // one rescale per group of positions.
   constexpr int kPositions = 8 / E;
-  auto update_many = [&](const float (&kf)[kPositions][E], const float (&vf)[kPositions][E], int valid) {
+  auto update_many = [&](const float(&kf)[kPositions][E], const float(&vf)[kPositions][E], int valid) {
 #pragma unroll
     for (int h = 0; h < G; ++h) {
       if (h < group) {
@@ -898,7 +905,8 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
     const std::int64_t stride = static_cast<std::int64_t>(d.heads) * (hd + 2);  // between chunks
     std::uint64_t* part = p.part + static_cast<std::int64_t>(l) * geo.max_splits * stride +
                           static_cast<std::int64_t>(g) * group * (hd + 2);
-    for (int k = c.tid; k < group * (hd + 2); k += c.threads) st_tagged(part + chunk * stride + k, head_state[k], c.tag);
+    for (int k = c.tid; k < group * (hd + 2); k += c.threads)
+      st_tagged(part + chunk * stride + k, head_state[k], c.tag);
     consumer_sync(c.threads);
     if (c.tid == 0) {
       const std::uint32_t old = c.ok ? atom_add_relaxed(c.counter(p.counter_index.arrive(l, g)), 1) : 0;
@@ -907,12 +915,13 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
     consumer_sync(c.threads);
     if (c.bcast[1] != 0) {
       // (max, sum) of every chunk and head, then each chunk's weight per head.
-      c.gather(part, 2 * splits * group, where,
-               [&](int j) -> std::int64_t {
-                 const int pair = j >> 1, h = pair / splits, s = pair % splits;
-                 return s * stride + h * (hd + 2) + (j & 1);
-               },
-               [&](int j, float v) { weights[j] = v; });
+      c.gather(
+          part, 2 * splits * group, where,
+          [&](int j) -> std::int64_t {
+            const int pair = j >> 1, h = pair / splits, s = pair % splits;
+            return s * stride + h * (hd + 2) + (j & 1);
+          },
+          [&](int j, float v) { weights[j] = v; });
       consumer_sync(c.threads);
       for (int h = c.tid; h < group; h += c.threads) {
         float* ml = weights + 2 * h * splits;  // (max, sum) per chunk, then the weights in place
@@ -972,21 +981,23 @@ __device__ void run_o_proj(Consumer& c, const Unit& u) {
     const std::uint16_t* row = p.embed + static_cast<std::int64_t>(id) * d.hidden + u.a;
     for (int i = c.tid; i < n; i += c.threads) c.rows[i] = bf16_bits_to_float(row[i]);
   }
-  c.gather_words(words, where, [&](int j) { return j < d.q_size ? att + j : residual + (j - d.q_size); },
-                 [&](int j, float v) {
-                   if (j < d.q_size) {
-                     c.vec_set(j, v);
-                   } else {
-                     c.rows[j - d.q_size] = v;
-                   }
-                 });
+  c.gather_words(
+      words, where, [&](int j) { return j < d.q_size ? att + j : residual + (j - d.q_size); },
+      [&](int j, float v) {
+        if (j < d.q_size) {
+          c.vec_set(j, v);
+        } else {
+          c.rows[j - d.q_size] = v;
+        }
+      });
   consumer_sync(c.threads);
   c.mark(2);
   std::uint64_t* out = p.x_mid + static_cast<std::int64_t>(l) * d.hidden;
   const std::uint32_t tag = c.tag;
   const float* rows = c.rows;
   const int a = u.a;
-  c.matvec(u, [&](int row, float v, float) { st_tagged(out + row, rows[row - a] + v, tag); }, where);
+  c.matvec(
+      u, [&](int row, float v, float) { st_tagged(out + row, rows[row - a] + v, tag); }, where);
   c.mark(3);
   if (!c.finish()) return;
   if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.o_proj(l)), 1);
@@ -1000,21 +1011,23 @@ __device__ void run_gate_up(Consumer& c, const Unit& u) {
   c.wait_counter(p.counter_index.o_proj(l), static_cast<std::uint32_t>(p.o_units) * c.tag, where);
   c.mark(1);
   float ss = 0.0f;
-  c.gather(p.x_mid + static_cast<std::int64_t>(l) * d.hidden, d.hidden, where, [](int j) { return j; },
-           [&](int j, float v) {
-             c.vec_set(j, v);
-             ss += v * v;
-           });
+  c.gather(
+      p.x_mid + static_cast<std::int64_t>(l) * d.hidden, d.hidden, where, [](int j) { return j; },
+      [&](int j, float v) {
+        c.vec_set(j, v);
+        ss += v * v;
+      });
   c.normalise(d.hidden, ss, p.layers[l].post_norm);
   c.mark(2);
   std::uint64_t* out = p.act + static_cast<std::int64_t>(l) * d.ffn;
   const std::uint32_t tag = c.tag;
-  c.matvec(u,
-           [&](int row, float gate, float up) {
-             const float silu = gate / (1.0f + expf(-gate));
-             st_tagged(out + row, silu * up, tag);
-           },
-           where);
+  c.matvec(
+      u,
+      [&](int row, float gate, float up) {
+        const float silu = gate / (1.0f + expf(-gate));
+        st_tagged(out + row, silu * up, tag);
+      },
+      where);
   c.mark(3);
   if (!c.finish()) return;
   if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.gate_up(l)), 1);
@@ -1030,21 +1043,23 @@ __device__ void run_down(Consumer& c, const Unit& u) {
   // act and the residual rows, loaded together.
   const std::uint64_t* act = p.act + static_cast<std::int64_t>(l) * d.ffn;
   const std::uint64_t* residual = p.x_mid + static_cast<std::int64_t>(l) * d.hidden + u.a;
-  c.gather_words(d.ffn + n, where, [&](int j) { return j < d.ffn ? act + j : residual + (j - d.ffn); },
-                 [&](int j, float v) {
-                   if (j < d.ffn) {
-                     c.vec_set(j, v);
-                   } else {
-                     c.rows[j - d.ffn] = v;
-                   }
-                 });
+  c.gather_words(
+      d.ffn + n, where, [&](int j) { return j < d.ffn ? act + j : residual + (j - d.ffn); },
+      [&](int j, float v) {
+        if (j < d.ffn) {
+          c.vec_set(j, v);
+        } else {
+          c.rows[j - d.ffn] = v;
+        }
+      });
   consumer_sync(c.threads);
   c.mark(2);
   std::uint64_t* out = p.x + static_cast<std::int64_t>(l + 1) * d.hidden;
   const std::uint32_t tag = c.tag;
   const float* rows = c.rows;
   const int a = u.a;
-  c.matvec(u, [&](int row, float v, float) { st_tagged(out + row, rows[row - a] + v, tag); }, where);
+  c.matvec(
+      u, [&](int row, float v, float) { st_tagged(out + row, rows[row - a] + v, tag); }, where);
   c.mark(3);
   if (!c.finish()) return;
   if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.down(l)), 1);
@@ -1058,26 +1073,27 @@ __device__ void run_lm_head(Consumer& c, const Unit& u) {
   const Where where{static_cast<int>(u.kind), layers, c.t};
   c.wait_counter(p.counter_index.down(layers - 1), static_cast<std::uint32_t>(p.down_units) * c.tag, where);
   float ss = 0.0f;
-  c.gather(p.x + static_cast<std::int64_t>(layers) * d.hidden, d.hidden, where, [](int j) { return j; },
-           [&](int j, float v) {
-             c.vec_set(j, v);
-             ss += v * v;
-           });
+  c.gather(
+      p.x + static_cast<std::int64_t>(layers) * d.hidden, d.hidden, where, [](int j) { return j; },
+      [&](int j, float v) {
+        c.vec_set(j, v);
+        ss += v * v;
+      });
   c.normalise(d.hidden, ss, p.final_norm);
-  float* logits = p.logits != nullptr && c.t >= p.logits_first
-                      ? p.logits + (c.t - p.logits_first) * p.logits_stride
-                      : nullptr;
+  float* logits =
+      p.logits != nullptr && c.t >= p.logits_first ? p.logits + (c.t - p.logits_first) * p.logits_stride : nullptr;
   float best = -INFINITY;
   int best_row = INT_MAX;
-  c.matvec(u,
-           [&](int row, float v, float) {
-             if (logits != nullptr) logits[row] = v;
-             if (v > best || (v == best && row < best_row)) {
-               best = v;
-               best_row = row;
-             }
-           },
-           where);
+  c.matvec(
+      u,
+      [&](int row, float v, float) {
+        if (logits != nullptr) logits[row] = v;
+        if (v > best || (v == best && row < best_row)) {
+          best = v;
+          best_row = row;
+        }
+      },
+      where);
   if (c.lane == 0) {
     c.best_v[c.warp] = best;
     c.best_i[c.warp] = best_row;
@@ -1104,7 +1120,8 @@ __device__ void run_argmax(Consumer& c, const Unit& u) {
   const Where where{static_cast<int>(u.kind), p.dims.layers, c.t};
   c.wait_counter(p.counter_index.lm_head(), static_cast<std::uint32_t>(p.lm_units) * c.tag, where);
   float* values = c.merge;  // [lm_units][2]
-  c.gather(p.lm_part, 2 * p.lm_units, where, [](int j) { return j; }, [&](int j, float v) { values[j] = v; });
+  c.gather(
+      p.lm_part, 2 * p.lm_units, where, [](int j) { return j; }, [&](int j, float v) { values[j] = v; });
   consumer_sync(c.threads);
   if (c.tid == 0) {
     float best = -INFINITY;
@@ -1133,9 +1150,10 @@ __device__ void run_consumer(const Params& p, unsigned char* smem, std::uint64_t
     c.begin_token(t);
     for (int i = 0; i < unit_count; ++i) {
       const Unit u = units[i];
-      std::uint64_t* trace = p.trace == nullptr ? nullptr
-                             : p.trace + kTraceWords * (static_cast<std::int64_t>(t) * p.block_begin[gridDim.x] +
-                                                        p.block_begin[blockIdx.x] + i);
+      std::uint64_t* trace = p.trace == nullptr
+                                 ? nullptr
+                                 : p.trace + kTraceWords * (static_cast<std::int64_t>(t) * p.block_begin[gridDim.x] +
+                                                            p.block_begin[blockIdx.x] + i);
       c.trace_row = trace;
       c.mark(0);
       switch (u.kind) {
@@ -1256,8 +1274,8 @@ int max_dynamic_smem(KernelFn kernel) {
 }  // namespace
 
 int prepare_megakernel(int head_dim, int group, int threads, int smem_bytes) {
-  if (threads > kMaxThreads) throw core::Error("decode megakernel: at most " + std::to_string(kMaxConsumerWarps) +
-                                               " consumer warps");
+  if (threads > kMaxThreads)
+    throw core::Error("decode megakernel: at most " + std::to_string(kMaxConsumerWarps) + " consumer warps");
   const KernelFn kernel = kernel_for(head_dim, group);
   if (smem_bytes > max_dynamic_smem(kernel)) return 0;
   int blocks = 0;

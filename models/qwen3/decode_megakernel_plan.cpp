@@ -66,7 +66,8 @@ Schedule build_schedule(const Dims& d, const Geometry& g) {
   s.block_begin.push_back(0);
   for (auto& list : lists) {
     // Already in rank order (layer by layer, phase by phase); kept stable for equal ranks.
-    std::stable_sort(list.begin(), list.end(), [](const Unit& a, const Unit& b) { return unit_rank(a) < unit_rank(b); });
+    std::stable_sort(list.begin(), list.end(),
+                     [](const Unit& a, const Unit& b) { return unit_rank(a) < unit_rank(b); });
     s.units.insert(s.units.end(), list.begin(), list.end());
     s.block_begin.push_back(static_cast<std::int32_t>(s.units.size()));
   }
@@ -80,8 +81,8 @@ SmemLayout layout_smem(const Dims& d, const Geometry& g, const Schedule& s) {
   m.barriers = at;
   at = align(at + 2 * g.pages * 8);
   m.vec = at;
-  const int attention_floats = (2 * d.group + 4) * d.head_dim + (g.consumer_warps + d.group) * (d.head_dim + 2) +
-                               2 * d.group * g.max_splits;
+  const int attention_floats =
+      (2 * d.group + 4) * d.head_dim + (g.consumer_warps + d.group) * (d.head_dim + 2) + 2 * d.group * g.max_splits;
   m.vec_floats = std::max({d.hidden, d.q_size, d.ffn, attention_floats});
   m.vec_floats = (m.vec_floats + 7) / 8 * 8;
   at = align(at + 4 * m.vec_floats);

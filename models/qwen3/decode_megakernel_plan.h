@@ -180,7 +180,7 @@ struct Counters {
 struct AbortRecord {
   int flag = 0;
   int block = 0;
-  int kind = 0;   // UnitKind, or -1: the producer warp
+  int kind = 0;  // UnitKind, or -1: the producer warp
   int layer = 0;
   int token = 0;  // token of the launch
   int what = 0;   // WaitWhat
@@ -234,8 +234,8 @@ struct Params {
   std::uint32_t* counters = nullptr;
   AbortRecord* abort = nullptr;
 
-  const Unit* units = nullptr;              // every block's units, block after block
-  const std::int32_t* block_begin = nullptr;  // [blocks + 1]
+  const Unit* units = nullptr;                 // every block's units, block after block
+  const std::int32_t* block_begin = nullptr;   // [blocks + 1]
   const std::int32_t* group_counts = nullptr;  // [kv_heads] qkv units touching each group
   int qkv_units = 0, o_units = 0, gate_up_units = 0, down_units = 0, lm_units = 0, attention_slots = 0;
 
@@ -248,10 +248,10 @@ struct Params {
   int smem_bytes = 0;
 
   // This launch.
-  std::int64_t position = 0;  // position of its first token
-  std::uint32_t epoch = 0;    // tokens decoded since the state was zeroed, before this launch
-  int tokens = 0;             // tokens it decodes
-  int greedy = 0;             // 1: each token is the argmax of the previous one's logits
+  std::int64_t position = 0;          // position of its first token
+  std::uint32_t epoch = 0;            // tokens decoded since the state was zeroed, before this launch
+  int tokens = 0;                     // tokens it decodes
+  int greedy = 0;                     // 1: each token is the argmax of the previous one's logits
   const std::int32_t* ids = nullptr;  // teacher forcing: [tokens] ids (device); null: host_id
   std::int32_t host_id = 0;           // teacher forcing, one token, no device ids
   std::int32_t* ids_out = nullptr;    // greedy: the ids it fed, [tokens] (device; may be null)

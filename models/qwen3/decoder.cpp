@@ -24,7 +24,8 @@ std::span<float> out(Vec& v) { return {v.data(), v.size()}; }
 
 // Copies columns [col, col + width) of a [rows, stride] matrix into a dense [rows, width] one.
 void copy_columns(const float* src, std::int64_t src_stride, float* dst, std::int64_t rows, std::int64_t width) {
-  for (std::int64_t r = 0; r < rows; ++r) std::copy(src + r * src_stride, src + r * src_stride + width, dst + r * width);
+  for (std::int64_t r = 0; r < rows; ++r)
+    std::copy(src + r * src_stride, src + r * src_stride + width, dst + r * width);
 }
 
 // Causal GQA attention of `queries` new positions [start, start + queries) against the cache
@@ -71,10 +72,12 @@ Qwen3CpuDecoder::Qwen3CpuDecoder(const Qwen3Config& config, optim::Slab& slab, c
   validate(config_, "qwen3 decoder");
   if (context.is_cuda() || slab.device().is_cuda()) throw core::Error("Qwen3CpuDecoder: needs a cpu slab and context");
   if (full_weights_ == nullptr && !(slab.owned() == slab.full())) {
-    throw core::Error("Qwen3CpuDecoder: the slab's master weights must cover the whole model, or full_weights be given");
+    throw core::Error(
+        "Qwen3CpuDecoder: the slab's master weights must cover the whole model, or full_weights be given");
   }
   if (capacity_ <= 0) {
-    throw core::InputError("decoder: max_tokens (prompt + new tokens) must be positive, got " + std::to_string(capacity_));
+    throw core::InputError("decoder: max_tokens (prompt + new tokens) must be positive, got " +
+                           std::to_string(capacity_));
   }
   const Qwen3TensorIndex index(config_, slab.layout(), "Qwen3CpuDecoder");
   embed_ = index.embed;
@@ -107,7 +110,8 @@ void Qwen3CpuDecoder::prefill(std::span<const std::int32_t> tokens, float* all_l
   for (std::int64_t i = 0; i < n; ++i) positions[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(start + i);
 
   Vec x(static_cast<std::size_t>(n * d)), h(x.size()), rstd(static_cast<std::size_t>(n * c.num_heads));
-  Vec qkv(static_cast<std::size_t>(n * c.qkv_size())), q(static_cast<std::size_t>(n * qs)), k(static_cast<std::size_t>(n * kvs));
+  Vec qkv(static_cast<std::size_t>(n * c.qkv_size())), q(static_cast<std::size_t>(n * qs)),
+      k(static_cast<std::size_t>(n * kvs));
   Vec qn(q.size()), kn(k.size()), att(q.size()), lse(static_cast<std::size_t>(c.num_heads * n)), o(x.size());
   Vec gate_up(static_cast<std::size_t>(n * 2 * f)), act(static_cast<std::size_t>(n * f));
   ops::embedding_forward_cpu<float>(tokens, weight(embed_), c.vocab_size, d, out(x));

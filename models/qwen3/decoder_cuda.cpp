@@ -50,7 +50,9 @@ struct Qwen3CudaDecoder::Impl {
   }
 
   template <typename T>
-  T* at(std::size_t offset) { return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset); }
+  T* at(std::size_t offset) {
+    return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset);
+  }
   const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
   bf16* k_cache(std::size_t layer) {
     return static_cast<bf16*>(cache.data()) + layer * static_cast<std::size_t>(capacity * c.kv_size());
@@ -83,8 +85,8 @@ struct Qwen3CudaDecoder::Impl {
         const ops::AttentionShape shape{1, n, c.num_heads, c.num_kv_heads, c.head_dim};
         ops::attention_forward_cuda(shape, {reinterpret_cast<const std::uint16_t*>(at<bf16>(q)), qs},
                                     {reinterpret_cast<const std::uint16_t*>(k_cache(l)), kvs},
-                                    {reinterpret_cast<const std::uint16_t*>(v_cache(l)), kvs},
-                                    at<std::uint16_t>(att), at<float>(lse), stream);
+                                    {reinterpret_cast<const std::uint16_t*>(v_cache(l)), kvs}, at<std::uint16_t>(att),
+                                    at<float>(lse), stream);
       } else {
         // The device position still says `start` here; fewer splits per query when many queries.
         const int s = std::max<int>(1, splits / static_cast<int>(std::min<std::int64_t>(n, splits)));
@@ -200,9 +202,9 @@ Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab,
   m.chunk = std::min(m.capacity, settings.max_prefill_chunk);
   const int sms = std::max(1, context.multiprocessor_count());
   // Enough (kv head, key range) blocks to fill the GPU about four times over at long contexts.
-  m.splits = settings.attention_splits > 0
-                 ? std::min(settings.attention_splits, 65535)
-                 : static_cast<int>(std::clamp<std::int64_t>((4 * sms + config.num_kv_heads - 1) / config.num_kv_heads, 1, 128));
+  m.splits = settings.attention_splits > 0 ? std::min(settings.attention_splits, 65535)
+                                           : static_cast<int>(std::clamp<std::int64_t>(
+                                                 (4 * sms + config.num_kv_heads - 1) / config.num_kv_heads, 1, 128));
   m.matvec_blocks = settings.matvec_blocks > 0 ? settings.matvec_blocks : 8 * sms;
 
   const auto kv = static_cast<std::size_t>(config.kv_size());
@@ -227,8 +229,9 @@ Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab,
   m.act = a.reserve(n * f * 2);
   m.ids = a.reserve(n * 4);
   m.positions = a.reserve(n * 4);
-  const std::int64_t partial_floats = decode::attention_partial_floats(
-      static_cast<int>(config.num_heads), static_cast<int>(config.head_dim), std::max<std::int64_t>(m.chunk, m.splits), 1);
+  const std::int64_t partial_floats =
+      decode::attention_partial_floats(static_cast<int>(config.num_heads), static_cast<int>(config.head_dim),
+                                       std::max<std::int64_t>(m.chunk, m.splits), 1);
   m.partial = a.reserve(static_cast<std::size_t>(partial_floats) * 4);
   m.logits = a.reserve(static_cast<std::size_t>(config.vocab_size) * 4);
   m.device_position = a.reserve(4);

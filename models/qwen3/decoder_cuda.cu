@@ -172,10 +172,10 @@ __device__ __forceinline__ SplitRange split_range(std::int64_t length, int split
 // then merge.
 template <int HD, int G>
 __global__ void __launch_bounds__(kAttentionThreads)
-attention_partial_kernel(const bf16* __restrict__ q, std::int64_t q_stride, const bf16* __restrict__ k_cache,
-                         const bf16* __restrict__ v_cache, int heads, int kv_heads, int heads_per_kv,
-                         const std::int32_t* __restrict__ position, int splits, float scale_log2,
-                         float* __restrict__ partial_o, float2* __restrict__ partial_ml) {
+    attention_partial_kernel(const bf16* __restrict__ q, std::int64_t q_stride, const bf16* __restrict__ k_cache,
+                             const bf16* __restrict__ v_cache, int heads, int kv_heads, int heads_per_kv,
+                             const std::int32_t* __restrict__ position, int splits, float scale_log2,
+                             float* __restrict__ partial_o, float2* __restrict__ partial_ml) {
   constexpr int kLanes = HD / 8;
   constexpr int kGroups = kAttentionThreads / kLanes;
   __shared__ float shared_m[kGroups][G], shared_l[kGroups][G];
@@ -267,8 +267,8 @@ attention_partial_kernel(const bf16* __restrict__ q, std::int64_t q_stride, cons
 
 template <int HD>
 __global__ void __launch_bounds__(HD)
-attention_combine_kernel(const float* __restrict__ partial_o, const float2* __restrict__ partial_ml, int heads,
-                         const std::int32_t* __restrict__ position, int splits, bf16* __restrict__ att) {
+    attention_combine_kernel(const float* __restrict__ partial_o, const float2* __restrict__ partial_ml, int heads,
+                             const std::int32_t* __restrict__ position, int splits, bf16* __restrict__ att) {
   const int head = blockIdx.x, d = threadIdx.x;
   const std::int64_t query = blockIdx.y;
   const SplitRange range = split_range(*position + query + 1, splits);
@@ -308,10 +308,10 @@ void dispatch_group(int group, const bf16* q, std::int64_t q_stride, const bf16*
                     int heads, int kv_heads, const std::int32_t* position, std::int64_t queries, int splits,
                     float* partial, bf16* att, cudaStream_t stream) {
   switch (group) {
-#define LLMTRAIN_GROUP_CASE(G)                                                                                  \
-  case G:                                                                                                       \
-    launch_attention<HD, G>(q, q_stride, k_cache, v_cache, heads, kv_heads, position, queries, splits, partial, \
-                            att, stream);                                                                       \
+#define LLMTRAIN_GROUP_CASE(G)                                                                                       \
+  case G:                                                                                                            \
+    launch_attention<HD, G>(q, q_stride, k_cache, v_cache, heads, kv_heads, position, queries, splits, partial, att, \
+                            stream);                                                                                 \
     break;
     LLMTRAIN_GROUP_CASE(1)
     LLMTRAIN_GROUP_CASE(2)
@@ -371,13 +371,14 @@ void matvec(const MatvecArgs& args, Epilogue epilogue, int max_blocks, cudaStrea
   }
 }
 
-void qk_norm_rope_append(const bf16* qkv, const bf16* q_norm, const bf16* k_norm, int heads, int kv_heads,
-                         int head_dim, float eps, const double* inv_freq, const std::int32_t* position, bf16* q_out,
-                         bf16* k_cache, bf16* v_cache, cudaStream_t stream) {
-  if (head_dim % 2 != 0 || head_dim > 2048) throw core::Error("decode qk_norm_rope_append: head_dim must be even, <= 2048");
+void qk_norm_rope_append(const bf16* qkv, const bf16* q_norm, const bf16* k_norm, int heads, int kv_heads, int head_dim,
+                         float eps, const double* inv_freq, const std::int32_t* position, bf16* q_out, bf16* k_cache,
+                         bf16* v_cache, cudaStream_t stream) {
+  if (head_dim % 2 != 0 || head_dim > 2048)
+    throw core::Error("decode qk_norm_rope_append: head_dim must be even, <= 2048");
   const int threads = std::max(32, (head_dim / 2 + 31) / 32 * 32);
-  qk_norm_rope_append_kernel<<<heads + kv_heads, threads, 0, stream>>>(qkv, q_norm, k_norm, heads, kv_heads, head_dim,
-                                                                       eps, inv_freq, position, q_out, k_cache, v_cache);
+  qk_norm_rope_append_kernel<<<heads + kv_heads, threads, 0, stream>>>(
+      qkv, q_norm, k_norm, heads, kv_heads, head_dim, eps, inv_freq, position, q_out, k_cache, v_cache);
   CUDA_CHECK_LAUNCH("qk_norm_rope_append_kernel");
 }
 
@@ -389,9 +390,11 @@ void cached_attention(const bf16* q, std::int64_t q_stride, const bf16* k_cache,
                       int kv_heads, int head_dim, const std::int32_t* position, std::int64_t queries, int splits,
                       float* partial, bf16* att, cudaStream_t stream) {
   if (queries <= 0) return;
-  if (splits < 1 || splits > 65535 || queries > 65535) throw core::Error("decode attention: splits or queries out of range");
+  if (splits < 1 || splits > 65535 || queries > 65535)
+    throw core::Error("decode attention: splits or queries out of range");
   if (heads % kv_heads != 0) throw core::Error("decode attention: heads must be a multiple of kv_heads");
-  if (q_stride % 8 != 0 || !ops::gpu::aligned_16(q)) throw core::Error("decode attention: q rows must be 16-byte aligned");
+  if (q_stride % 8 != 0 || !ops::gpu::aligned_16(q))
+    throw core::Error("decode attention: q rows must be 16-byte aligned");
   // Query heads per block: the largest divisor of the group that is at most 8 (the keys are read
   // once per block, so larger is better).
   const int per_kv = heads / kv_heads;

@@ -34,7 +34,7 @@
 namespace models::qwen3 {
 
 struct CudaDecoderSettings {
-  bool cuda_graph = true;                // replay step() as a captured graph (false: launch each kernel)
+  bool cuda_graph = true;                 // replay step() as a captured graph (false: launch each kernel)
   std::int64_t max_prefill_chunk = 4096;  // tokens per prefill pass (bounds the activation memory)
   int attention_splits = 0;  // key ranges per (kv head, query) of a step's attention; 0: from the GPU's size
   int matvec_blocks = 0;     // grid bound of the step's matrix-vector products; 0: from the GPU's size
@@ -98,9 +98,9 @@ void matvec(const MatvecArgs& args, Epilogue epilogue, int max_blocks, cudaStrea
 // Per-head RMSNorm (weights [head_dim]) and RoPE at position *position of q and k from one packed
 // qkv row [(heads + 2 kv_heads) * head_dim]; q goes to q_out [heads * head_dim], k and v to row
 // *position of the caches [capacity, kv_heads * head_dim]. inv_freq: device double [head_dim / 2].
-void qk_norm_rope_append(const bf16* qkv, const bf16* q_norm, const bf16* k_norm, int heads, int kv_heads,
-                         int head_dim, float eps, const double* inv_freq, const std::int32_t* position, bf16* q_out,
-                         bf16* k_cache, bf16* v_cache, cudaStream_t stream);
+void qk_norm_rope_append(const bf16* qkv, const bf16* q_norm, const bf16* k_norm, int heads, int kv_heads, int head_dim,
+                         float eps, const double* inv_freq, const std::int32_t* position, bf16* q_out, bf16* k_cache,
+                         bf16* v_cache, cudaStream_t stream);
 
 // Causal attention of `queries` new positions start + i, start = *position, over cache rows
 // [0, start + i] (the caches already hold them): q [queries, heads * head_dim] with rows

@@ -30,21 +30,37 @@ struct Bound {
 
 Bound integer(std::int64_t Qwen3Config::*member, const char* key, const char* hf_key, nlohmann::json hf_default,
               double max, const char* help) {
-  return {{.key = key, .hf_key = hf_key, .type = FieldType::integer, .fallback = kDefaults.*member,
-           .hf_default = std::move(hf_default), .min = 1, .max = max, .help = help},
+  return {{.key = key,
+           .hf_key = hf_key,
+           .type = FieldType::integer,
+           .fallback = kDefaults.*member,
+           .hf_default = std::move(hf_default),
+           .min = 1,
+           .max = max,
+           .help = help},
           member};
 }
 
 Bound number(double Qwen3Config::*member, const char* key, const char* hf_key, double hf_default, double min,
              double max, const char* help) {
-  return {{.key = key, .hf_key = hf_key, .type = FieldType::number, .fallback = kDefaults.*member,
-           .hf_default = hf_default, .min = min, .max = max, .help = help},
+  return {{.key = key,
+           .hf_key = hf_key,
+           .type = FieldType::number,
+           .fallback = kDefaults.*member,
+           .hf_default = hf_default,
+           .min = min,
+           .max = max,
+           .help = help},
           member};
 }
 
 Bound boolean(bool Qwen3Config::*member, const char* key, const char* hf_key, bool hf_default, const char* help) {
-  return {{.key = key, .hf_key = hf_key, .type = FieldType::boolean, .fallback = kDefaults.*member,
-           .hf_default = hf_default, .help = help},
+  return {{.key = key,
+           .hf_key = hf_key,
+           .type = FieldType::boolean,
+           .fallback = kDefaults.*member,
+           .hf_default = hf_default,
+           .help = help},
           member};
 }
 
@@ -53,18 +69,28 @@ Bound boolean(bool Qwen3Config::*member, const char* key, const char* hf_key, bo
 const std::vector<Bound>& bound_table() {
   static const std::vector<Bound> rows = {
       integer(&Qwen3Config::vocab_size, "vocab_size", "vocab_size", nullptr, kMaxVocab, "vocabulary size"),
-      integer(&Qwen3Config::hidden_size, "hidden_size", "hidden_size", nullptr, kMaxDim, "width of the residual stream"),
-      integer(&Qwen3Config::intermediate_size, "intermediate_size", "intermediate_size", nullptr, kMaxDim, "width of the MLP"),
+      integer(&Qwen3Config::hidden_size, "hidden_size", "hidden_size", nullptr, kMaxDim,
+              "width of the residual stream"),
+      integer(&Qwen3Config::intermediate_size, "intermediate_size", "intermediate_size", nullptr, kMaxDim,
+              "width of the MLP"),
       integer(&Qwen3Config::num_layers, "num_layers", "num_hidden_layers", nullptr, kMaxLayers, "decoder layers"),
       integer(&Qwen3Config::num_heads, "num_heads", "num_attention_heads", nullptr, 4096, "query heads"),
-      integer(&Qwen3Config::num_kv_heads, "num_kv_heads", "num_key_value_heads", nullptr, 4096, "key/value heads (GQA)"),
+      integer(&Qwen3Config::num_kv_heads, "num_kv_heads", "num_key_value_heads", nullptr, 4096,
+              "key/value heads (GQA)"),
       integer(&Qwen3Config::head_dim, "head_dim", "head_dim", 128, 1024, "width of a head"),
-      number(&Qwen3Config::rope_theta, "rope_theta", "rope_parameters.rope_theta|rope_theta", 10000.0, 1e-6, 1e300, "RoPE base"),
+      number(&Qwen3Config::rope_theta, "rope_theta", "rope_parameters.rope_theta|rope_theta", 10000.0, 1e-6, 1e300,
+             "RoPE base"),
       number(&Qwen3Config::rms_norm_eps, "rms_norm_eps", "rms_norm_eps", 1e-6, 1e-30, 1.0, "RMSNorm epsilon"),
-      boolean(&Qwen3Config::tie_word_embeddings, "tie_word_embeddings", "tie_word_embeddings", false, "lm_head shares the embedding"),
-      integer(&Qwen3Config::max_position_embeddings, "max_position_embeddings", "max_position_embeddings", 32768, 1 << 24, "longest sequence"),
-      {{.key = "recompute", .type = FieldType::choice, .fallback = "none", .choices = {"none", "mlp", "full"},
-        .shape = false, .help = "activation recompute on cuda"},
+      boolean(&Qwen3Config::tie_word_embeddings, "tie_word_embeddings", "tie_word_embeddings", false,
+              "lm_head shares the embedding"),
+      integer(&Qwen3Config::max_position_embeddings, "max_position_embeddings", "max_position_embeddings", 32768,
+              1 << 24, "longest sequence"),
+      {{.key = "recompute",
+        .type = FieldType::choice,
+        .fallback = "none",
+        .choices = {"none", "mlp", "full"},
+        .shape = false,
+        .help = "activation recompute on cuda"},
        {}},
   };
   return rows;
@@ -85,13 +111,27 @@ const std::vector<std::pair<std::string, Shape>>& preset_table() {
       {"qwen3-0.6b", Shape::object()},
       {"qwen3-1.7b", {{"hidden_size", 2048}, {"intermediate_size", 6144}}},
       // A byte-level model for quick runs.
-      {"qwen3-tiny", {{"vocab_size", 256}, {"hidden_size", 128}, {"intermediate_size", 384}, {"num_layers", 4},
-                      {"num_heads", 4}, {"num_kv_heads", 2}, {"head_dim", 64}, {"rope_theta", 10000.0},
-                      {"max_position_embeddings", 4096}}},
+      {"qwen3-tiny",
+       {{"vocab_size", 256},
+        {"hidden_size", 128},
+        {"intermediate_size", 384},
+        {"num_layers", 4},
+        {"num_heads", 4},
+        {"num_kv_heads", 2},
+        {"head_dim", 64},
+        {"rope_theta", 10000.0},
+        {"max_position_embeddings", 4096}}},
       // The shape of tests/fixtures/qwen3.
-      {"qwen3-test", {{"vocab_size", 1000}, {"hidden_size", 64}, {"intermediate_size", 160}, {"num_layers", 3},
-                      {"num_heads", 4}, {"num_kv_heads", 2}, {"head_dim", 64}, {"rope_theta", 10000.0},
-                      {"max_position_embeddings", 256}}},
+      {"qwen3-test",
+       {{"vocab_size", 1000},
+        {"hidden_size", 64},
+        {"intermediate_size", 160},
+        {"num_layers", 3},
+        {"num_heads", 4},
+        {"num_kv_heads", 2},
+        {"head_dim", 64},
+        {"rope_theta", 10000.0},
+        {"max_position_embeddings", 256}}},
   };
   return presets;
 }
@@ -110,7 +150,8 @@ class CpuModel final : public TrainableModel {
     const auto n = static_cast<std::size_t>(batch * seq);
     loss_ = static_cast<float>(model_.step({ids, n}, {targets, n}, batch, seq, true, grad_scale).loss);
   }
-  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) override {
+  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch,
+                    std::int64_t seq) override {
     const auto n = static_cast<std::size_t>(batch * seq);
     token_losses_.resize(n);
     loss_ = static_cast<float>(model_.step({ids, n}, {targets, n}, batch, seq, false, 1.0, token_losses_).loss);
@@ -226,11 +267,15 @@ class Qwen3Family final : public Family {
   }
   std::optional<FieldError> check(const Shape& s) const override {
     const std::int64_t heads = s["num_heads"], kv = s["num_kv_heads"], head_dim = s["head_dim"];
-    if (heads % kv != 0) return FieldError{"num_kv_heads", "expected a divisor of num_heads (" + std::to_string(heads) + "), got " + std::to_string(kv)};
-    if (head_dim % 2 != 0) return FieldError{"head_dim", "expected an even integer (rotary embedding), got " + std::to_string(head_dim)};
+    if (heads % kv != 0)
+      return FieldError{"num_kv_heads",
+                        "expected a divisor of num_heads (" + std::to_string(heads) + "), got " + std::to_string(kv)};
+    if (head_dim % 2 != 0)
+      return FieldError{"head_dim", "expected an even integer (rotary embedding), got " + std::to_string(head_dim)};
     // Every product of sizes stays far inside 64-bit indexing.
     const double params = static_cast<double>(config_from_shape(s).parameter_count());
-    if (params > 1e12) return FieldError{"hidden_size", "the shape has " + std::to_string(params) + " parameters, more than 1e12"};
+    if (params > 1e12)
+      return FieldError{"hidden_size", "the shape has " + std::to_string(params) + " parameters, more than 1e12"};
     return std::nullopt;
   }
   std::optional<FieldError> check_hf(const nlohmann::json& j) const override {
@@ -246,7 +291,8 @@ class Qwen3Family final : public Family {
       for (const auto& [key, value] : rope.items()) {
         if (key == "rope_theta") continue;
         if (key == "rope_type" && value == "default") continue;
-        return FieldError{"rope_parameters." + key, "only the default rotary embedding is supported, got " + describe_value(value)};
+        return FieldError{"rope_parameters." + key,
+                          "only the default rotary embedding is supported, got " + describe_value(value)};
       }
     }
     const auto set = [&](const char* key) { return j.contains(key) && !j[key].is_null() && j[key] != false; };
@@ -255,10 +301,12 @@ class Qwen3Family final : public Family {
     }
     if (j.contains("layer_types") && j["layer_types"].is_array()) {
       for (const auto& t : j["layer_types"]) {
-        if (t != "full_attention") return FieldError{"layer_types", "only full_attention layers are supported, got " + describe_value(t)};
+        if (t != "full_attention")
+          return FieldError{"layer_types", "only full_attention layers are supported, got " + describe_value(t)};
       }
     }
-    if (set("attention_bias")) return FieldError{"attention_bias", "attention biases are not supported (expected false)"};
+    if (set("attention_bias"))
+      return FieldError{"attention_bias", "attention biases are not supported (expected false)"};
     if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
       return FieldError{"hidden_act", "expected 'silu', got " + describe_value(j["hidden_act"])};
     }

@@ -63,9 +63,9 @@ struct MegakernelDecoder::Impl {
   bool has_logits = false;
   int threads = 0;
 
-  core::Buffer cache;     // k then v
-  core::Buffer state;     // tagged activations, counters, abort record (zeroed together)
-  core::Buffer tables;    // units, block starts, group counts, layer weights, rope, ids, logits
+  core::Buffer cache;   // k then v
+  core::Buffer state;   // tagged activations, counters, abort record (zeroed together)
+  core::Buffer tables;  // units, block starts, group counts, layer weights, rope, ids, logits
   std::size_t state_bytes = 0;
   std::uint64_t* token_word = nullptr;
   std::int32_t* ids = nullptr;
@@ -76,7 +76,8 @@ struct MegakernelDecoder::Impl {
 
   const std::uint16_t* w(int tensor) {
     const auto* p = static_cast<const std::uint16_t*>(slab.mirror_view(tensor).data);
-    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) throw core::Error("MegakernelDecoder: a mirror tensor is not 16-byte aligned");
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0)
+      throw core::Error("MegakernelDecoder: a mirror tensor is not 16-byte aligned");
     return p;
   }
 
@@ -125,7 +126,8 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
                            std::to_string(options.max_tokens));
   }
   if (config.head_dim != 64 && config.head_dim != 128) {
-    throw core::InputError("qwen3 megakernel: head_dim " + std::to_string(config.head_dim) + " not supported (64 or 128)");
+    throw core::InputError("qwen3 megakernel: head_dim " + std::to_string(config.head_dim) +
+                           " not supported (64 or 128)");
   }
   const std::int64_t group = config.num_heads / config.num_kv_heads;
   if (group > mk::kMaxGroup) {
@@ -175,8 +177,8 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
   m.schedule = mk::build_schedule(d, g);
   const mk::SmemLayout smem = mk::layout_smem(d, g, m.schedule);
   if (smem.bytes > max_smem) {
-    throw core::InputError("qwen3 megakernel: " + std::to_string(smem.bytes) + " bytes of shared memory per block (at most " +
-                           std::to_string(max_smem) + ")");
+    throw core::InputError("qwen3 megakernel: " + std::to_string(smem.bytes) +
+                           " bytes of shared memory per block (at most " + std::to_string(max_smem) + ")");
   }
   m.threads = 32 * (g.consumer_warps + 1);
   const int per_sm = mk::prepare_megakernel(d.head_dim, d.group, m.threads, smem.bytes);
@@ -511,10 +513,10 @@ int MegakernelDecoder::blocks() const { return impl_->base.geo.blocks; }
 
 std::size_t MegakernelDecoder::weight_bytes_per_token() const {
   const Qwen3Config& c = impl_->c;
-  const auto per_layer = static_cast<std::size_t>((c.qkv_size() + c.q_size()) * c.hidden_size +
-                                                  3 * c.intermediate_size * c.hidden_size);
-  return 2 * (static_cast<std::size_t>(c.num_layers) * per_layer +
-              static_cast<std::size_t>(c.vocab_size * c.hidden_size));
+  const auto per_layer =
+      static_cast<std::size_t>((c.qkv_size() + c.q_size()) * c.hidden_size + 3 * c.intermediate_size * c.hidden_size);
+  return 2 *
+         (static_cast<std::size_t>(c.num_layers) * per_layer + static_cast<std::size_t>(c.vocab_size * c.hidden_size));
 }
 
 std::size_t MegakernelDecoder::cache_bytes_read(std::int64_t position) const {

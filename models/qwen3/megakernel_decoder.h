@@ -25,14 +25,14 @@ namespace models::qwen3 {
 
 // How the kernel is laid over the GPU (bench/megakernel_bench sweeps these).
 struct MegakernelSettings {
-  int consumer_warps = 8;    // computing warps per block (one more streams weights)
-  int page_bytes = 32768;    // shared-memory page of the weight/cache ring
-  int pages = 0;             // pages in the ring; 0: as many as fit
-  int max_splits = 16;       // attention chunks per kv head at long contexts
-  int min_chunk = 128;       // positions per attention chunk, at least
-  int blocks = 0;            // persistent blocks; 0: one per multiprocessor
-  bool hint_wait = true;     // poll the phase counter before reading tagged inputs
-  bool evict_first = true;   // stream weights and cache with an L2 evict-first hint
+  int consumer_warps = 8;        // computing warps per block (one more streams weights)
+  int page_bytes = 32768;        // shared-memory page of the weight/cache ring
+  int pages = 0;                 // pages in the ring; 0: as many as fit
+  int max_splits = 16;           // attention chunks per kv head at long contexts
+  int min_chunk = 128;           // positions per attention chunk, at least
+  int blocks = 0;                // persistent blocks; 0: one per multiprocessor
+  bool hint_wait = true;         // poll the phase counter before reading tagged inputs
+  bool evict_first = true;       // stream weights and cache with an L2 evict-first hint
   double timeout_seconds = 5.0;  // a spin longer than this aborts the launch (core::Error)
 };
 

@@ -22,7 +22,8 @@ std::span<float> out(Vec& v) { return {v.data(), v.size()}; }
 // Copies columns [col, col + width) of a [rows, stride] matrix into a [rows, width] one, or back.
 void copy_columns(const float* src, std::int64_t src_stride, float* dst, std::int64_t dst_stride, std::int64_t rows,
                   std::int64_t width) {
-  for (std::int64_t r = 0; r < rows; ++r) std::copy(src + r * src_stride, src + r * src_stride + width, dst + r * dst_stride);
+  for (std::int64_t r = 0; r < rows; ++r)
+    std::copy(src + r * src_stride, src + r * src_stride + width, dst + r * dst_stride);
 }
 
 }  // namespace
@@ -35,8 +36,9 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, optim::Slab& slab, float* full
     : config_(config), slab_(slab), full_weights_(full_weights) {
   validate(config_, "qwen3 model");
   if (slab.device().is_cuda() || (full_weights == nullptr && !(slab.owned() == slab.full()))) {
-    throw core::Error("Qwen3Model: the cpu model needs a cpu slab whose master weights cover the whole model, or "
-                      "the whole model's weights");
+    throw core::Error(
+        "Qwen3Model: the cpu model needs a cpu slab whose master weights cover the whole model, or "
+        "the whole model's weights");
   }
   const Qwen3TensorIndex index(config_, slab.layout(), "Qwen3Model");
   embed_ = index.embed;
@@ -124,7 +126,8 @@ void Qwen3Model::forward(std::span<const std::int32_t> ids, std::int64_t batch, 
     a.x_mid = x;
     a.rstd_post.resize(static_cast<std::size_t>(n));
     a.h2.resize(x.size());
-    ops::rmsnorm_forward_cpu<float>(in(a.x_mid), weight(w.post_norm), n, d, c.rms_norm_eps, out(a.h2), out(a.rstd_post));
+    ops::rmsnorm_forward_cpu<float>(in(a.x_mid), weight(w.post_norm), n, d, c.rms_norm_eps, out(a.h2),
+                                    out(a.rstd_post));
     a.gate_up.resize(static_cast<std::size_t>(n * 2 * f));
     ops::linear_forward_cpu<float>(in(a.h2), weight(w.gate_up), n, d, 2 * f, out(a.gate_up));
     a.act.resize(static_cast<std::size_t>(n * f));
@@ -145,7 +148,8 @@ ops::CrossEntropyResult Qwen3Model::step(std::span<const std::int32_t> ids, std:
                                          std::span<float> token_losses) {
   const Qwen3Config& c = config_;
   const std::int64_t n = batch * seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), f = c.intermediate_size;
-  if (static_cast<std::int64_t>(targets.size()) != n) throw core::Error("Qwen3Model: targets must hold batch * seq tokens");
+  if (static_cast<std::int64_t>(targets.size()) != n)
+    throw core::Error("Qwen3Model: targets must hold batch * seq tokens");
   std::vector<LayerActivations> saved;
   Vec final_in, final_out, final_rstd;
   forward(ids, batch, seq, saved, final_in, final_out, final_rstd);
@@ -203,7 +207,8 @@ ops::CrossEntropyResult Qwen3Model::step(std::span<const std::int32_t> ids, std:
   return result;
 }
 
-void Qwen3Model::logits(std::span<const std::int32_t> ids, std::int64_t batch, std::int64_t seq, std::span<float> result) {
+void Qwen3Model::logits(std::span<const std::int32_t> ids, std::int64_t batch, std::int64_t seq,
+                        std::span<float> result) {
   std::vector<LayerActivations> saved;
   Vec final_in, final_out, final_rstd;
   forward(ids, batch, seq, saved, final_in, final_out, final_rstd);

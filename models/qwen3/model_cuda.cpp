@@ -26,10 +26,7 @@ Recompute recompute_from_string(const std::string& name) {
   throw core::InputError("activation recompute must be none, mlp or full, got '" + name + "'");
 }
 
-namespace {
-
-
-}  // namespace
+namespace {}  // namespace
 
 struct Qwen3Cuda::Impl {
   // Where a layer's activations live (offsets into `memory`; the same layout for the saved
@@ -69,7 +66,9 @@ struct Qwen3Cuda::Impl {
       : c(config), slab(s), ctx(context), stream(context.stream()), max_tokens(tokens), recompute(r), linear(context) {}
 
   template <typename T>
-  T* at(std::size_t offset) { return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset); }
+  T* at(std::size_t offset) {
+    return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset);
+  }
   const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
   optim::Range range_of(int tensor) const { return slab.layout().tensors()[static_cast<std::size_t>(tensor)].range(); }
   // The slab range spanned by `tensors` (contiguous in the layout).
@@ -124,13 +123,14 @@ struct Qwen3Cuda::Impl {
     ops::head_rmsnorm_forward_cuda(at<bf16>(s.qkv) + qs, qkv, w(lw.k_norm), n, c.num_kv_heads, c.head_dim,
                                    c.rms_norm_eps, at<bf16>(s.qk) + qs, qk, at<float>(s.rstd_k), stream);
     const std::int32_t* pos = at<std::int32_t>(positions);
-    ops::rope_forward_cuda(at<bf16>(s.qk), qk, at<bf16>(s.qk), qk, pos, n, c.num_heads, c.head_dim, c.rope_theta, stream);
+    ops::rope_forward_cuda(at<bf16>(s.qk), qk, at<bf16>(s.qk), qk, pos, n, c.num_heads, c.head_dim, c.rope_theta,
+                           stream);
     ops::rope_forward_cuda(at<bf16>(s.qk) + qs, qk, at<bf16>(s.qk) + qs, qk, pos, n, c.num_kv_heads, c.head_dim,
                            c.rope_theta, stream);
     const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
     ops::attention_forward_cuda(shape, {at<std::uint16_t>(s.qk), qk}, {at<std::uint16_t>(s.qk) + qs, qk},
-                                {at<std::uint16_t>(s.qkv) + qs + kvs, qkv}, at<std::uint16_t>(s.att),
-                                at<float>(s.lse), stream);
+                                {at<std::uint16_t>(s.qkv) + qs + kvs, qkv}, at<std::uint16_t>(s.att), at<float>(s.lse),
+                                stream);
     linear.forward(at<bf16>(s.att), w(lw.o_proj), n, qs, d, at<bf16>(dtmp), ws());
     add_bf16(at<bf16>(s.x_in), at<bf16>(dtmp), at<bf16>(s.x_mid), n * d, stream);
     mlp_forward(l, s, n);
@@ -179,8 +179,9 @@ struct Qwen3Cuda::Impl {
     fill_positions(at<std::int32_t>(positions), n, seq, stream);
     ends->embed(ids, n, at<bf16>(saved[0].x_in));
     for (std::size_t l = 0; l < layers.size(); ++l) {
-      const LayerSlots s = recompute == Recompute::full ? with_input(scratch, saved[l].x_in)
-                           : recompute == Recompute::mlp ? with_mlp(saved[l], scratch) : saved[l];
+      const LayerSlots s = recompute == Recompute::full  ? with_input(scratch, saved[l].x_in)
+                           : recompute == Recompute::mlp ? with_mlp(saved[l], scratch)
+                                                         : saved[l];
       bf16* next = l + 1 < layers.size() ? at<bf16>(saved[l + 1].x_in) : ends->x_final();
       layer_forward(l, s, next, batch, seq);
     }
@@ -196,7 +197,6 @@ struct Qwen3Cuda::Impl {
     s.act = from.act;
     return s;
   }
-
 
   // Gradients go to `sink` range by range: the final norm, then per layer its MLP and its
   // attention, then the vocabulary-sized tensors. With a sink of unlimited ranges (the slab) the
@@ -220,8 +220,7 @@ struct Qwen3Cuda::Impl {
       // MLP: out = x_mid + down(swiglu(gate_up(norm(x_mid)))).
       const optim::Range mlp = groups[l].mlp;
       float* mlp_grad = out.acquire(mlp);
-      linear.backward(dx, at<bf16>(s.act), w(lw.down), n, f, d, at<bf16>(dact), grad_in(mlp_grad, mlp, lw.down),
-                      ws());
+      linear.backward(dx, at<bf16>(s.act), w(lw.down), n, f, d, at<bf16>(dact), grad_in(mlp_grad, mlp, lw.down), ws());
       ops::swiglu_backward_cuda(at<bf16>(dact), at<bf16>(s.gate_up), n, f, at<bf16>(dgate_up), stream);
       linear.backward(at<bf16>(dgate_up), at<bf16>(s.h2), w(lw.gate_up), n, d, 2 * f, at<bf16>(dh),
                       grad_in(mlp_grad, mlp, lw.gate_up), ws());
@@ -244,9 +243,9 @@ struct Qwen3Cuda::Impl {
                               stream);
       ops::rope_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(dqk) + qs, qk, pos, n, c.num_kv_heads, c.head_dim,
                               c.rope_theta, stream);
-      ops::head_rmsnorm_backward_cuda(at<bf16>(dqk), qk, at<bf16>(s.qkv), qkv, w(lw.q_norm), at<float>(s.rstd_q), n,
-                                      c.num_heads, c.head_dim, at<bf16>(dqkv), qkv, grad_in(att_grad, attention, lw.q_norm),
-                                      at<char>(workspace), workspace_bytes, stream);
+      ops::head_rmsnorm_backward_cuda(
+          at<bf16>(dqk), qk, at<bf16>(s.qkv), qkv, w(lw.q_norm), at<float>(s.rstd_q), n, c.num_heads, c.head_dim,
+          at<bf16>(dqkv), qkv, grad_in(att_grad, attention, lw.q_norm), at<char>(workspace), workspace_bytes, stream);
       ops::head_rmsnorm_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(s.qkv) + qs, qkv, w(lw.k_norm),
                                       at<float>(s.rstd_k), n, c.num_kv_heads, c.head_dim, at<bf16>(dqkv) + qs, qkv,
                                       grad_in(att_grad, attention, lw.k_norm), at<char>(workspace), workspace_bytes,
@@ -276,11 +275,13 @@ Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::D
     : impl_(std::make_unique<Impl>(config, slab, context, max_tokens, recompute)) {
   Impl& m = *impl_;
   validate(config, "qwen3 model");
-  if (!context.is_cuda() || !(slab.device() == context.device())) throw core::Error("Qwen3Cuda: needs a cuda slab and context");
+  if (!context.is_cuda() || !(slab.device() == context.device()))
+    throw core::Error("Qwen3Cuda: needs a cuda slab and context");
   if (slab.mirror_dtype() != core::DType::bf16) throw core::Error("Qwen3Cuda: the slab's mirror must be bf16");
   if (max_tokens <= 0) throw core::Error("Qwen3Cuda: max_tokens must be > 0");
   if (config.head_dim != 64 && config.head_dim != 128) {
-    throw core::InputError("Qwen3Cuda: head_dim " + std::to_string(config.head_dim) + " not supported on cuda (64 or 128)");
+    throw core::InputError("Qwen3Cuda: head_dim " + std::to_string(config.head_dim) +
+                           " not supported on cuda (64 or 128)");
   }
   const Qwen3TensorIndex index(config, slab.layout(), "Qwen3Cuda");
   m.embed = index.embed;
@@ -293,7 +294,8 @@ Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::D
   }
 
   m.ends = std::make_unique<LmEndsCuda>(
-      context, slab, LmEndsSpec{m.embed, m.final_norm, m.head, config.vocab_size, config.hidden_size, config.rms_norm_eps},
+      context, slab,
+      LmEndsSpec{m.embed, m.final_norm, m.head, config.vocab_size, config.hidden_size, config.rms_norm_eps},
       max_tokens);
   DeviceArena a;
   const std::size_t n = static_cast<std::size_t>(max_tokens), d = static_cast<std::size_t>(config.hidden_size);
@@ -331,7 +333,8 @@ void Qwen3Cuda::forward_backward(const std::int32_t* ids, const std::int32_t* ta
   impl_->backward(ids, targets, batch, seq, grad_scale);
 }
 
-void Qwen3Cuda::forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) {
+void Qwen3Cuda::forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch,
+                             std::int64_t seq) {
   Impl& m = *impl_;
   m.forward(ids, batch, seq);
   m.ends->loss(targets, batch * seq, m.ws());

@@ -1,7 +1,7 @@
 // The Qwen3 decoder on one GPU: bf16 activations and matrix operands read from the slab's bf16
 // mirror, fp32 statistics and accumulation, weight gradients accumulated in fp32 into the slab
-// or handed range by range to a gradient sink (one layer's gradients are one contiguous range). Activation memory is allocated once for
-// `max_tokens`; a training micro-batch allocates nothing and never waits for the host (the loss
+// or handed range by range to a gradient sink (one layer's gradients are one contiguous range). Activation memory is
+// allocated once for `max_tokens`; a training micro-batch allocates nothing and never waits for the host (the loss
 // stays on the device). Activation recompute: none (keep everything for the backward), mlp
 // (recompute the MLP's gate/up and SwiGLU outputs), full (keep only each layer's input).
 #pragma once
@@ -37,7 +37,8 @@ class Qwen3Cuda final : public TrainableModel {
   void forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
                         float grad_scale) override;
   // The loss only (evaluation).
-  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) override;
+  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch,
+                    std::int64_t seq) override;
   // bf16 logits [batch * seq, vocab] into `logits` (device).
   void logits(const std::int32_t* ids, std::int64_t batch, std::int64_t seq, std::uint16_t* logits);
 

@@ -84,17 +84,22 @@ struct F16 {
 
 std::uint64_t bits64(std::uint64_t seed, std::size_t i) { return core::splitmix64(seed ^ core::splitmix64(i)); }
 // Small integers in [-8, 8]: sums over a few ranks stay exact in 16-bit floats.
-float small_integer(std::uint64_t seed, std::size_t i) { return static_cast<float>(static_cast<int>(bits64(seed, i) % 17) - 8); }
+float small_integer(std::uint64_t seed, std::size_t i) {
+  return static_cast<float>(static_cast<int>(bits64(seed, i) % 17) - 8);
+}
 
-template <typename T> struct Traits;
-template <> struct Traits<float> {
+template <typename T>
+struct Traits;
+template <>
+struct Traits<float> {
   static constexpr core::DType dtype = core::DType::f32;
   static constexpr bool floating = true;
   static constexpr double eps = 0x1p-24;
   static float make(std::uint64_t seed, std::size_t i) { return 8.0f * core::uniform01(seed, i) - 4.0f; }
   static double value(float x) { return x; }
 };
-template <> struct Traits<double> {
+template <>
+struct Traits<double> {
   static constexpr core::DType dtype = core::DType::f64;
   static constexpr bool floating = true;
   static constexpr double eps = 0x1p-53;
@@ -103,40 +108,46 @@ template <> struct Traits<double> {
   }
   static double value(double x) { return x; }
 };
-template <> struct Traits<Bf16> {
+template <>
+struct Traits<Bf16> {
   static constexpr core::DType dtype = core::DType::bf16;
   static constexpr bool floating = true;
   static constexpr double eps = 0x1p-8;
   static Bf16 make(std::uint64_t seed, std::size_t i) { return {core::float_to_bf16(small_integer(seed, i))}; }
   static double value(Bf16 x) { return core::bf16_to_float(x.bits); }
 };
-template <> struct Traits<F16> {
+template <>
+struct Traits<F16> {
   static constexpr core::DType dtype = core::DType::f16;
   static constexpr bool floating = true;
   static constexpr double eps = 0x1p-11;
   static F16 make(std::uint64_t seed, std::size_t i) { return {core::float_to_fp16(small_integer(seed, i))}; }
   static double value(F16 x) { return core::fp16_to_float(x.bits); }
 };
-template <> struct Traits<std::uint64_t> {
+template <>
+struct Traits<std::uint64_t> {
   static constexpr core::DType dtype = core::DType::u64;
   static constexpr bool floating = false;
   static std::uint64_t make(std::uint64_t seed, std::size_t i) { return bits64(seed, i); }  // sums wrap: exact anyway
 };
-template <> struct Traits<std::int32_t> {
+template <>
+struct Traits<std::int32_t> {
   static constexpr core::DType dtype = core::DType::i32;
   static constexpr bool floating = false;
   static std::int32_t make(std::uint64_t seed, std::size_t i) {
     return static_cast<std::int32_t>(bits64(seed, i) >> 40) - (1 << 23);
   }
 };
-template <> struct Traits<std::int64_t> {
+template <>
+struct Traits<std::int64_t> {
   static constexpr core::DType dtype = core::DType::i64;
   static constexpr bool floating = false;
   static std::int64_t make(std::uint64_t seed, std::size_t i) {
     return static_cast<std::int64_t>(bits64(seed, i) >> 8) - (std::int64_t{1} << 55);
   }
 };
-template <> struct Traits<std::uint8_t> {
+template <>
+struct Traits<std::uint8_t> {
   static constexpr core::DType dtype = core::DType::u8;
   static constexpr bool floating = false;
   static std::uint8_t make(std::uint64_t seed, std::size_t i) { return static_cast<std::uint8_t>(bits64(seed, i)); }
@@ -219,7 +230,8 @@ void check_reduction(const std::string& name, const std::vector<T>& got, std::si
 // compute stream (so the collectives' ordering against that stream is exercised too).
 class DeviceData {
  public:
-  DeviceData(const core::DeviceContext& context, std::size_t bytes) : context_(context), buffer_(context.device(), bytes) {}
+  DeviceData(const core::DeviceContext& context, std::size_t bytes)
+      : context_(context), buffer_(context.device(), bytes) {}
   void* data() { return buffer_.data(); }
   template <typename T>
   void upload(const std::vector<T>& host) {
@@ -351,8 +363,9 @@ class Suite {
     const std::vector<float> sentinel(count, -7.25f);
     recv.upload(sentinel);
     auto piece = [&](int r) {
-      return std::pair<std::size_t, std::size_t>{count * static_cast<std::size_t>(r) / static_cast<std::size_t>(world),
-                                                 count * static_cast<std::size_t>(r + 1) / static_cast<std::size_t>(world)};
+      return std::pair<std::size_t, std::size_t>{
+          count * static_cast<std::size_t>(r) / static_cast<std::size_t>(world),
+          count * static_cast<std::size_t>(r + 1) / static_cast<std::size_t>(world)};
     };
     auto* send_f = static_cast<float*>(send.data());
     auto* recv_f = static_cast<float*>(recv.data());
@@ -428,9 +441,11 @@ class Suite {
       const auto inputs = all_inputs<double>(case_id, 1001);
       const auto got = comm_.all_reduce_host(inputs[rank], op, "host vector");
       check(got.size() == 1001, name("all_reduce_host vector size"));
-      if (got.size() == 1001) check_reduction(name(std::string("all_reduce_host vector ") + op_name(op)), got, 0, inputs, 0, 1001, op);
+      if (got.size() == 1001)
+        check_reduction(name(std::string("all_reduce_host vector ") + op_name(op)), got, 0, inputs, 0, 1001, op);
     }
-    check(comm_.all_reduce_host(std::vector<double>{}, ReduceOp::sum, "host empty").empty(), name("all_reduce_host empty"));
+    check(comm_.all_reduce_host(std::vector<double>{}, ReduceOp::sum, "host empty").empty(),
+          name("all_reduce_host empty"));
 
     // Strings of different lengths, empty on rank 0.
     const auto case_id = next_case();
@@ -464,7 +479,8 @@ class Suite {
                  [&] { comm_.all_reduce(du.data(), core::DType::u64, 4, ReduceOp::avg, "bad avg"); });
     expect_error(name("reduce to a root outside the job"), "is not a rank",
                  [&] { comm_.reduce(df.data(), core::DType::f32, 4, ReduceOp::sum, world, "bad root"); });
-    expect_error(name("gather_strings to root -1"), "is not a rank", [&] { (void)comm_.gather_strings("x", -1, "bad root"); });
+    expect_error(name("gather_strings to root -1"), "is not a rank",
+                 [&] { (void)comm_.gather_strings("x", -1, "bad root"); });
     if (!context_.is_cuda()) {
       expect_error(name("bf16 on the cpu backend"), "cannot reduce",
                    [&] { comm_.all_reduce(df.data(), core::DType::bf16, 4, ReduceOp::sum, "bf16"); });
@@ -485,12 +501,14 @@ void local_checks(const comm::Environment& environment) {
   // for_each_chunk: pieces in order, covering everything, none larger than the limit.
   std::vector<std::pair<std::size_t, std::size_t>> pieces;
   comm::detail::for_each_chunk(10, 3, [&](std::size_t o, std::size_t n) { pieces.emplace_back(o, n); });
-  check(pieces == std::vector<std::pair<std::size_t, std::size_t>>{{0, 3}, {3, 3}, {6, 3}, {9, 1}}, "for_each_chunk 10 by 3");
+  check(pieces == std::vector<std::pair<std::size_t, std::size_t>>{{0, 3}, {3, 3}, {6, 3}, {9, 1}},
+        "for_each_chunk 10 by 3");
   pieces.clear();
   comm::detail::for_each_chunk(0, 3, [&](std::size_t o, std::size_t n) { pieces.emplace_back(o, n); });
   check(pieces.empty(), "for_each_chunk of nothing");
   comm::detail::for_each_chunk(2, 0, [&](std::size_t o, std::size_t n) { pieces.emplace_back(o, n); });
-  check(pieces.size() == 2 && pieces[1] == std::make_pair<std::size_t, std::size_t>(1, 1), "for_each_chunk limit 0 acts as 1");
+  check(pieces.size() == 2 && pieces[1] == std::make_pair<std::size_t, std::size_t>(1, 1),
+        "for_each_chunk limit 0 acts as 1");
   const std::size_t big = std::size_t{5} * INT_MAX + 17;
   std::size_t covered = 0;
   std::size_t largest = 0;
@@ -499,7 +517,8 @@ void local_checks(const comm::Environment& environment) {
     covered += n;
     largest = std::max(largest, n);
   });
-  check(covered == big && largest == static_cast<std::size_t>(INT_MAX), "for_each_chunk beyond INT_MAX: pieces of INT_MAX");
+  check(covered == big && largest == static_cast<std::size_t>(INT_MAX),
+        "for_each_chunk beyond INT_MAX: pieces of INT_MAX");
 
   // Placement.
   const comm::Placement& p = environment.placement();
@@ -584,7 +603,8 @@ int run(int argc, char** argv, comm::Environment& environment) {
       return 2;
     }
   }
-  if ((device != "cpu" && device != "cuda") || (!hang.empty() && hang != "barrier" && hang != "all_reduce" && hang != "first_all_reduce")) {
+  if ((device != "cpu" && device != "cuda") ||
+      (!hang.empty() && hang != "barrier" && hang != "all_reduce" && hang != "first_all_reduce")) {
     std::fprintf(stderr, "test_comm_mpi: bad --device or --hang\n");
     return 2;
   }
@@ -641,13 +661,15 @@ int run(int argc, char** argv, comm::Environment& environment) {
       comm::MpiCommunicator chunked(placement, comm::CommOptions{}, limit);
       Suite suite(chunked, context, seed ^ limit, "cpu chunk " + std::to_string(limit));
       suite.host_collectives();
-      suite.device_collectives(limit > 100 ? std::vector<std::size_t>{1, 7, 1000003} : std::vector<std::size_t>{1, 7, 101});
+      suite.device_collectives(limit > 100 ? std::vector<std::size_t>{1, 7, 1000003}
+                                           : std::vector<std::size_t>{1, 7, 101});
     }
   } else {
     communicator->synchronize();
     auto* host = dynamic_cast<comm::detail::HostCommunicator*>(communicator.get());
     if (host) {
-      for (int i = 0; i < 100 && host->watchdog().pending() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (int i = 0; i < 100 && host->watchdog().pending() > 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
       check(host->watchdog().pending() == 0, "cuda: every watched collective finished");
       check(host->watchdog().events_created() <= 8,
             "cuda: pooled events reused (" + std::to_string(host->watchdog().events_created()) + " created)");

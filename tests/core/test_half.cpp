@@ -31,13 +31,13 @@ TEST(Half, Fp16KnownValues) {
   EXPECT_EQ(core::float_to_fp16(-2.0f), 0xC000);
   EXPECT_EQ(core::float_to_fp16(65504.0f), 0x7BFF);
   EXPECT_EQ(core::float_to_fp16(65519.0f), 0x7BFF);
-  EXPECT_EQ(core::float_to_fp16(65520.0f), 0x7C00);                 // tie to even: infinity
-  EXPECT_EQ(core::float_to_fp16(std::ldexp(1.0f, -24)), 0x0001);    // smallest subnormal
-  EXPECT_EQ(core::float_to_fp16(std::ldexp(1.0f, -25)), 0x0000);    // half of it: tie to even (0)
-  EXPECT_EQ(core::float_to_fp16(std::ldexp(3.0f, -26)), 0x0001);    // 0.75 of it rounds up
-  EXPECT_EQ(core::float_to_fp16(std::ldexp(3.0f, -25)), 0x0002);    // 1.5 of it: tie to even (2)
-  EXPECT_EQ(core::float_to_fp16(std::ldexp(1.0f, -14)), 0x0400);    // smallest normal
-  EXPECT_EQ(core::float_to_fp16(std::ldexp(1023.5f, -24)), 0x0400); // rounds up into the normals
+  EXPECT_EQ(core::float_to_fp16(65520.0f), 0x7C00);                          // tie to even: infinity
+  EXPECT_EQ(core::float_to_fp16(std::ldexp(1.0f, -24)), 0x0001);             // smallest subnormal
+  EXPECT_EQ(core::float_to_fp16(std::ldexp(1.0f, -25)), 0x0000);             // half of it: tie to even (0)
+  EXPECT_EQ(core::float_to_fp16(std::ldexp(3.0f, -26)), 0x0001);             // 0.75 of it rounds up
+  EXPECT_EQ(core::float_to_fp16(std::ldexp(3.0f, -25)), 0x0002);             // 1.5 of it: tie to even (2)
+  EXPECT_EQ(core::float_to_fp16(std::ldexp(1.0f, -14)), 0x0400);             // smallest normal
+  EXPECT_EQ(core::float_to_fp16(std::ldexp(1023.5f, -24)), 0x0400);          // rounds up into the normals
   EXPECT_EQ(core::float_to_fp16(1.0f + std::ldexp(1.0f, -11)), 0x3C00);      // tie, even stays
   EXPECT_EQ(core::float_to_fp16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);  // tie, odd rounds up
   EXPECT_EQ(core::float_to_fp16(std::nanf("")), 0x7FFF);

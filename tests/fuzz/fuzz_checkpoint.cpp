@@ -69,7 +69,8 @@ void make_seed(const std::string& out) {
   const fs::path root = run->scratch.path() / "seed";
   for (int step = 0; step < 3; ++step) {
     float* grad = run->slab->grad().as<float>();
-    for (std::int64_t i = 0; i < run->slab->full().size(); ++i) grad[i] = 0.01f * static_cast<float>((i * 7 + step) % 5) - 0.02f;
+    for (std::int64_t i = 0; i < run->slab->full().size(); ++i)
+      grad[i] = 0.01f * static_cast<float>((i * 7 + step) % 5) - 0.02f;
     run->optimizer->step(1e-3);
   }
   trainer::TrainingProgress progress;
@@ -97,7 +98,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   text::write_token_shard("train.bin", tokens, text::TokenDtype::u16);
   fuzz::write_file("tokenizer.json", "{}");
   run->config = trainer::parse_run_config(kConfig, "fuzz.yaml", {});
-  run->slab = std::make_unique<optim::Slab>(optim::SlabLayout(trainer::model_spec(run->config)->parameters(), 1), run->cpu);
+  run->slab =
+      std::make_unique<optim::Slab>(optim::SlabLayout(trainer::model_spec(run->config)->parameters(), 1), run->cpu);
   run->optimizer = optim::make_optimizer(run->config.optimizer, *run->slab, run->cpu);
   if (const char* seed = std::getenv("LLMTRAIN_FUZZ_MAKE_SEED")) {
     make_seed(seed);
@@ -124,7 +126,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     fuzz::write_file(dir / safe, bytes);
   }
   const std::string* done = fuzz::find_file(files, "DONE");
-  fuzz::write_file(dir / "DONE", done ? *done : "crc32c " + hex32(core::crc32c(0, manifest.data(), manifest.size())) + "\n");
+  fuzz::write_file(dir / "DONE",
+                   done ? *done : "crc32c " + hex32(core::crc32c(0, manifest.data(), manifest.size())) + "\n");
 
   // export_hf and init_from: the step directory and the run directory.
   for (const fs::path& path : {dir, base / "run"}) {

@@ -52,7 +52,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   // What the training loop assumes of a config that was accepted.
-  if (config.data.seq_len < 1 || config.training.micro_batch_size < 1) fuzz::finding("fuzz_config", "accepted a non-positive size");
+  if (config.data.seq_len < 1 || config.training.micro_batch_size < 1)
+    fuzz::finding("fuzz_config", "accepted a non-positive size");
   if (config.training.micro_batch_size > (std::int64_t{1} << 31) / config.data.seq_len) {
     fuzz::finding("fuzz_config", "accepted micro_batch_size x seq_len beyond 2^31 tokens");
   }
@@ -64,7 +65,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       continue;
     }
     const std::int64_t steps = trainer::accumulation_steps(config, world);
-    if (steps < 1 || steps > (1 << 16)) fuzz::finding("fuzz_config", "accepted " + std::to_string(steps) + " micro-batches per step");
+    if (steps < 1 || steps > (1 << 16))
+      fuzz::finding("fuzz_config", "accepted " + std::to_string(steps) + " micro-batches per step");
   }
   try {
     const auto spec = trainer::model_spec(config);
@@ -82,7 +84,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     fuzz::finding("fuzz_config", std::string("the resolved config does not read back: ") + e.what() + "\n" + resolved);
   }
   if (!(again == config)) {
-    fuzz::finding("fuzz_config", "the resolved config reads back different:\n" + resolved + "\nread back:\n" + trainer::resolved_yaml(again));
+    fuzz::finding("fuzz_config", "the resolved config reads back different:\n" + resolved + "\nread back:\n" +
+                                     trainer::resolved_yaml(again));
   }
   return 0;
 }

@@ -35,18 +35,25 @@ std::string file_text(const std::filesystem::path& path) {
 void make_seed(const std::string& out) {
   const models::Family& family = models::family("qwen3");
   models::Shape shape = models::base_shape(family, "");
-  for (const auto& [key, value] : {std::pair<const char*, int>{"vocab_size", 16}, {"hidden_size", 8}, {"intermediate_size", 8},
-                                   {"num_layers", 1}, {"num_heads", 2}, {"num_kv_heads", 1}, {"head_dim", 4},
+  for (const auto& [key, value] : {std::pair<const char*, int>{"vocab_size", 16},
+                                   {"hidden_size", 8},
+                                   {"intermediate_size", 8},
+                                   {"num_layers", 1},
+                                   {"num_heads", 2},
+                                   {"num_kv_heads", 1},
+                                   {"head_dim", 4},
                                    {"max_position_embeddings", 64}}) {
     shape[key] = value;
   }
   const auto spec = family.spec(shape);
   const optim::SlabLayout layout(spec->parameters(), 1);
   std::vector<float> master(static_cast<std::size_t>(layout.total_elements()));
-  for (std::size_t i = 0; i < master.size(); ++i) master[i] = 0.01f * static_cast<float>(static_cast<int>(i * 37 % 41) - 20);
+  for (std::size_t i = 0; i < master.size(); ++i)
+    master[i] = 0.01f * static_cast<float>(static_cast<int>(i * 37 % 41) - 20);
   const auto folder = scratch->fresh() / "seed";
   models::write_hf_folder(folder, *spec, layout, master.data(), models::ExportDtype::bf16);
-  fuzz::write_file(out, file_text(folder / "config.json") + "\n=== model.safetensors\n" + file_text(folder / "model.safetensors"));
+  fuzz::write_file(
+      out, file_text(folder / "config.json") + "\n=== model.safetensors\n" + file_text(folder / "model.safetensors"));
 }
 
 }  // namespace

@@ -45,8 +45,8 @@ std::string safe_name(std::string_view name) {
   std::string out;
   for (char c : name) {
     if (out.size() == 64) break;
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                    c == '_' || c == '-';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     if (ok) out.push_back(c);
   }
   if (out == "." || out == "..") out.clear();

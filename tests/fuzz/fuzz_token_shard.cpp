@@ -38,7 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   try {
     const text::TokenShard shard(path);
-    if (shard.size() * static_cast<std::uint64_t>(shard.dtype()) + text::kTokenShardHeaderBytes != files.front().second.size()) {
+    if (shard.size() * static_cast<std::uint64_t>(shard.dtype()) + text::kTokenShardHeaderBytes !=
+        files.front().second.size()) {
       fuzz::finding("fuzz_token_shard", "the shard's count does not match its size");
     }
     std::vector<std::uint32_t> all(shard.size());

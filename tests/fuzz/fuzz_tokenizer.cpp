@@ -40,7 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     try {
       const std::vector<std::uint32_t> ids = tokenizer->encode(*text);
       for (std::uint32_t id : ids) {
-        if (id >= tokenizer->vocab_size()) fuzz::finding("fuzz_tokenizer", "encode gave id " + std::to_string(id) + " beyond the vocabulary");
+        if (id >= tokenizer->vocab_size())
+          fuzz::finding("fuzz_tokenizer", "encode gave id " + std::to_string(id) + " beyond the vocabulary");
       }
       (void)tokenizer->decode(ids);
       (void)tokenizer->decode_text(ids);

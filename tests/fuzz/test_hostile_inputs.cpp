@@ -81,8 +81,11 @@ class HostileInputs : public ::testing::Test {
     text::write_token_shard(dir_ / "train.bin", tokens, text::TokenDtype::u16);
     return "run:\n  output_dir: " + (dir_ / "run").string() +
            "\ndevice: cpu\nmodel:\n  preset: qwen3-tiny\n  vocab_size: 256\n"
-           "data:\n  train: " + (dir_ / "train.bin").string() + "\n  seq_len: 64\n"
-           "training:\n" + training;
+           "data:\n  train: " +
+           (dir_ / "train.bin").string() +
+           "\n  seq_len: 64\n"
+           "training:\n" +
+           training;
   }
 
   fs::path dir_;
@@ -138,7 +141,8 @@ TEST_F(HostileInputs, ManifestWithoutAttentionHeadsIsRefusedAfterItsChecksum) {
   nlohmann::json config = nlohmann::json::parse(read_text(fs::path(LLMTRAIN_FIXTURES_DIR) / "qwen3/tied/config.json"));
   config["num_attention_heads"] = 0;
   config.erase("head_dim");
-  const std::string manifest = nlohmann::json{{"format", "llmtrain-checkpoint"}, {"version", 2}, {"model", config}}.dump(2);
+  const std::string manifest =
+      nlohmann::json{{"format", "llmtrain-checkpoint"}, {"version", 2}, {"model", config}}.dump(2);
   write_text(step / "manifest.json", manifest);
   write_text(step / "DONE", "crc32c " + hex32(core::crc32c(0, manifest.data(), manifest.size())) + "\n");
   std::string message = refusal([&] { (void)trainer::load_pretrained(step.string()); });
@@ -169,14 +173,14 @@ TEST_F(HostileInputs, MicroBatchWhoseTokenCountOverflowsIsRefused) {
 
 TEST_F(HostileInputs, GlobalBatchOfBillionsOfMicroBatchesIsRefused) {
   // 6442450944 sequences per step at micro_batch_size 1: a step that never ends.
-  const std::string yaml = config_with_training("  micro_batch_size: 1\n  global_batch_size: 6442450944\n  max_steps: 2\n");
+  const std::string yaml =
+      config_with_training("  micro_batch_size: 1\n  global_batch_size: 6442450944\n  max_steps: 2\n");
   const std::string message = refusal([&] { (void)trainer::parse_run_config(yaml, "hostile.yaml", {}); });
   EXPECT_NE(message.find("hostile.yaml"), std::string::npos) << message;
   EXPECT_NE(message.find("training.global_batch_size"), std::string::npos) << message;
   // The largest accepted global batch still ends: at most 65536 micro-batches per rank per step.
-  const trainer::RunConfig ok =
-      trainer::parse_run_config(config_with_training("  micro_batch_size: 1\n  global_batch_size: 65536\n  max_steps: 2\n"),
-                                "hostile.yaml", {});
+  const trainer::RunConfig ok = trainer::parse_run_config(
+      config_with_training("  micro_batch_size: 1\n  global_batch_size: 65536\n  max_steps: 2\n"), "hostile.yaml", {});
   EXPECT_EQ(trainer::accumulation_steps(ok, 1), 65536);
 }
 

@@ -37,7 +37,8 @@ void round_trip(const std::string& name, q3::ExportDtype dtype) {
   const models::SafetensorsFile original(source + "/model.safetensors");
   const models::SafetensorsFile exported((out / "model.safetensors").string());
   EXPECT_EQ(exported.contains("lm_head.weight"), !config.tie_word_embeddings);
-  EXPECT_EQ(exported.entries().size(), original.entries().size() - (original.contains("lm_head.weight") && config.tie_word_embeddings));
+  EXPECT_EQ(exported.entries().size(),
+            original.entries().size() - (original.contains("lm_head.weight") && config.tie_word_embeddings));
   for (const auto& e : original.entries()) {
     if (e.name == "lm_head.weight" && config.tie_word_embeddings) continue;
     const auto a = original.read_f32(e.name);

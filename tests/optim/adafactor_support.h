@@ -127,7 +127,8 @@ inline void check_shards_match_unsharded(core::Device device) {
                       std::vector<float>(g.begin(), g.begin() + single.slabs[0]->full().size()));
           sharded.load(master, g);
         } else {
-          test::from_host(single.slabs[0]->grad(), std::vector<float>(g.begin(), g.begin() + single.slabs[0]->full().size()));
+          test::from_host(single.slabs[0]->grad(),
+                          std::vector<float>(g.begin(), g.begin() + single.slabs[0]->full().size()));
           for (auto& s : sharded.slabs) test::from_host(s->grad(), g);
         }
         single.step(1e-2);
@@ -135,7 +136,8 @@ inline void check_shards_match_unsharded(core::Device device) {
       }
       const auto a = single.master();
       const auto b = sharded.master();
-      EXPECT_TRUE(test::all_close(std::vector<float>(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(a.size())), a, 1e-6, 1e-7));
+      EXPECT_TRUE(test::all_close(std::vector<float>(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(a.size())), a,
+                                  1e-6, 1e-7));
       const auto state = test::to_host<float>(single.opts[0]->row_col_state());
       for (const auto& o : sharded.opts) {
         // Every shard keeps the statistics of the factored tensors it touches; where it touches
@@ -155,6 +157,5 @@ inline void check_shards_match_unsharded(core::Device device) {
     }
   }
 }
-
 
 }  // namespace test

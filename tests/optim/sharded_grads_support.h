@@ -63,8 +63,8 @@ inline std::int64_t first_difference(const core::Buffer& a, const core::Buffer& 
 // gradient buffer has changed.
 inline void check_sharded_gradients_match_full(core::Device device, const optim::OptimizerConfig& config, int world,
                                                int rank, std::int64_t chunk_elements = 1024) {
-  const std::string where = config.type + " on " + device.str() + ", world " + std::to_string(world) + ", rank " +
-                            std::to_string(rank);
+  const std::string where =
+      config.type + " on " + device.str() + ", world " + std::to_string(world) + ", rank " + std::to_string(rank);
   SCOPED_TRACE(where);
   ASSERT_GT(config.grad_clip, 0.0) << "the check wants clipping active";
   std::mt19937_64 rng(test::fresh_seed());
@@ -111,7 +111,8 @@ inline void check_sharded_gradients_match_full(core::Device device, const optim:
     EXPECT_FALSE(ra.skipped) << at << ": a gradient outside the owned range was read";
     EXPECT_EQ(ra.nonfinite, 0u) << at;
     EXPECT_GT(ra.grad_norm, config.grad_clip) << at << ": clipping is not active";
-    EXPECT_EQ(std::memcmp(&ra.grad_norm, &rb.grad_norm, sizeof(double)), 0) << at << ": " << ra.grad_norm << " vs " << rb.grad_norm;
+    EXPECT_EQ(std::memcmp(&ra.grad_norm, &rb.grad_norm, sizeof(double)), 0)
+        << at << ": " << ra.grad_norm << " vs " << rb.grad_norm;
     EXPECT_EQ(ra.step, step) << at;
     EXPECT_EQ(rb.step, ra.step) << at;
     EXPECT_EQ(rb.skipped_steps, ra.skipped_steps) << at;

@@ -71,7 +71,9 @@ TEST(AdafactorGolden, MatchesTorchAndHuggingFaceSemantics) {
   }
 }
 
-TEST(AdafactorCpu, ShardedPartialsReproduceTheUnshardedStep) { test::check_shards_match_unsharded(core::Device::cpu()); }
+TEST(AdafactorCpu, ShardedPartialsReproduceTheUnshardedStep) {
+  test::check_shards_match_unsharded(core::Device::cpu());
+}
 
 TEST(AdafactorCpu, SkipStepAndZeroElement) {
   const std::vector<ParamSpec> specs = {{.name = "m", .shape = {5, 6}, .factored = true}, {.name = "b", .shape = {6}}};

@@ -54,7 +54,8 @@ TEST(AdafactorGpu, MatchesReferenceOverRandomTensorLists) {
     config.adafactor.decay_scale = trial % 2 ? optim::DecayScale::alpha : optim::DecayScale::lr;
     config.adafactor.relative_step = trial % 7 != 4;
     config.adafactor.scale_parameter = trial % 6 != 5;
-    const optim::SlabOptions options{.rank = rank, .zero_stage = world > 1 ? 1 : 0,
+    const optim::SlabOptions options{.rank = rank,
+                                     .zero_stage = world > 1 ? 1 : 0,
                                      .mirror_dtype = trial % 3 == 1 ? core::DType::f16 : core::DType::bf16};
     const std::string where = "trial " + std::to_string(trial) + " (" + std::to_string(specs.size()) +
                               " tensors, world " + std::to_string(world) + ", rank " + std::to_string(rank) + ")";
@@ -78,12 +79,14 @@ TEST(AdafactorGpu, MatchesReferenceOverRandomTensorLists) {
       const std::string at = where + ", step " + std::to_string(step + 1);
       EXPECT_EQ(rg.step, rc.step) << at;
       EXPECT_EQ(rg.nonfinite, rc.nonfinite) << at;
-      EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.slab.master()), test::to_host<float>(cpu.slab.master()), 1e-6, 1e-7))
+      EXPECT_TRUE(
+          test::all_close(test::to_host<float>(gpu.slab.master()), test::to_host<float>(cpu.slab.master()), 1e-6, 1e-7))
           << at << ": master";
-      EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.opt.row_col_state()), test::to_host<float>(cpu.opt.row_col_state()),
-                                  1e-6, 0))
+      EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.opt.row_col_state()),
+                                  test::to_host<float>(cpu.opt.row_col_state()), 1e-6, 0))
           << at << ": row/column state";
-      EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.opt.v_state()), test::to_host<float>(cpu.opt.v_state()), 1e-6, 0))
+      EXPECT_TRUE(
+          test::all_close(test::to_host<float>(gpu.opt.v_state()), test::to_host<float>(cpu.opt.v_state()), 1e-6, 0))
           << at << ": v";
       if (config.adafactor.beta1) {
         const auto m_cpu = test::to_host<float>(cpu.opt.exp_avg());

@@ -66,7 +66,6 @@ void random_master(std::mt19937_64& rng, optim::Slab& slab) {
   test::from_host(slab.master(), test::random_normal(rng, slab.master().bytes() / 4));
 }
 
-
 // Exact code values and the pair of codes that brackets a magnitude (brute force, all codes).
 template <typename Unit>
 std::pair<int, int> bracket(float a, float scale, int top, Unit unit) {
@@ -94,7 +93,8 @@ TEST(AdamW8bitCodes, CompandedRoundTripStaysBetweenNeighbouringCodes) {
     const float dm = Companded::decode_m(cm, scale);
     const auto [mlo, mhi] = bracket(a, scale, optim::kCompandedMTop, optim::quant::companded_m_unit);
     const int k = cm & 0x7F;
-    ASSERT_TRUE(k == mlo || k == mhi) << "m " << m << " scale " << scale << " code " << k << " not in [" << mlo << ", " << mhi << "]";
+    ASSERT_TRUE(k == mlo || k == mhi) << "m " << m << " scale " << scale << " code " << k << " not in [" << mlo << ", "
+                                      << mhi << "]";
     const float gap_m = scale * (optim::quant::companded_m_unit(mhi) - optim::quant::companded_m_unit(mlo));
     ASSERT_LE(std::fabs(dm - m), gap_m * (1 + 1e-5f)) << "m " << m << " scale " << scale;
     if (dm != 0.0f) {
@@ -138,7 +138,9 @@ TEST(AdamW8bitCodes, LinearRoundsToNearest) {
     // Round to nearest: no other code is closer (up to fp32 rounding of x * 127/scale near a
     // tie), and the error is at most half a step.
     float best = INFINITY;
-    for (int q = -127; q <= 127; ++q) best = std::min(best, std::fabs(Linear::decode(static_cast<std::uint8_t>(static_cast<std::int8_t>(q)), scale) - x));
+    for (int q = -127; q <= 127; ++q)
+      best =
+          std::min(best, std::fabs(Linear::decode(static_cast<std::uint8_t>(static_cast<std::int8_t>(q)), scale) - x));
     ASSERT_LE(std::fabs(decoded - x), best + scale / 127.0f * 1e-5f) << x << " scale " << scale;
     ASSERT_LE(std::fabs(decoded - x), scale / 254.0f * (1 + 1e-5f)) << x << " scale " << scale;
   }
@@ -161,7 +163,7 @@ TEST(AdamW8bitCodes, StochasticRoundingIsUnbiased) {
     int lo;
     float p;
   };
-  const Case cases[] = {{false, 0, 0.3f}, {false, 1, 0.5f}, {false, 40, 0.1f}, {false, 126, 0.77f},
+  const Case cases[] = {{false, 0, 0.3f}, {false, 1, 0.5f},  {false, 40, 0.1f}, {false, 126, 0.77f},
                         {true, 1, 0.6f},  {true, 17, 0.25f}, {true, 200, 0.5f}, {true, 254, 0.9f}};
   for (const Case& c : cases) {
     for (float sign : {1.0f, -1.0f}) {
@@ -284,7 +286,8 @@ void check_plan(const optim::SlabLayout& layout, const std::vector<optim::Segmen
                             static_cast<std::int32_t>(k) < ch.first_segment + ch.segment_count;
         ASSERT_EQ(meets, listed) << where << ": quantised segment " << k << " and chunk at " << ch.offset;
         if (meets) {
-          const std::int64_t b = std::max(q[k].offset, ch.offset), e = std::min(q[k].offset + q[k].length, ch.offset + ch.length);
+          const std::int64_t b = std::max(q[k].offset, ch.offset),
+                             e = std::min(q[k].offset + q[k].length, ch.offset + ch.length);
           for (std::int64_t i = b; i < e; ++i) ++covered[i];
         }
       }
@@ -329,7 +332,8 @@ TEST(AdamW8bitPlan, CoversEveryElementOnceOverRandomLayoutsAndShards) {
     for (int rank = 0; rank < world; ++rank) {
       const optim::Range owned = world > 1 ? layout.shard(rank) : optim::Range{0, layout.total_elements()};
       const std::string where = "trial " + std::to_string(trial) + " world " + std::to_string(world) + " rank " +
-                                std::to_string(rank) + " min " + std::to_string(min_size) + " chunk " + std::to_string(chunk);
+                                std::to_string(rank) + " min " + std::to_string(min_size) + " chunk " +
+                                std::to_string(chunk);
       check_plan(layout, optim::make_segments(layout, owned), owned, min_size, chunk, where);
       if (HasFatalFailure()) return;
     }
@@ -345,7 +349,8 @@ TEST(AdamW8bitPlan, CoversEveryElementOnceOverRandomLayoutsAndShards) {
 TEST(AdamW8bitCpu, StateKindFollowsMinSize) {
   std::mt19937_64 rng(test::fresh_seed());
   for (std::int64_t min_size : {std::int64_t{4096}, std::int64_t{1000}}) {
-    const std::vector<ParamSpec> specs = {{.name = "under", .shape = {min_size - 1}}, {.name = "at", .shape = {min_size}},
+    const std::vector<ParamSpec> specs = {{.name = "under", .shape = {min_size - 1}},
+                                          {.name = "at", .shape = {min_size}},
                                           {.name = "over", .shape = {min_size + 1}}};
     const optim::SlabLayout layout(specs, 1);
     auto c = config(Quantization::companded, min_size, 1.0);
@@ -370,22 +375,27 @@ TEST(AdamW8bitCpu, StateKindFollowsMinSize) {
       adamw.step(c.lr);
     }
     const auto w8 = run.master(), w32 = test::to_host<float>(slab32.master());
-    for (std::int64_t i = 0; i < min_size - 1; ++i) ASSERT_EQ(w8[static_cast<std::size_t>(i)], w32[static_cast<std::size_t>(i)]) << i;
+    for (std::int64_t i = 0; i < min_size - 1; ++i)
+      ASSERT_EQ(w8[static_cast<std::size_t>(i)], w32[static_cast<std::size_t>(i)]) << i;
     const auto m32 = test::to_host<float>(adamw.exp_avg());
     const auto m8 = test::to_host<float>(run.opt.small_m());
-    for (std::int64_t i = 0; i < min_size - 1; ++i) ASSERT_EQ(m8[static_cast<std::size_t>(i)], m32[static_cast<std::size_t>(i)]) << i;
+    for (std::int64_t i = 0; i < min_size - 1; ++i)
+      ASSERT_EQ(m8[static_cast<std::size_t>(i)], m32[static_cast<std::size_t>(i)]) << i;
     // The quantised ones moved and have codes.
     const auto qm = run.q_m();
     const std::int64_t at = layout.tensors()[1].offset;
-    EXPECT_GT(std::count_if(qm.begin() + at, qm.begin() + at + min_size, [](std::uint8_t x) { return x != 0; }), min_size / 2);
+    EXPECT_GT(std::count_if(qm.begin() + at, qm.begin() + at + min_size, [](std::uint8_t x) { return x != 0; }),
+              min_size / 2);
   }
 }
 
 // ||w8 - w32|| / ||w32 - w0|| after `steps` steps on gradients with a persistent mean.
 double deviation_from_fp32(Quantization q, std::uint64_t seed, int steps) {
   std::mt19937_64 rng(seed);
-  const std::vector<ParamSpec> specs = {{.name = "a", .shape = {97, 131}}, {.name = "b", .shape = {50000}},
-                                        {.name = "norm", .shape = {300}, .decay = false}, {.name = "c", .shape = {64, 300}}};
+  const std::vector<ParamSpec> specs = {{.name = "a", .shape = {97, 131}},
+                                        {.name = "b", .shape = {50000}},
+                                        {.name = "norm", .shape = {300}, .decay = false},
+                                        {.name = "c", .shape = {64, 300}}};
   const optim::SlabLayout layout(specs, 1);
   auto c = config(q, 4096, 1.0);
   c.lr = 1e-3;
@@ -428,7 +438,8 @@ TEST(AdamW8bitCpu, TracksFp32AdamW) {
   const std::uint64_t seed = test::fresh_seed();
   const double companded = deviation_from_fp32(Quantization::companded, seed, 30);
   const double linear = deviation_from_fp32(Quantization::linear, seed, 30);
-  std::printf("[ info     ] deviation from fp32 AdamW after 30 steps: companded %.4f, linear %.4f\n", companded, linear);
+  std::printf("[ info     ] deviation from fp32 AdamW after 30 steps: companded %.4f, linear %.4f\n", companded,
+              linear);
   EXPECT_LT(companded, 0.07);
   EXPECT_LT(companded, linear) << "the companded code must track fp32 AdamW better than the linear baseline";
 }
@@ -502,7 +513,8 @@ TEST(AdamW8bitCpu, ZeroElementPolicyEqualsZeroGradients) {
     for (int step = 0; step < 3; ++step) {
       auto g = test::random_grads(rng, layout, 0.2f);
       auto g_clean = g;
-      for (std::size_t pos : {std::size_t{5}, std::size_t{4000}, static_cast<std::size_t>(layout.tensors()[1].offset + 7)}) {
+      for (std::size_t pos :
+           {std::size_t{5}, std::size_t{4000}, static_cast<std::size_t>(layout.tensors()[1].offset + 7)}) {
         g[pos] = step % 2 ? NAN : -INFINITY;
         g_clean[pos] = 0.0f;
       }
@@ -532,8 +544,10 @@ double first_step(double w, double g, double lr, double wd, double eps) {
 TEST(AdamW8bitCpu, EmptyAndOneElementTensors) {
   for (std::int64_t min_size : {std::int64_t{4096}, std::int64_t{1}, std::int64_t{0}}) {
     const auto c = config(Quantization::companded, min_size);
-    const optim::SlabLayout layout({{.name = "empty", .shape = {0}}, {.name = "one", .shape = {1}},
-                                    {.name = "empty2", .shape = {3, 0}}, {.name = "scalar", .shape = {}}},
+    const optim::SlabLayout layout({{.name = "empty", .shape = {0}},
+                                    {.name = "one", .shape = {1}},
+                                    {.name = "empty2", .shape = {3, 0}},
+                                    {.name = "scalar", .shape = {}}},
                                    1);
     Run8 run(layout, c);
     EXPECT_EQ(run.opt.plan().quantised_segments.size(), min_size <= 1 ? 2u : 0u);
@@ -567,7 +581,7 @@ TEST(AdamW8bitCpu, EmptyAndOneElementTensors) {
 TEST(AdamW8bitCpu, TouchesOnlyTensorElementsAndScalesAreBlockMaxima) {
   // Tensors that end inside blocks and share blocks with small tensors and with each other.
   std::mt19937_64 rng(test::fresh_seed());
-  const std::vector<ParamSpec> specs = {{.name = "q1", .shape = {4097}}, {.name = "s1", .shape = {5}},
+  const std::vector<ParamSpec> specs = {{.name = "q1", .shape = {4097}},   {.name = "s1", .shape = {5}},
                                         {.name = "q2", .shape = {61, 67}}, {.name = "q3", .shape = {4099}},
                                         {.name = "s2", .shape = {130}},    {.name = "q4", .shape = {8191}}};
   for (Quantization q : {Quantization::companded, Quantization::linear}) {
@@ -586,7 +600,8 @@ TEST(AdamW8bitCpu, TouchesOnlyTensorElementsAndScalesAreBlockMaxima) {
     std::vector<int> owner(total, -1);
     for (std::size_t t = 0; t < specs.size(); ++t) {
       const auto& st = layout.tensors()[t];
-      for (std::int64_t i = st.offset; i < st.offset + st.numel; ++i) owner[static_cast<std::size_t>(i)] = static_cast<int>(t);
+      for (std::int64_t i = st.offset; i < st.offset + st.numel; ++i)
+        owner[static_cast<std::size_t>(i)] = static_cast<int>(t);
     }
     const auto w = run.master();
     const auto g = test::to_host<float>(run.slab.grad());
@@ -701,7 +716,8 @@ TEST(AdamW8bitCpu, MakeOptimizerBuildsIt) {
 
 TEST(AdamW8bitCpu, ShardedGradientsMatchFullGradients) {
   for (Quantization q : {Quantization::companded, Quantization::linear}) {
-    for (int world : {3, 2}) test::check_sharded_gradients_match_full(core::Device::cpu(), config(q, 4096, 1.0), world, 1);
+    for (int world : {3, 2})
+      test::check_sharded_gradients_match_full(core::Device::cpu(), config(q, 4096, 1.0), world, 1);
   }
 }
 

@@ -54,7 +54,6 @@ void load(Run8& run, const HostState& s) {
   test::from_host(run.opt.small_v(), s.small_v);
 }
 
-
 // Identical bytes; on failure names the first differing index instead of printing the vectors.
 template <typename T>
 ::testing::AssertionResult identical(const std::vector<T>& actual, const std::vector<T>& expected) {
@@ -87,11 +86,14 @@ void expect_same_step(Run8& gpu, Run8& cpu, const std::string& where) {
   EXPECT_TRUE(identical(test::to_host<float>(gpu.opt.scale_v()), test::to_host<float>(cpu.opt.scale_v())))
       << where << ": scale_v";
   const double rtol = 1e-6;
-  EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.slab.master()), test::to_host<float>(cpu.slab.master()), rtol, 0))
+  EXPECT_TRUE(
+      test::all_close(test::to_host<float>(gpu.slab.master()), test::to_host<float>(cpu.slab.master()), rtol, 0))
       << where << ": master";
-  EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.opt.small_m()), test::to_host<float>(cpu.opt.small_m()), rtol, 0))
+  EXPECT_TRUE(
+      test::all_close(test::to_host<float>(gpu.opt.small_m()), test::to_host<float>(cpu.opt.small_m()), rtol, 0))
       << where << ": small_m";
-  EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.opt.small_v()), test::to_host<float>(cpu.opt.small_v()), rtol, 0))
+  EXPECT_TRUE(
+      test::all_close(test::to_host<float>(gpu.opt.small_v()), test::to_host<float>(cpu.opt.small_v()), rtol, 0))
       << where << ": small_v";
 
   const auto grads = test::to_host<float>(gpu.slab.grad());
@@ -143,14 +145,15 @@ TEST(AdamW8bitGpu, MatchesReferenceOverRandomTensorLists) {
     config.nonfinite = trial % 2 ? NonFinitePolicy::zero_element : NonFinitePolicy::skip_step;
     config.adamw8bit.min_8bit_size = min_sizes[trial % std::size(min_sizes)];
     config.adamw8bit.quantization = trial % 3 == 2 ? Quantization::linear : Quantization::companded;
-    const optim::SlabOptions options{.rank = rank, .zero_stage = world > 1 ? 1 : 0,
+    const optim::SlabOptions options{.rank = rank,
+                                     .zero_stage = world > 1 ? 1 : 0,
                                      .mirror_dtype = trial % 3 == 1 ? core::DType::f16 : core::DType::bf16};
     const std::int64_t chunk = chunk_sizes[trial % 4];
-    const std::string where =
-        "trial " + std::to_string(trial) + " (" + std::to_string(count) + " tensors, world " + std::to_string(world) +
-        ", rank " + std::to_string(rank) + ", chunk " + std::to_string(chunk) + ", min_8bit_size " +
-        std::to_string(config.adamw8bit.min_8bit_size) + ", " +
-        (config.adamw8bit.quantization == Quantization::linear ? "linear" : "companded") + ")";
+    const std::string where = "trial " + std::to_string(trial) + " (" + std::to_string(count) + " tensors, world " +
+                              std::to_string(world) + ", rank " + std::to_string(rank) + ", chunk " +
+                              std::to_string(chunk) + ", min_8bit_size " +
+                              std::to_string(config.adamw8bit.min_8bit_size) + ", " +
+                              (config.adamw8bit.quantization == Quantization::linear ? "linear" : "companded") + ")";
 
     Run8 gpu(core::Device::cuda(0), layout, config, options, chunk);
     Run8 cpu(core::Device::cpu(), layout, config, options, chunk);
@@ -163,7 +166,8 @@ TEST(AdamW8bitGpu, MatchesReferenceOverRandomTensorLists) {
     s.q_m.resize(owned);
     s.q_v.resize(owned);
     for (auto& x : s.q_m) x = static_cast<std::uint8_t>(rng());
-    for (auto& x : s.q_v) x = static_cast<std::uint8_t>(config.adamw8bit.quantization == Quantization::linear ? rng() % 128 : rng());
+    for (auto& x : s.q_v)
+      x = static_cast<std::uint8_t>(config.adamw8bit.quantization == Quantization::linear ? rng() % 128 : rng());
     s.scale_m = test::random_normal(rng, static_cast<std::size_t>(plan.owned_blocks), 0.01f);
     for (float& x : s.scale_m) x = std::fabs(x);
     s.scale_v = test::random_normal(rng, static_cast<std::size_t>(plan.owned_blocks), 1e-3f);
@@ -295,7 +299,8 @@ TEST(AdamW8bitGpu, GraphReplayEqualsEagerAndUsesTwoKernels) {
 
     cudaStream_t stream = graphed.context.stream();
     cudaGraph_t graph = test::capture_graph(stream, [&] { graphed.opt.step(3e-4); });
-    EXPECT_EQ(test::kernel_nodes(graph), 2) << "a step must be two launches for " << layout.tensors().size() << " tensors";
+    EXPECT_EQ(test::kernel_nodes(graph), 2)
+        << "a step must be two launches for " << layout.tensors().size() << " tensors";
     cudaGraphExec_t exec = nullptr;
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
@@ -309,8 +314,10 @@ TEST(AdamW8bitGpu, GraphReplayEqualsEagerAndUsesTwoKernels) {
       eager.context.synchronize();
     }
     EXPECT_EQ(test::to_host<float>(eager.slab.master()), test::to_host<float>(graphed.slab.master()));
-    EXPECT_TRUE(identical(test::to_host<std::uint8_t>(eager.opt.q_m()), test::to_host<std::uint8_t>(graphed.opt.q_m())));
-    EXPECT_TRUE(identical(test::to_host<std::uint8_t>(eager.opt.q_v()), test::to_host<std::uint8_t>(graphed.opt.q_v())));
+    EXPECT_TRUE(
+        identical(test::to_host<std::uint8_t>(eager.opt.q_m()), test::to_host<std::uint8_t>(graphed.opt.q_m())));
+    EXPECT_TRUE(
+        identical(test::to_host<std::uint8_t>(eager.opt.q_v()), test::to_host<std::uint8_t>(graphed.opt.q_v())));
     EXPECT_EQ(test::to_host<float>(eager.opt.scale_m()), test::to_host<float>(graphed.opt.scale_m()));
     EXPECT_EQ(test::to_host<float>(eager.opt.small_v()), test::to_host<float>(graphed.opt.small_v()));
     EXPECT_EQ(test::to_host<std::uint16_t>(eager.slab.mirror()), test::to_host<std::uint16_t>(graphed.slab.mirror()));

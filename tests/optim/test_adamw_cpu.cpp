@@ -28,7 +28,9 @@ struct CpuRun {
   float* master(int t) { return slab.master_view(t).as<float>(); }
   float* grad(int t) { return slab.grad_view(t).as<float>(); }
   float* m(int t) { return adamw.exp_avg().as<float>() + slab.layout().tensors()[static_cast<std::size_t>(t)].offset; }
-  float* v(int t) { return adamw.exp_avg_sq().as<float>() + slab.layout().tensors()[static_cast<std::size_t>(t)].offset; }
+  float* v(int t) {
+    return adamw.exp_avg_sq().as<float>() + slab.layout().tensors()[static_cast<std::size_t>(t)].offset;
+  }
 };
 
 OptimizerConfig config(double wd = 0.1, double clip = 0.0, NonFinitePolicy policy = NonFinitePolicy::skip_step) {
@@ -58,9 +60,11 @@ TEST(AdamWCpu, BiasCorrectionAtStepOne) {
   std::copy(g.begin(), g.end(), run.grad(0));
   run.adamw.step(c.lr);
   for (int i = 0; i < 35; ++i) {
-    const double expected = first_step(w0[static_cast<std::size_t>(i)], g[static_cast<std::size_t>(i)], c.lr, c.weight_decay, c.eps);
+    const double expected =
+        first_step(w0[static_cast<std::size_t>(i)], g[static_cast<std::size_t>(i)], c.lr, c.weight_decay, c.eps);
     EXPECT_NEAR(run.master(0)[i], expected, 1e-6 * std::fabs(expected) + 1e-9) << i;
-    EXPECT_NEAR(run.m(0)[i], (1 - c.beta1) * g[static_cast<std::size_t>(i)], 1e-6 * std::fabs(g[static_cast<std::size_t>(i)]));
+    EXPECT_NEAR(run.m(0)[i], (1 - c.beta1) * g[static_cast<std::size_t>(i)],
+                1e-6 * std::fabs(g[static_cast<std::size_t>(i)]));
     EXPECT_EQ(run.grad(0)[i], 0.0f) << "gradient not zeroed";
   }
   const auto report = run.adamw.report();
@@ -71,7 +75,8 @@ TEST(AdamWCpu, BiasCorrectionAtStepOne) {
 TEST(AdamWCpu, MultiStepMatchesDoublePrecisionFormula) {
   std::mt19937_64 rng(test::fresh_seed());
   const auto c = config(0.05, 0.0);
-  const std::vector<ParamSpec> specs = {{.name = "a", .shape = {13, 11}}, {.name = "b", .shape = {1}, .decay = false},
+  const std::vector<ParamSpec> specs = {{.name = "a", .shape = {13, 11}},
+                                        {.name = "b", .shape = {1}, .decay = false},
                                         {.name = "c", .shape = {70}, .lr_scale = 0.5f}};
   CpuRun run(specs, c);
   std::vector<std::vector<double>> w(3), m(3), v(3);
@@ -114,7 +119,8 @@ TEST(AdamWCpu, MultiStepMatchesDoublePrecisionFormula) {
 TEST(AdamWCpu, DecayAndLrScalePerSegment) {
   // Zero gradients: the Adam term is 0 / (0 + eps) = 0, so only decoupled decay moves w.
   const auto c = config(0.5);
-  CpuRun run({{.name = "decayed", .shape = {9}}, {.name = "norm", .shape = {9}, .decay = false},
+  CpuRun run({{.name = "decayed", .shape = {9}},
+              {.name = "norm", .shape = {9}, .decay = false},
               {.name = "half_lr", .shape = {9}, .lr_scale = 0.5f}},
              c);
   for (int t = 0; t < 3; ++t) std::fill(run.master(t), run.master(t) + 9, 2.0f);
@@ -205,7 +211,9 @@ TEST(AdamWCpu, ZeroElementPolicyCountsNonFiniteAsZero) {
 
 TEST(AdamWCpu, EmptyAndOneElementTensors) {
   const auto c = config(0.1, 0.0);
-  CpuRun run({{.name = "empty", .shape = {0}}, {.name = "one", .shape = {1}}, {.name = "empty2", .shape = {3, 0}},
+  CpuRun run({{.name = "empty", .shape = {0}},
+              {.name = "one", .shape = {1}},
+              {.name = "empty2", .shape = {3, 0}},
               {.name = "scalar", .shape = {}}},
              c);
   run.master(1)[0] = 0.5f;
@@ -237,7 +245,8 @@ TEST(AdamWCpu, MirrorIsRoundedMaster) {
     for (const auto& seg : slab.segments()) {
       for (std::int64_t i = seg.offset; i < seg.offset + seg.length; ++i) {
         const auto k = static_cast<std::size_t>(i);
-        ASSERT_EQ(mirror[k], dtype == core::DType::bf16 ? core::float_to_bf16(master[k]) : core::float_to_fp16(master[k]));
+        ASSERT_EQ(mirror[k],
+                  dtype == core::DType::bf16 ? core::float_to_bf16(master[k]) : core::float_to_fp16(master[k]));
       }
     }
   }

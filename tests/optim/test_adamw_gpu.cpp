@@ -24,7 +24,7 @@ struct OptimizerRun {
   optim::AdamW adamw;
 
   OptimizerRun(core::Device device, const optim::SlabLayout& layout, const OptimizerConfig& config,
-      optim::SlabOptions options, std::int64_t chunk)
+               optim::SlabOptions options, std::int64_t chunk)
       : context(device), slab(layout, context, options), adamw(config, slab, context, chunk) {
     context.synchronize();
   }
@@ -52,12 +52,14 @@ void expect_same_step(OptimizerRun& gpu, OptimizerRun& cpu, const std::string& w
   EXPECT_NEAR(rg.grad_norm, rc.grad_norm, 1e-12 * rc.grad_norm) << where;
 
   const double rtol = 1e-6;
-  EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.slab.master()), test::to_host<float>(cpu.slab.master()), rtol, 0))
+  EXPECT_TRUE(
+      test::all_close(test::to_host<float>(gpu.slab.master()), test::to_host<float>(cpu.slab.master()), rtol, 0))
       << where << ": master";
-  EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.adamw.exp_avg()), test::to_host<float>(cpu.adamw.exp_avg()), rtol, 0))
+  EXPECT_TRUE(
+      test::all_close(test::to_host<float>(gpu.adamw.exp_avg()), test::to_host<float>(cpu.adamw.exp_avg()), rtol, 0))
       << where << ": exp_avg";
-  EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.adamw.exp_avg_sq()), test::to_host<float>(cpu.adamw.exp_avg_sq()),
-                              rtol, 0))
+  EXPECT_TRUE(test::all_close(test::to_host<float>(gpu.adamw.exp_avg_sq()),
+                              test::to_host<float>(cpu.adamw.exp_avg_sq()), rtol, 0))
       << where << ": exp_avg_sq";
 
   const auto grads = test::to_host<float>(gpu.slab.grad());
@@ -96,7 +98,8 @@ TEST(AdamWGpu, MatchesReferenceOverRandomTensorLists) {
     config.weight_decay = trial % 3 ? 0.1 * unit(rng) : 0.0;
     config.grad_clip = trial % 4 == 0 ? 0.0 : 0.5 + 50 * unit(rng);
     config.nonfinite = trial % 2 ? NonFinitePolicy::zero_element : NonFinitePolicy::skip_step;
-    const optim::SlabOptions options{.rank = rank, .zero_stage = world > 1 ? 1 : 0,
+    const optim::SlabOptions options{.rank = rank,
+                                     .zero_stage = world > 1 ? 1 : 0,
                                      .mirror_dtype = trial % 3 == 1 ? core::DType::f16 : core::DType::bf16};
     const std::int64_t chunk = chunk_sizes[trial % 4];
     const std::string where = "trial " + std::to_string(trial) + " (" + std::to_string(count) + " tensors, world " +
@@ -146,7 +149,8 @@ TEST(AdamWGpu, GraphReplayEqualsEagerAndUsesTwoKernels) {
 
   cudaStream_t stream = graphed.context.stream();
   cudaGraph_t graph = test::capture_graph(stream, [&] { graphed.adamw.step(3e-4); });
-  EXPECT_EQ(test::kernel_nodes(graph), 2) << "a step must be two launches for " << layout.tensors().size() << " tensors";
+  EXPECT_EQ(test::kernel_nodes(graph), 2)
+      << "a step must be two launches for " << layout.tensors().size() << " tensors";
   cudaGraphExec_t exec = nullptr;
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
@@ -194,8 +198,10 @@ TEST(AdamWGpu, WriteMirrorMatchesHostRounding) {
     auto master = test::random_normal(rng, slab.master().bytes() / 4, 1.0f);
     const float specials[] = {0.0f, -0.0f, 65504.0f, 65520.0f, 1e-8f, -3e-7f, 1e30f, INFINITY, -INFINITY, 1e-40f};
     for (std::size_t i = 0; i < master.size(); ++i) {
-      if (i % 7 == 0) master[i] = specials[(i / 7) % std::size(specials)];
-      else if (i % 3 == 0) master[i] = std::ldexp(master[i], static_cast<int>(i % 60) - 30);
+      if (i % 7 == 0)
+        master[i] = specials[(i / 7) % std::size(specials)];
+      else if (i % 3 == 0)
+        master[i] = std::ldexp(master[i], static_cast<int>(i % 60) - 30);
     }
     test::from_host(slab.master(), master);
     slab.write_mirror(gpu);
@@ -239,7 +245,8 @@ TEST(AdamWGpu, IndicesBeyond2To31) {
   for (int step = 0; step < 2; ++step) {
     const auto g = test::random_normal(rng, small, 0.5f);
     auto put = [&](core::Buffer& device_buffer, const std::vector<float>& values) {
-      CUDA_CHECK(cudaMemcpy(device_buffer.as<float>() + offset, values.data(), values.size() * 4, cudaMemcpyHostToDevice));
+      CUDA_CHECK(
+          cudaMemcpy(device_buffer.as<float>() + offset, values.data(), values.size() * 4, cudaMemcpyHostToDevice));
     };
     if (step == 0) {
       put(gpu.slab.master(), w);
@@ -267,7 +274,8 @@ TEST(AdamWGpu, IndicesBeyond2To31) {
   EXPECT_TRUE(test::all_close(get(gpu.adamw.exp_avg()), host(cpu.adamw.exp_avg()), 1e-6, 0)) << "exp_avg";
   EXPECT_TRUE(test::all_close(get(gpu.adamw.exp_avg_sq()), host(cpu.adamw.exp_avg_sq()), 1e-6, 0)) << "exp_avg_sq";
   std::vector<std::uint16_t> mirror(small);
-  CUDA_CHECK(cudaMemcpy(mirror.data(), gpu.slab.mirror().as<std::uint16_t>() + offset, small * 2, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(
+      cudaMemcpy(mirror.data(), gpu.slab.mirror().as<std::uint16_t>() + offset, small * 2, cudaMemcpyDeviceToHost));
   for (std::size_t i = 0; i < static_cast<std::size_t>(small); ++i) {
     ASSERT_EQ(mirror[i], core::float_to_bf16(gpu_master[i])) << "mirror at global index " << offset + i;
   }

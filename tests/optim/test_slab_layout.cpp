@@ -183,8 +183,10 @@ TEST(WorkChunks, CoverEverySegmentExactly) {
 
 TEST(Slab, CpuViewsAndShardedMaster) {
   core::DeviceContext cpu(core::Device::cpu());
-  const std::vector<ParamSpec> specs = {{.name = "w", .shape = {10, 30}}, {.name = "n", .shape = {7}, .decay = false},
-                                        {.name = "e", .shape = {300}}, {.name = "f", .shape = {200}}};
+  const std::vector<ParamSpec> specs = {{.name = "w", .shape = {10, 30}},
+                                        {.name = "n", .shape = {7}, .decay = false},
+                                        {.name = "e", .shape = {300}},
+                                        {.name = "f", .shape = {200}}};
   optim::Slab full(SlabLayout(specs, 1), cpu);
   EXPECT_EQ(full.owned(), full.full());
   auto w = full.master_view(0);
@@ -224,7 +226,8 @@ TEST(Slab, WriteMirrorRoundsMaster) {
     slab.write_mirror(cpu);
     const auto mirror = test::to_host<std::uint16_t>(slab.mirror());
     for (std::size_t i = 0; i < master.size(); ++i) {
-      const std::uint16_t expected = dtype == core::DType::bf16 ? core::float_to_bf16(master[i]) : core::float_to_fp16(master[i]);
+      const std::uint16_t expected =
+          dtype == core::DType::bf16 ? core::float_to_bf16(master[i]) : core::float_to_fp16(master[i]);
       ASSERT_EQ(mirror[i], expected) << i;
     }
   }
@@ -232,8 +235,10 @@ TEST(Slab, WriteMirrorRoundsMaster) {
 
 TEST(Slab, ShardedGradientsCoverTheOwnedRange) {
   core::DeviceContext cpu(core::Device::cpu());
-  const std::vector<ParamSpec> specs = {{.name = "w", .shape = {10, 30}}, {.name = "n", .shape = {7}, .decay = false},
-                                        {.name = "e", .shape = {300}}, {.name = "f", .shape = {200}}};
+  const std::vector<ParamSpec> specs = {{.name = "w", .shape = {10, 30}},
+                                        {.name = "n", .shape = {7}, .decay = false},
+                                        {.name = "e", .shape = {300}},
+                                        {.name = "f", .shape = {200}}};
   // Only ZeRO-2 may shard the gradients; the error names the option.
   for (int stage : {0, 1}) {
     try {

@@ -51,8 +51,7 @@ struct FiniteDifferences {
 // `loss`, which must read `x` (perturbed in place and restored).
 inline ::testing::AssertionResult matches_finite_differences(std::string_view name, std::vector<double>& x,
                                                              const std::vector<double>& analytic,
-                                                             const std::function<double()>& loss,
-                                                             std::mt19937_64& rng,
+                                                             const std::function<double()>& loss, std::mt19937_64& rng,
                                                              const FiniteDifferences& options = {}) {
   if (x.size() != analytic.size()) {
     return ::testing::AssertionFailure() << name << ": gradient has " << analytic.size() << " elements, input "
@@ -65,9 +64,8 @@ inline ::testing::AssertionResult matches_finite_differences(std::string_view na
   const double h = options.step;
   auto failure = [&](std::string_view what, std::size_t index, double fd, double expected) {
     return ::testing::AssertionFailure() << name << " " << what << " " << index << ": finite difference " << fd
-                                         << " vs analytic "
-                                         << expected << " (difference " << fd - expected << ", rms gradient " << rms
-                                         << ")";
+                                         << " vs analytic " << expected << " (difference " << fd - expected
+                                         << ", rms gradient " << rms << ")";
   };
   auto close = [&](double fd, double expected) {
     return std::fabs(fd - expected) <= options.tolerance * (std::fabs(expected) + rms) + options.floor;
@@ -120,12 +118,12 @@ inline ::testing::AssertionResult matches_finite_differences(std::string_view na
 }  // namespace optest
 
 // Expects `statement` to throw core::Error whose message contains `text`.
-#define EXPECT_OP_ERROR(statement, text)                                                        \
-  do {                                                                                          \
-    try {                                                                                       \
-      statement;                                                                                \
-      ADD_FAILURE() << "expected core::Error mentioning \"" << (text) << "\"";                  \
-    } catch (const core::Error& error) {                                                        \
-      EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();       \
-    }                                                                                           \
+#define EXPECT_OP_ERROR(statement, text)                                                  \
+  do {                                                                                    \
+    try {                                                                                 \
+      statement;                                                                          \
+      ADD_FAILURE() << "expected core::Error mentioning \"" << (text) << "\"";            \
+    } catch (const core::Error& error) {                                                  \
+      EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what(); \
+    }                                                                                     \
   } while (0)

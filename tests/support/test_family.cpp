@@ -14,10 +14,20 @@ using models::FieldType;
 
 const std::vector<ConfigField>& table() {
   static const std::vector<ConfigField> fields = {
-      {.key = "vocab_size", .hf_key = "vocab_size", .type = FieldType::integer, .fallback = 256, .hf_default = nullptr,
-       .min = 1, .max = 1 << 20},
-      {.key = "hidden_size", .hf_key = "hidden_size", .type = FieldType::integer, .fallback = 16, .hf_default = nullptr,
-       .min = 1, .max = 4096},
+      {.key = "vocab_size",
+       .hf_key = "vocab_size",
+       .type = FieldType::integer,
+       .fallback = 256,
+       .hf_default = nullptr,
+       .min = 1,
+       .max = 1 << 20},
+      {.key = "hidden_size",
+       .hf_key = "hidden_size",
+       .type = FieldType::integer,
+       .fallback = 16,
+       .hf_default = nullptr,
+       .min = 1,
+       .max = 4096},
   };
   return fields;
 }
@@ -32,7 +42,8 @@ class BigramCpu final : public models::TrainableModel {
                         float grad_scale) override {
     run(ids, targets, batch * seq, true, grad_scale);
   }
-  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq) override {
+  void forward_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch,
+                    std::int64_t seq) override {
     run(ids, targets, batch * seq, false, 0.0f);
   }
   const float* loss() const override { return &loss_; }
@@ -40,7 +51,8 @@ class BigramCpu final : public models::TrainableModel {
  private:
   const float* weight(int t) const {
     const auto& tensor = slab_.layout().tensors()[static_cast<std::size_t>(t)];
-    return full_ != nullptr ? full_ + tensor.offset : slab_.master().as<float>() + (tensor.offset - slab_.owned().begin);
+    return full_ != nullptr ? full_ + tensor.offset
+                            : slab_.master().as<float>() + (tensor.offset - slab_.owned().begin);
   }
   float* grad(int t) { return slab_.grad_origin() + slab_.layout().tensors()[static_cast<std::size_t>(t)].offset; }
 
@@ -54,7 +66,8 @@ class BigramCpu final : public models::TrainableModel {
       ++counted;
     }
     for (std::int64_t i = 0; i < n; ++i) {
-      if (ids[i] < 0 || ids[i] >= v_) throw core::InputError("bigram: token id " + std::to_string(ids[i]) + " outside the vocabulary");
+      if (ids[i] < 0 || ids[i] >= v_)
+        throw core::InputError("bigram: token id " + std::to_string(ids[i]) + " outside the vocabulary");
       if (targets[i] < 0) continue;
       const float* e = E + ids[i] * d_;
       for (std::int64_t r = 0; r < d_; ++r) {
@@ -83,7 +96,8 @@ class BigramCpu final : public models::TrainableModel {
         }
       }
       for (std::int64_t r = 0; r < d_; ++r) {
-        const double ds = dh[static_cast<std::size_t>(r)] * (1 - h[static_cast<std::size_t>(r)] * h[static_cast<std::size_t>(r)]);
+        const double ds =
+            dh[static_cast<std::size_t>(r)] * (1 - h[static_cast<std::size_t>(r)] * h[static_cast<std::size_t>(r)]);
         grad(2)[r] += static_cast<float>(ds);
         for (std::int64_t c = 0; c < d_; ++c) {
           grad(1)[r * d_ + c] += static_cast<float>(ds * e[c]);
@@ -102,11 +116,13 @@ class BigramCpu final : public models::TrainableModel {
 
 class BigramSpec final : public models::ModelSpec {
  public:
-  explicit BigramSpec(const models::Shape& shape) : shape_(shape), v_(shape.at("vocab_size")), d_(shape.at("hidden_size")) {
-    params_ = {{.name = "embed", .shape = {v_, d_}, .decay = true, .factored = true},
-               {.name = "proj", .shape = {d_, d_}, .decay = true, .factored = true, .init = optim::InitKind::xavier_uniform},
-               {.name = "bias", .shape = {d_}, .decay = false, .init = optim::InitKind::zeros},
-               {.name = "head", .shape = {v_, d_}, .decay = true, .factored = true}};
+  explicit BigramSpec(const models::Shape& shape)
+      : shape_(shape), v_(shape.at("vocab_size")), d_(shape.at("hidden_size")) {
+    params_ = {
+        {.name = "embed", .shape = {v_, d_}, .decay = true, .factored = true},
+        {.name = "proj", .shape = {d_, d_}, .decay = true, .factored = true, .init = optim::InitKind::xavier_uniform},
+        {.name = "bias", .shape = {d_}, .decay = false, .init = optim::InitKind::zeros},
+        {.name = "head", .shape = {v_, d_}, .decay = true, .factored = true}};
   }
   const std::string& family() const override { return name_; }
   const models::Shape& shape() const override { return shape_; }

@@ -57,7 +57,8 @@ std::vector<optim::ParamSpec> random_specs(std::mt19937_64& rng, int count, std:
       s.shape = {awkward[std::uniform_int_distribution<std::size_t>(0, std::size(awkward) - 1)(rng)]};
     } else if (kind < 7) {
       const std::int64_t rows = std::uniform_int_distribution<std::int64_t>(1, 97)(rng);
-      const std::int64_t cols = std::uniform_int_distribution<std::int64_t>(1, std::max<std::int64_t>(1, max_numel / rows))(rng);
+      const std::int64_t cols =
+          std::uniform_int_distribution<std::int64_t>(1, std::max<std::int64_t>(1, max_numel / rows))(rng);
       s.shape = {rows, cols};
     } else {
       s.shape = {std::uniform_int_distribution<std::int64_t>(1, max_numel)(rng)};
@@ -97,8 +98,8 @@ int kernel_nodes(cudaGraph_t graph) {
   return kernels;
 }
 
-::testing::AssertionResult all_close(const std::vector<float>& actual, const std::vector<float>& expected,
-                                     double rtol, double atol) {
+::testing::AssertionResult all_close(const std::vector<float>& actual, const std::vector<float>& expected, double rtol,
+                                     double atol) {
   if (actual.size() != expected.size()) {
     return ::testing::AssertionFailure() << "size " << actual.size() << " != expected " << expected.size();
   }

@@ -101,13 +101,13 @@ cudaGraph_t capture_graph(cudaStream_t stream, const std::function<void()>& work
 int kernel_nodes(cudaGraph_t graph);
 
 // Every element satisfies |a - b| <= rtol * |b| + atol; on failure names the worst element.
-::testing::AssertionResult all_close(const std::vector<float>& actual, const std::vector<float>& expected,
-                                     double rtol, double atol);
+::testing::AssertionResult all_close(const std::vector<float>& actual, const std::vector<float>& expected, double rtol,
+                                     double atol);
 
 }  // namespace test
 
 // Skips the current test, with the reason, when no CUDA device is usable.
-#define REQUIRE_GPU()                                                                              \
-  do {                                                                                             \
+#define REQUIRE_GPU()                                                                                       \
+  do {                                                                                                      \
     if (::core::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device available (no driver or no GPU)"; \
   } while (0)

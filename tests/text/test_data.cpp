@@ -40,7 +40,9 @@ const fs::path kRepositoryRoot = fs::path(LLMTRAIN_FIXTURES_DIR).parent_path().p
 std::optional<fs::path> qwen3_tokenizer_path() {
   return test::find_data("LLMTRAIN_QWEN3_TOKENIZER", kRepositoryRoot / "../shared/data/qwen3-tokenizer/tokenizer.json");
 }
-std::optional<fs::path> kjv_path() { return test::find_data("LLMTRAIN_KJV", kRepositoryRoot / "../shared/data/kjv.txt"); }
+std::optional<fs::path> kjv_path() {
+  return test::find_data("LLMTRAIN_KJV", kRepositoryRoot / "../shared/data/kjv.txt");
+}
 
 // The Qwen3 tokenizer, loaded once for the suite.
 text::BpeTokenizer* qwen3() {
@@ -51,25 +53,25 @@ text::BpeTokenizer* qwen3() {
   return tokenizer.get();
 }
 
-#define REQUIRE_QWEN3_TOKENIZER()                                                                             \
-  do {                                                                                                        \
-    if (qwen3() == nullptr) {                                                                                 \
-      GTEST_SKIP() << "Qwen3 tokenizer.json not found: set LLMTRAIN_QWEN3_TOKENIZER or provide "              \
-                      "../shared/data/qwen3-tokenizer/tokenizer.json beside the repository";                  \
-    }                                                                                                         \
+#define REQUIRE_QWEN3_TOKENIZER()                                                                \
+  do {                                                                                           \
+    if (qwen3() == nullptr) {                                                                    \
+      GTEST_SKIP() << "Qwen3 tokenizer.json not found: set LLMTRAIN_QWEN3_TOKENIZER or provide " \
+                      "../shared/data/qwen3-tokenizer/tokenizer.json beside the repository";     \
+    }                                                                                            \
   } while (0)
 
 // SHA-256 (FIPS 180-4) of a byte string, as lowercase hex.
 std::string sha256_hex(const unsigned char* data, std::size_t size) {
   static constexpr std::uint32_t k[64] = {
-      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
-      0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
-      0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
-      0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
-      0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
-      0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
-      0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-      0xc67178f2};
+      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+      0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+      0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+      0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+      0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+      0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+      0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+      0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
   std::uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
   std::vector<unsigned char> message(data, data + size);
   message.push_back(0x80);
@@ -213,7 +215,8 @@ TEST_F(DataFiles, ShardRefusesTruncatedFiles) {
   const fs::path body = edited_shard("body.tok", [](std::string& b) { b.resize(b.size() - 1); });
   std::string message = open_error(body);
   EXPECT_NE(message.find(body.string()), std::string::npos) << message;
-  EXPECT_NE(message.find("is truncated: header says 5 tokens of 2 bytes, file holds 9 bytes"), std::string::npos) << message;
+  EXPECT_NE(message.find("is truncated: header says 5 tokens of 2 bytes, file holds 9 bytes"), std::string::npos)
+      << message;
 
   const fs::path header = edited_shard("header.tok", [](std::string& b) { b.resize(10); });
   message = open_error(header);
@@ -291,7 +294,8 @@ TEST(Sampler, CursorSaveRestoreContinuesIdentically) {
   for (int i = 0; i < 2000; ++i) ASSERT_EQ(resumed.next(), original.next()) << "step " << i;
 
   EXPECT_THROW(resumed.restore(text::SamplerCursor{0, 1250}), core::InputError);
-  EXPECT_THROW((void)nlohmann::json::parse(R"({"epoch": -1, "position": 0})").get<text::SamplerCursor>(), core::InputError);
+  EXPECT_THROW((void)nlohmann::json::parse(R"({"epoch": -1, "position": 0})").get<text::SamplerCursor>(),
+               core::InputError);
   EXPECT_THROW((void)nlohmann::json::parse(R"({"epoch": 1})").get<text::SamplerCursor>(), core::InputError);
 }
 
@@ -334,12 +338,12 @@ TEST(Unicode, ClassesAndNfc) {
   EXPECT_FALSE(text::unicode::is_whitespace(U'\u200b'));
   const auto nfc = [](const char* s) { return encode_utf8(text::unicode::nfc(decode_utf8(s, "test"))); };
   EXPECT_EQ(nfc("e\u0301"), "\u00e9");
-  EXPECT_EQ(nfc("\u212b"), "\u00c5");                        // singleton decomposition
-  EXPECT_EQ(nfc("\u1e9b\u0323"), "\u1e9b\u0323");            // the UAX #15 example
-  EXPECT_EQ(nfc("a\u0323\u0302"), nfc("a\u0302\u0323"));     // canonical ordering
+  EXPECT_EQ(nfc("\u212b"), "\u00c5");                     // singleton decomposition
+  EXPECT_EQ(nfc("\u1e9b\u0323"), "\u1e9b\u0323");         // the UAX #15 example
+  EXPECT_EQ(nfc("a\u0323\u0302"), nfc("a\u0302\u0323"));  // canonical ordering
   EXPECT_EQ(nfc("a\u0302\u0323"), "\u1ead");
-  EXPECT_EQ(nfc("\u1100\u1161\u11a8"), "\uac01");            // Hangul L V T
-  EXPECT_EQ(nfc("\u0958"), "\u0915\u093c");                  // composition exclusion
+  EXPECT_EQ(nfc("\u1100\u1161\u11a8"), "\uac01");  // Hangul L V T
+  EXPECT_EQ(nfc("\u0958"), "\u0915\u093c");        // composition exclusion
   EXPECT_THROW(decode_utf8("ab\xc3", "text"), core::InputError);
   EXPECT_THROW(decode_utf8("\xed\xa0\x80", "text"), core::InputError);  // a surrogate
   EXPECT_THROW(decode_utf8("\xc0\xaf", "text"), core::InputError);      // overlong
@@ -354,7 +358,8 @@ TEST(Qwen3Tokenizer, TortureTextParity) {
   ASSERT_FALSE(expected.empty());
   const auto actual = qwen3()->encode(text);
   std::size_t first_difference = 0;
-  while (first_difference < std::min(actual.size(), expected.size()) && actual[first_difference] == expected[first_difference]) {
+  while (first_difference < std::min(actual.size(), expected.size()) &&
+         actual[first_difference] == expected[first_difference]) {
     ++first_difference;
   }
   EXPECT_EQ(actual, expected) << "first difference at id " << first_difference << " of " << expected.size();
@@ -366,7 +371,8 @@ TEST(Qwen3Tokenizer, TortureTextParity) {
 TEST(Qwen3Tokenizer, KjvHashParity) {
   REQUIRE_QWEN3_TOKENIZER();
   const auto kjv = kjv_path();
-  if (!kjv) GTEST_SKIP() << "KJV text not found: set LLMTRAIN_KJV or provide ../shared/data/kjv.txt beside the repository";
+  if (!kjv)
+    GTEST_SKIP() << "KJV text not found: set LLMTRAIN_KJV or provide ../shared/data/kjv.txt beside the repository";
   std::ifstream reference(kFixtures / "kjv_sha256_ids.txt");
   std::string key, expected_hash;
   std::size_t expected_count = 0;

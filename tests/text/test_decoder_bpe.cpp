@@ -64,11 +64,14 @@ std::vector<std::string> fixture_texts() {
           "'''s'S 123456 \t\r\n"};
 }
 
-std::unique_ptr<text::BpeTokenizer> small_bpe() { return std::make_unique<text::BpeTokenizer>(kFixtures / "small_bpe.json"); }
+std::unique_ptr<text::BpeTokenizer> small_bpe() {
+  return std::make_unique<text::BpeTokenizer>(kFixtures / "small_bpe.json");
+}
 
 text::BpeTokenizer* qwen3() {
   static std::unique_ptr<text::BpeTokenizer> tokenizer = [] {
-    const auto path = test::find_data("LLMTRAIN_QWEN3_TOKENIZER", kRepositoryRoot / "../shared/data/qwen3-tokenizer/tokenizer.json");
+    const auto path =
+        test::find_data("LLMTRAIN_QWEN3_TOKENIZER", kRepositoryRoot / "../shared/data/qwen3-tokenizer/tokenizer.json");
     return path ? std::make_unique<text::BpeTokenizer>(*path) : nullptr;
   }();
   return tokenizer.get();
@@ -119,14 +122,18 @@ TEST(DecoderBpe, IllFormedUtf8BecomesReplacementCharacters) {
   const std::string r = kReplacement;
   EXPECT_EQ(decode("plain \u00e9\u4e2d\U0001f600"), "plain \u00e9\u4e2d\U0001f600");
   EXPECT_EQ(decode("\xff"), r);
-  EXPECT_EQ(decode("a\xe2\x82"), "a" + r);              // a truncated 3-byte sequence: one replacement
-  EXPECT_EQ(decode("\xe2\x82" "A"), r + "A");
-  EXPECT_EQ(decode("\xf0\x9f\x98"), r);                 // a truncated emoji
-  EXPECT_EQ(decode("\xed\xa0\x80"), r + r + r);         // a surrogate: ED is its own maximal subpart
-  EXPECT_EQ(decode("\xc0\xaf"), r + r);                 // overlong
-  EXPECT_EQ(decode("\xf4\x90\x80\x80"), r + r + r + r); // above U+10FFFF
-  EXPECT_EQ(decode("\x80" "b\xbf"), r + "b" + r);       // stray continuation bytes
-  EXPECT_EQ(decode("\xe0\x80\x80"), r + r + r);         // E0 needs A0..BF next
+  EXPECT_EQ(decode("a\xe2\x82"), "a" + r);  // a truncated 3-byte sequence: one replacement
+  EXPECT_EQ(decode("\xe2\x82"
+                   "A"),
+            r + "A");
+  EXPECT_EQ(decode("\xf0\x9f\x98"), r);                  // a truncated emoji
+  EXPECT_EQ(decode("\xed\xa0\x80"), r + r + r);          // a surrogate: ED is its own maximal subpart
+  EXPECT_EQ(decode("\xc0\xaf"), r + r);                  // overlong
+  EXPECT_EQ(decode("\xf4\x90\x80\x80"), r + r + r + r);  // above U+10FFFF
+  EXPECT_EQ(decode("\x80"
+                   "b\xbf"),
+            r + "b" + r);                        // stray continuation bytes
+  EXPECT_EQ(decode("\xe0\x80\x80"), r + r + r);  // E0 needs A0..BF next
 
   // Random byte strings: always valid UTF-8, and unchanged when they were valid already.
   std::mt19937_64 rng(12345);
@@ -177,7 +184,8 @@ TEST(DecoderBpe, Qwen3TokenizerRoundTripsFixtureTexts) {
   }
   EXPECT_FALSE(specials.empty());
   int i = 0;
-  for (const std::string& text : fixture_texts()) check_round_trip(*qwen3(), text, specials, "qwen3 text " + std::to_string(i++));
+  for (const std::string& text : fixture_texts())
+    check_round_trip(*qwen3(), text, specials, "qwen3 text " + std::to_string(i++));
   const auto ids = qwen3()->encode("<|im_start|>user\nhi<|im_end|><think>x</think><|endoftext|>");
   EXPECT_EQ(qwen3()->decode_text(ids), "user\nhi<think>x</think>");
 }

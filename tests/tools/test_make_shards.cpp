@@ -90,14 +90,18 @@ Ids concat(const std::vector<Ids>& documents, const Ids& separator) {
 std::string json_line(const std::string& key, const std::string& text) {
   std::string out = "{\"id\": 7, \"" + key + "\": \"";
   for (unsigned char c : text) {
-    if (c == '"' || c == '\\') out += std::string("\\") + static_cast<char>(c);
-    else if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
+    if (c == '"' || c == '\\')
+      out += std::string("\\") + static_cast<char>(c);
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
     else if (c < 0x20) {
       char escape[8];
       std::snprintf(escape, sizeof escape, "\\u%04x", c);
       out += escape;
-    } else out += static_cast<char>(c);
+    } else
+      out += static_cast<char>(c);
   }
   return out + "\"}";
 }
@@ -163,7 +167,8 @@ TEST_F(MakeShards, PlainTextEqualsOneEncodeCallSmallBpe) {
 }
 
 TEST_F(MakeShards, PlainTextEqualsOneEncodeCallQwen3) {
-  const auto qwen3 = test::find_data("LLMTRAIN_QWEN3_TOKENIZER", kRepositoryRoot / "../shared/data/qwen3-tokenizer/tokenizer.json");
+  const auto qwen3 =
+      test::find_data("LLMTRAIN_QWEN3_TOKENIZER", kRepositoryRoot / "../shared/data/qwen3-tokenizer/tokenizer.json");
   if (!qwen3) GTEST_SKIP() << "Qwen3 tokenizer.json not found: set LLMTRAIN_QWEN3_TOKENIZER";
   std::string text = test::read_file(kFixtures / "torture.txt");
   for (int i = 0; i < 40; ++i) text += test::read_file(kFixtures / "torture.txt") + awkward_text(i);
@@ -225,20 +230,22 @@ TEST_F(MakeShards, ManyFilesWithSeparators) {
   EXPECT_EQ(train_ids(paths, {"--tokenizer", "byte", "--separator-id", "0"}), concat(encoded("byte"), {0}));
   // BPE: the end-of-text id by default, '' for none.
   const std::string bpe = kSmallBpe.string();
-  const Result r = make_shards({paths[0], paths[1], paths[2], "--tokenizer", bpe, "--train-out", file("train.tok").string()});
+  const Result r =
+      make_shards({paths[0], paths[1], paths[2], "--tokenizer", bpe, "--train-out", file("train.tok").string()});
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(shard_ids(file("train.tok")), concat(encoded(bpe), {kSmallEndOfText}));
   EXPECT_NE(r.output.find("3 documents, separator [299]"), std::string::npos) << r.output;
   EXPECT_EQ(train_ids(paths, {"--tokenizer", bpe, "--separator", ""}), concat(encoded(bpe), {}));
   EXPECT_EQ(train_ids(paths, {"--tokenizer", bpe, "--separator-id", "5"}), concat(encoded(bpe), {5}));
-  const Result outside = make_shards({paths[0], "--tokenizer", bpe, "--separator-id", "300", "--train-out", file("x.tok").string()});
+  const Result outside =
+      make_shards({paths[0], "--tokenizer", bpe, "--separator-id", "300", "--train-out", file("x.tok").string()});
   EXPECT_EQ(outside.status, 1);
   EXPECT_NE(outside.output.find("outside the vocabulary"), std::string::npos) << outside.output;
 }
 
 TEST_F(MakeShards, JsonlDocuments) {
-  const std::vector<std::string> documents = {"Hello world.\nSecond line with \"quotes\" and \\ backslash.",
-                                              "", "caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87\ttab", "last one\n"};
+  const std::vector<std::string> documents = {"Hello world.\nSecond line with \"quotes\" and \\ backslash.", "",
+                                              "caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87\ttab", "last one\n"};
   std::string a = json_line("text", documents[0]) + "\n" + json_line("text", documents[1]) + "\n\n   \n";
   std::string b = json_line("text", documents[2]) + "\r\n" + json_line("text", documents[3]);  // no final newline
   write_file(file("a.jsonl"), a);
@@ -250,12 +257,15 @@ TEST_F(MakeShards, JsonlDocuments) {
                                 "--tokenizer", bpe, "--chunk-kib", "1", "--train-out", file("train.tok").string()});
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(shard_ids(file("train.tok")), concat(encoded, {kSmallEndOfText}));
-  EXPECT_NE(r.output.find("a.jsonl: " + std::to_string(a.size()) + " bytes, 2 documents"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("b.jsonl: " + std::to_string(b.size()) + " bytes, 2 documents"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("a.jsonl: " + std::to_string(a.size()) + " bytes, 2 documents"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("b.jsonl: " + std::to_string(b.size()) + " bytes, 2 documents"), std::string::npos)
+      << r.output;
 
   // Standard input as '-'.
-  const Result piped = make_shards({"-", "--jsonl-field", "text", "--tokenizer", bpe, "--train-out", file("stdin.tok").string()},
-                                   file("a.jsonl").string());
+  const Result piped =
+      make_shards({"-", "--jsonl-field", "text", "--tokenizer", bpe, "--train-out", file("stdin.tok").string()},
+                  file("a.jsonl").string());
   ASSERT_EQ(piped.status, 0) << piped.output;
   EXPECT_EQ(shard_ids(file("stdin.tok")), concat({encoded[0], encoded[1]}, {kSmallEndOfText}));
 
@@ -286,7 +296,8 @@ TEST_F(MakeShards, ValEverySplitIsDeterministic) {
   const std::string bpe = kSmallBpe.string();
   std::vector<Ids> train_docs, val_docs;
   for (int d = 0; d < 500; ++d) {
-    (d % 7 == 6 ? val_docs : train_docs).push_back(text::make_tokenizer(bpe)->encode(documents[static_cast<std::size_t>(d)]));
+    (d % 7 == 6 ? val_docs : train_docs)
+        .push_back(text::make_tokenizer(bpe)->encode(documents[static_cast<std::size_t>(d)]));
   }
   std::optional<std::string> first_train, first_val;
   for (const char* threads : {"1", "3", "8"}) {
@@ -312,8 +323,9 @@ TEST_F(MakeShards, ValFractionTakesTheLastTokens) {
   write_file(file("a.txt"), awkward_text(50));
   write_file(file("b.txt"), awkward_text(20));
   const std::string bpe = kSmallBpe.string();
-  const Ids all = concat({text::make_tokenizer(bpe)->encode(awkward_text(50)), text::make_tokenizer(bpe)->encode(awkward_text(20))},
-                         {kSmallEndOfText});
+  const Ids all =
+      concat({text::make_tokenizer(bpe)->encode(awkward_text(50)), text::make_tokenizer(bpe)->encode(awkward_text(20))},
+             {kSmallEndOfText});
   for (const char* threads : {"1", "4"}) {
     const Result r = make_shards({file("a.txt").string(), file("b.txt").string(), "--tokenizer", bpe, "--val-fraction",
                                   "0.3", "--threads", threads, "--chunk-kib", "2", "--train-out",
@@ -340,7 +352,8 @@ TEST_F(MakeShards, BadInputsRefusedLeavingOutputsAlone) {
       EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos) << entry.path();
     }
   };
-  expect_refused({file("ok.txt").string(), file("missing.txt").string()}, "cannot open input '" + file("missing.txt").string());
+  expect_refused({file("ok.txt").string(), file("missing.txt").string()},
+                 "cannot open input '" + file("missing.txt").string());
   expect_refused({file("ok.txt").string(), dir_.string()}, "is a folder");
   expect_refused({file("ok.txt").string(), "--val-every", "3"}, "need --val-out");
   write_file(file("invalid.txt"), "fine\nthen \xff invalid UTF-8\n");

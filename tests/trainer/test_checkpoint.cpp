@@ -96,15 +96,17 @@ class Checkpoints : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // The test config with output_dir `run` (under the test folder) and `overrides`.
-  trainer::RunConfig config(const std::string& run, std::vector<std::string> overrides = {},
-                            int num_layers = 1) const {
+  trainer::RunConfig config(const std::string& run, std::vector<std::string> overrides = {}, int num_layers = 1) const {
     const std::string yaml = "run:\n  name: checkpoint-test\n  output_dir: " + (dir_ / run).string() +
                              "\n  seed: 11\n"
                              "device: cpu\n"
                              "model:\n  preset: qwen3-tiny\n  vocab_size: 256\n  hidden_size: 32\n"
-                             "  intermediate_size: 64\n  num_layers: " + std::to_string(num_layers) +
+                             "  intermediate_size: 64\n  num_layers: " +
+                             std::to_string(num_layers) +
                              "\n  num_heads: 2\n  num_kv_heads: 1\n  head_dim: 16\n  tie_word_embeddings: true\n"
-                             "data:\n  train: " + (dir_ / "train.bin").string() + "\n  seq_len: 16\n"
+                             "data:\n  train: " +
+                             (dir_ / "train.bin").string() +
+                             "\n  seq_len: 16\n"
                              "training:\n  micro_batch_size: 2\n  global_batch_size: 4\n  max_steps: 8\n"
                              "optimizer:\n  type: adamw\n  lr: 1.0e-2\n"
                              "schedule:\n  type: cosine\n  warmup_steps: 2\n"
@@ -160,7 +162,8 @@ TEST_F(Checkpoints, SaveAndLoadRoundTrip) {
   auto optimizer = optim::make_optimizer(c.optimizer, slab, cpu);
   for (int step = 0; step < 3; ++step) {
     float* grad = slab.grad().as<float>();
-    for (std::int64_t i = 0; i < slab.full().size(); ++i) grad[i] = 0.001f * static_cast<float>((i * 7 + step) % 11) - 0.005f;
+    for (std::int64_t i = 0; i < slab.full().size(); ++i)
+      grad[i] = 0.001f * static_cast<float>((i * 7 + step) % 11) - 0.005f;
     optimizer->step(1e-3);
   }
   trainer::TrainingProgress progress;
@@ -183,7 +186,8 @@ TEST_F(Checkpoints, SaveAndLoadRoundTrip) {
   const auto original_state = optimizer->state_buffers(), restored_state = restored->state_buffers();
   ASSERT_EQ(original_state.size(), restored_state.size());
   for (std::size_t i = 0; i < original_state.size(); ++i) {
-    EXPECT_EQ(read_bytes_of(*original_state[i].buffer), read_bytes_of(*restored_state[i].buffer)) << original_state[i].name;
+    EXPECT_EQ(read_bytes_of(*original_state[i].buffer), read_bytes_of(*restored_state[i].buffer))
+        << original_state[i].name;
   }
   EXPECT_EQ(restored->step_scalars().step, 3);
   EXPECT_EQ(restored->step_scalars().skipped, 0);
@@ -252,8 +256,8 @@ TEST_F(Checkpoints, ResumeIsBitExactOnGpu) {
 
 TEST_F(Checkpoints, KeepLastPrunesOnlyCompleteOlderCheckpoints) {
   fs::create_directories(checkpoint("run", 0));  // an incomplete directory: no DONE
-  trainer::train(config("run", {"checkpoint.every=1", "checkpoint.keep_last=2", "checkpoint.resume=never",
-                                "training.max_steps=5"}));
+  trainer::train(config(
+      "run", {"checkpoint.every=1", "checkpoint.keep_last=2", "checkpoint.resume=never", "training.max_steps=5"}));
   for (std::int64_t step : {1, 3}) EXPECT_FALSE(fs::exists(checkpoint("run", step))) << step;
   EXPECT_TRUE(fs::exists(checkpoint("run", 0)));
   EXPECT_FALSE(fs::exists(checkpoint("run", 2)));
@@ -281,7 +285,8 @@ TEST_F(Checkpoints, DamagedCheckpointsAreRefusedByName) {
 
   const fs::path missing = copy_of(good, "missing");
   fs::remove(missing / "state.exp_avg_sq.rank0.bin");
-  EXPECT_NE(refusal(missing, c).find((missing / "state.exp_avg_sq.rank0.bin").string() + ": missing"), std::string::npos)
+  EXPECT_NE(refusal(missing, c).find((missing / "state.exp_avg_sq.rank0.bin").string() + ": missing"),
+            std::string::npos)
       << refusal(missing, c);
 
   const trainer::RunConfig deeper = config("deeper", {}, /*num_layers=*/2);
@@ -291,7 +296,7 @@ TEST_F(Checkpoints, DamagedCheckpointsAreRefusedByName) {
 
   const fs::path manifest = copy_of(good, "manifest");
   std::string text = read_bytes(manifest / "manifest.json");
-  text[text.find("\"step\": 2")+8] = '3';
+  text[text.find("\"step\": 2") + 8] = '3';
   write_bytes(manifest / "manifest.json", text);
   EXPECT_NE(refusal(manifest, c).find((manifest / "manifest.json").string() + ": checksum mismatch"), std::string::npos)
       << refusal(manifest, c);

@@ -167,15 +167,14 @@ TEST_F(ConfigFiles, ReadsEverySection) {
 }
 
 TEST_F(ConfigFiles, OverridesAreAppliedBeforeValidation) {
-  const trainer::RunConfig c =
-      parse(base() + "optimizer:\n  lr: 1e-3\n",
-            {"optimizer.betas=[0.9,0.99]", "training.max_steps=20", "training.max_steps=30", "schedule.type=linear",
-             "device=cpu", "training.precision=fp32", "model.hidden_size=256", "sample.prompt=two words",
-             "optimizer.lr=2e-3"});
+  const trainer::RunConfig c = parse(base() + "optimizer:\n  lr: 1e-3\n",
+                                     {"optimizer.betas=[0.9,0.99]", "training.max_steps=20", "training.max_steps=30",
+                                      "schedule.type=linear", "device=cpu", "training.precision=fp32",
+                                      "model.hidden_size=256", "sample.prompt=two words", "optimizer.lr=2e-3"});
   EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.9);
   EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.99);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 2e-3);
-  EXPECT_EQ(c.training.max_steps, 30);  // the later override wins
+  EXPECT_EQ(c.training.max_steps, 30);                        // the later override wins
   EXPECT_EQ(c.schedule.type, trainer::ScheduleType::linear);  // a section the file lacks
   EXPECT_EQ(c.device, trainer::Device::cpu);
   EXPECT_EQ(c.model.shape["hidden_size"], 256);
@@ -197,10 +196,14 @@ TEST_F(ConfigFiles, RejectsBadConfigsNamingFileLineKeyAndExpectation) {
   const Case cases[] = {
       // Unknown keys, with a suggestion.
       {b + "optimzer:\n  lr: 1e-3\n", {}, "run.yaml:9: optimzer: unknown key (did you mean 'optimizer'?)"},
-      {b, {"trainng.max_steps=5"},
+      {b,
+       {"trainng.max_steps=5"},
        "command line override 'trainng.max_steps=5': trainng: unknown key (did you mean 'training'?)"},
-      {b + "schedule:\n  warmup_step: 10\n", {}, "run.yaml:10: schedule.warmup_step: unknown key (did you mean 'warmup_steps'?)"},
-      {b + "optimizer:\n  weight_decya: 0.1\n", {},
+      {b + "schedule:\n  warmup_step: 10\n",
+       {},
+       "run.yaml:10: schedule.warmup_step: unknown key (did you mean 'warmup_steps'?)"},
+      {b + "optimizer:\n  weight_decya: 0.1\n",
+       {},
        "run.yaml:10: optimizer.weight_decya: unknown key (did you mean 'weight_decay'?)"},
       {b + "schedule:\n  lr: 1e-3\n", {}, "run.yaml:10: schedule.lr: unknown key (did you mean 'optimizer.lr'?)"},
       {b + "logging:\n  colour: true\n", {}, "run.yaml:10: logging.colour: unknown key (known: every, tensorboard)"},
@@ -210,33 +213,51 @@ TEST_F(ConfigFiles, RejectsBadConfigsNamingFileLineKeyAndExpectation) {
       {b + "eval:\n  tasks_limit: -1\n", {}, "run.yaml:10: eval.tasks_limit: expected an integer >= 0, got -1"},
       {b + "optimizer:\n  grad_clip: 0.5\n", {},
        "run.yaml:10: optimizer.grad_clip: not set here: the clipping threshold is training.grad_clip"},
-      {b, {"training.max_stepz=5"},
+      {b,
+       {"training.max_stepz=5"},
        "command line override 'training.max_stepz=5': training.max_stepz: unknown key (did you mean 'max_steps'?)"},
       {b + "training:\n  grad_clip: 1\n", {}, "run.yaml:9: training: duplicate key"},
       // Wrong types.
-      {replaced(b, "max_steps: 100", "max_steps: many"), {}, "run.yaml:8: training.max_steps: expected an integer, got 'many'"},
+      {replaced(b, "max_steps: 100", "max_steps: many"),
+       {},
+       "run.yaml:8: training.max_steps: expected an integer, got 'many'"},
       {b + "data2: 1\n", {}, "run.yaml:9: data2: unknown key (did you mean 'data'?)"},
-      {replaced(b, "train.bin\n", "train.bin\n  seq_len: [1, 2]\n"), {},
+      {replaced(b, "train.bin\n", "train.bin\n  seq_len: [1, 2]\n"),
+       {},
        "run.yaml:7: data.seq_len: expected an integer, got a list"},
-      {b + "logging:\n  tensorboard: maybe\n", {}, "run.yaml:10: logging.tensorboard: expected true or false, got 'maybe'"},
+      {b + "logging:\n  tensorboard: maybe\n",
+       {},
+       "run.yaml:10: logging.tensorboard: expected true or false, got 'maybe'"},
       {b + "eval: 5\n", {}, "run.yaml:9: eval: expected a mapping, got '5'"},
       {b + "schedule:\n  min_lr_ratio: low\n", {}, "run.yaml:10: schedule.min_lr_ratio: expected a number, got 'low'"},
-      {b, {"training.max_steps=abc"},
+      {b,
+       {"training.max_steps=abc"},
        "command line override 'training.max_steps=abc': training.max_steps: expected an integer, got 'abc'"},
-      {b, {"optimizer.lr=fast"}, "command line override 'optimizer.lr=fast': optimizer.lr: expected a number, got 'fast'"},
-      {b + "optimizer:\n  lr: 1e-3\n", {"optimizer.betas=[0.9,1.0]"},
+      {b,
+       {"optimizer.lr=fast"},
+       "command line override 'optimizer.lr=fast': optimizer.lr: expected a number, got 'fast'"},
+      {b + "optimizer:\n  lr: 1e-3\n",
+       {"optimizer.betas=[0.9,1.0]"},
        "command line override 'optimizer.betas=[0.9,1.0]': optimizer.betas[1]: expected a number in [0, 1)"},
       // Out of range.
-      {replaced(b, "train.bin\n", "train.bin\n  seq_len: 0\n"), {},
+      {replaced(b, "train.bin\n", "train.bin\n  seq_len: 0\n"),
+       {},
        "run.yaml:7: data.seq_len: expected an integer in [1, 4096] (model max_position_embeddings), got 0"},
-      {replaced(b, "train.bin\n", "train.bin\n  seq_len: 8192\n"), {},
+      {replaced(b, "train.bin\n", "train.bin\n  seq_len: 8192\n"),
+       {},
        "data.seq_len: expected an integer in [1, 4096]"},
-      {b + "", {"training.micro_batch_size=0"},
+      {b + "",
+       {"training.micro_batch_size=0"},
        "command line override 'training.micro_batch_size=0': training.micro_batch_size: expected an integer >= 1, got 0"},
-      {b, {"training.global_batch_size=0"}, "training.global_batch_size: expected auto or a number of sequences >= micro_batch_size (1), got 0"},
+      {b,
+       {"training.global_batch_size=0"},
+       "training.global_batch_size: expected auto or a number of sequences >= micro_batch_size (1), got 0"},
       {b + "parallel:\n  zero_stage: 3\n", {}, "run.yaml:10: parallel.zero_stage: expected one of [0, 1, 2], got 3"},
-      {b + "schedule:\n  warmup_steps: 101\n", {}, "schedule.warmup_steps: expected an integer in [0, training.max_steps = 100], got 101"},
-      {b + "schedule:\n  type: wsd\n  warmup_steps: 90\n", {},
+      {b + "schedule:\n  warmup_steps: 101\n",
+       {},
+       "schedule.warmup_steps: expected an integer in [0, training.max_steps = 100], got 101"},
+      {b + "schedule:\n  type: wsd\n  warmup_steps: 90\n",
+       {},
        "schedule.decay_ratio: expected warmup_steps + decay steps <= training.max_steps (100), got 90 + 20"},
       // Step counts whose schedule arithmetic (warmup_steps + decay steps) would overflow.
       {b + "schedule:\n  type: wsd\n", {"training.max_steps=9223372036854775807", "schedule.warmup_steps=9223372036854775000"},
@@ -251,10 +272,12 @@ TEST_F(ConfigFiles, RejectsBadConfigsNamingFileLineKeyAndExpectation) {
       {b + "schedule:\n  type: exponential\n", {},
        "run.yaml:10: schedule.type: expected one of [constant, linear, cosine, wsd], got 'exponential'"},
       {b + "device: tpu\n", {}, "run.yaml:9: device: expected one of [cuda, cpu], got 'tpu'"},
-      {b + "device: cpu\n", {"training.precision=bf16"},
+      {b + "device: cpu\n",
+       {"training.precision=bf16"},
        "command line override 'training.precision=bf16': training.precision: expected fp32 (device cpu), got bf16"},
       {b, {"training.precision=fp32"}, "training.precision: expected bf16 (device cuda), got fp32"},
-      {replaced(b, "qwen3-tiny", "qwen3-7b"), {},
+      {replaced(b, "qwen3-tiny", "qwen3-7b"),
+       {},
        "run.yaml:4: model.preset: expected one of [qwen3-0.6b, qwen3-1.7b, qwen3-tiny, qwen3-test], got 'qwen3-7b'"},
       {b, {"model.arch=llama"}, "model.arch: expected one of [qwen3, e29a], got 'llama'"},
       {b, {"model.recompute=some"}, "model.recompute: expected one of [none, mlp, full], got 'some'"},
@@ -265,21 +288,29 @@ TEST_F(ConfigFiles, RejectsBadConfigsNamingFileLineKeyAndExpectation) {
       // Missing files.
       {replaced(b, "train.bin", "nope.bin"), {}, "run.yaml:6: data.train: training data '@/nope.bin' does not exist"},
       {b, {"data.val=@/missing_val.bin"}, "data.val: validation data '@/missing_val.bin' does not exist"},
-      {b, {"data.tokenizer=@/missing.json"}, "data.tokenizer: tokenizer (byte or a tokenizer.json path) '@/missing.json'"},
+      {b,
+       {"data.tokenizer=@/missing.json"},
+       "data.tokenizer: tokenizer (byte or a tokenizer.json path) '@/missing.json'"},
       {b, {"model.init_from=@/no_model"}, "model.init_from: model folder or checkpoint '@/no_model' does not exist"},
-      {b + "checkpoint:\n  resume: @/checkpoints/step_00000200\n", {},
+      {b + "checkpoint:\n  resume: @/checkpoints/step_00000200\n",
+       {},
        "run.yaml:10: checkpoint.resume: checkpoint (resume: auto, never or a path) '@/checkpoints/step_00000200' does "
        "not exist"},
       // Missing keys and sections.
-      {replaced(b, "  max_steps: 100\n", "  micro_batch_size: 2\n"), {},
+      {replaced(b, "  max_steps: 100\n", "  micro_batch_size: 2\n"),
+       {},
        "run.yaml:8: training.max_steps: missing required key (expected the number of optimizer steps"},
       {replaced(b, "  preset: qwen3-tiny\n", "  arch: qwen3\n"), {}, "run.yaml:4: model.preset: missing required key"},
       {replaced(b, "model:\n  preset: qwen3-tiny\n", ""), {}, "run.yaml: model: missing required section"},
-      {b, {"training.max_steps="}, "command line override 'training.max_steps=': training.max_steps: missing required key"},
+      {b,
+       {"training.max_steps="},
+       "command line override 'training.max_steps=': training.max_steps: missing required key"},
       // Malformed overrides and YAML.
       {b, {"training.max_steps"}, "command line override 'training.max_steps': expected SECTION.KEY=VALUE"},
       {b, {"training=5"}, "command line override 'training=5': training: expected training.KEY=VALUE"},
-      {b, {"optimizer.betas=[0.9,"}, "command line override 'optimizer.betas=[0.9,': optimizer.betas: the value is not valid YAML"},
+      {b,
+       {"optimizer.betas=[0.9,"},
+       "command line override 'optimizer.betas=[0.9,': optimizer.betas: the value is not valid YAML"},
       {b + "schedule: [\n", {}, "run.yaml:10:1: not valid YAML"},
       {"- 1\n- 2\n", {}, "run.yaml: expected a mapping with the sections run, device, model"},
   };
@@ -311,8 +342,9 @@ TEST_F(ConfigFiles, LoadsFromAFileAndReportsAMissingOne) {
 TEST_F(ConfigFiles, ResolvedYamlRoundTrips) {
   const std::vector<std::string> configs = {
       base(),
-      base() + "device: cpu\noptimizer: {type: adafactor, beta1: 0.9, eps1_mode: clamp, decay_scale: alpha}\n"
-               "sample: {every: 5, prompt: \"  line one:\\n\\tline # two \"}\n",
+      base() +
+          "device: cpu\noptimizer: {type: adafactor, beta1: 0.9, eps1_mode: clamp, decay_scale: alpha}\n"
+          "sample: {every: 5, prompt: \"  line one:\\n\\tline # two \"}\n",
       base() + "optimizer: {type: adafactor, relative_step: false}\nschedule: {type: wsd, decay_ratio: 0.1}\n",
       base() + "optimizer: {type: adamw8bit, lr: 6.1e-4, betas: [0.85, 0.975], min_8bit_size: 17}\n",
   };

@@ -28,7 +28,8 @@ namespace fs = std::filesystem;
 std::string fixture(const std::string& name) { return std::string(LLMTRAIN_FIXTURES_DIR) + "/qwen3/" + name; }
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("llmtrain_model_interface_" + std::to_string(::getpid()) + "_" + name);
+  const fs::path dir =
+      fs::temp_directory_path() / ("llmtrain_model_interface_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -45,7 +46,8 @@ TEST(ModelInterface, FixtureConfigKeysRoundTrip) {
       EXPECT_EQ(written[key], value) << name << ": " << key;
     }
     // And the shape read back from what was written is the same shape.
-    EXPECT_EQ(models::shape_from_hf(*read.family, written, "written", models::base_shape(*read.family, "")), read.shape);
+    EXPECT_EQ(models::shape_from_hf(*read.family, written, "written", models::base_shape(*read.family, "")),
+              read.shape);
   }
 }
 
@@ -101,7 +103,8 @@ TEST(ModelInterface, ExportCarriesMetadataGenerationConfigAndTokenizer) {
   carried["eos_token_id"] = 2;
   carried["rope_theta"] = 1.0;  // a superseded spelling: the shape's rope_parameters win
   std::ofstream(dir / "tok.json") << "{\"model\": {}}";
-  models::write_hf_folder(dir / "out", *spec, layout, master.data(), models::ExportDtype::bf16, carried, dir / "tok.json");
+  models::write_hf_folder(dir / "out", *spec, layout, master.data(), models::ExportDtype::bf16, carried,
+                          dir / "tok.json");
   const nlohmann::json config = models::read_json_file(dir / "out" / "config.json");
   EXPECT_EQ(config["dtype"], "bfloat16");
   EXPECT_EQ(config["bos_token_id"], 1);
@@ -146,7 +149,9 @@ TEST(ModelInterface, ManifestsOfEarlierVersionsStillResume) {
   const std::string yaml = "run: {output_dir: " + (dir / "run").string() +
                            "}\ndevice: cpu\nmodel: {preset: qwen3-tiny, hidden_size: 32, intermediate_size: 64, "
                            "num_layers: 1, num_heads: 2, num_kv_heads: 1, head_dim: 16}\n"
-                           "data: {train: " + (dir / "train.bin").string() + ", seq_len: 16}\n"
+                           "data: {train: " +
+                           (dir / "train.bin").string() +
+                           ", seq_len: 16}\n"
                            "training: {micro_batch_size: 2, max_steps: 4}\nschedule: {warmup_steps: 1}\n"
                            "checkpoint: {every: 2, keep_last: 0}\nlogging: {every: 1}\nsample: {tokens: 1}\n";
   const trainer::RunConfig config = trainer::parse_run_config(yaml, "legacy.yaml", {});

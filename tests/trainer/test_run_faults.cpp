@@ -37,7 +37,8 @@ class RunFaults : public ::testing::Test {
 
   trainer::RunConfig config(const std::string& model) const {
     const std::string yaml = "run: {output_dir: " + (dir_ / "run").string() + "}\ndevice: cpu\nmodel: " + model +
-                             "\ndata: {train: " + (dir_ / "train.bin").string() + ", seq_len: 16}\n"
+                             "\ndata: {train: " + (dir_ / "train.bin").string() +
+                             ", seq_len: 16}\n"
                              "training: {micro_batch_size: 2, max_steps: 4}\nschedule: {warmup_steps: 1}\n"
                              "checkpoint: {every: 2, keep_last: 0}\nlogging: {every: 1}\nsample: {tokens: 1}\n";
     return trainer::parse_run_config(yaml, "faults.yaml", {});
@@ -47,8 +48,9 @@ class RunFaults : public ::testing::Test {
 };
 
 TEST_F(RunFaults, ManifestStepMustMatchItsDirectory) {
-  const trainer::RunConfig c = config("{preset: qwen3-tiny, hidden_size: 32, intermediate_size: 64, num_layers: 1, "
-                                      "num_heads: 2, num_kv_heads: 1, head_dim: 16}");
+  const trainer::RunConfig c = config(
+      "{preset: qwen3-tiny, hidden_size: 32, intermediate_size: 64, num_layers: 1, "
+      "num_heads: 2, num_kv_heads: 1, head_dim: 16}");
   trainer::train(c, {.stop_after_step = 2});
   const fs::path step = dir_ / "run" / "checkpoints" / "step_00000002";
   for (const long long bad : {99LL, -1LL, 4'000'000'000'000'000'000LL}) {
@@ -63,7 +65,8 @@ TEST_F(RunFaults, ManifestStepMustMatchItsDirectory) {
       trainer::verify_checkpoint(step, optim::SlabLayout(trainer::model_spec(c)->parameters(), 1), "adamw");
       ADD_FAILURE() << "accepted step " << bad;
     } catch (const core::InputError& e) {
-      EXPECT_NE(std::string(e.what()).find("manifest.json: step " + std::to_string(bad)), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("manifest.json: step " + std::to_string(bad)), std::string::npos)
+          << e.what();
     }
   }
 }
@@ -77,14 +80,15 @@ TEST_F(RunFaults, EveryStepSkippedFailsTheRun) {
   optim::Slab slab(optim::SlabLayout(spec->parameters(), 1), cpu);
   models::load_hf_weights(fixture, *spec, slab);
   slab.master().as<float>()[slab.layout().tensors()[1].offset] = std::numeric_limits<float>::quiet_NaN();
-  models::write_hf_folder(dir_ / "nan_model", *spec, slab.layout(), slab.master().as<float>(), models::ExportDtype::fp32,
-                          read.config);
+  models::write_hf_folder(dir_ / "nan_model", *spec, slab.layout(), slab.master().as<float>(),
+                          models::ExportDtype::fp32, read.config);
   const trainer::RunConfig c = config("{init_from: " + (dir_ / "nan_model").string() + "}");
   try {
     trainer::train(c);
     FAIL() << "a run whose every step was skipped passed";
   } catch (const core::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("every one of the 4 steps of this run was skipped"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("every one of the 4 steps of this run was skipped"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -57,7 +57,10 @@ class TensorBoardFiles : public ::testing::Test {
 TEST_F(TensorBoardFiles, WriterRecordsReadBackWithValuesAndSteps) {
   const double before = trainer::unix_time_now();
   fs::path path;
-  const std::string sample = "step 20: **In the beginning** \xc3\xbcn\xc3\xaf" "c\xc3\xb6" "d\xc3\xa9\n| a | b |";
+  const std::string sample =
+      "step 20: **In the beginning** \xc3\xbcn\xc3\xaf"
+      "c\xc3\xb6"
+      "d\xc3\xa9\n| a | b |";
   {
     trainer::TensorBoardWriter writer(dir_ / "tb", 11);
     path = writer.path();
@@ -233,7 +236,8 @@ TEST(TensorBoardFixture, PythonWrittenFileReadsBackWithItsValues) {
       EXPECT_EQ(t.values[0].plugin, "text");
       EXPECT_EQ(t.values[0].tensor_dtype, 7);
       EXPECT_EQ(t.values[0].tensor_strings,
-                std::vector<std::string>{"sample at step 3: **In the beginning** \xc3\xbcn\xc3\xaf" "c\xc3\xb6"
+                std::vector<std::string>{"sample at step 3: **In the beginning** \xc3\xbcn\xc3\xaf"
+                                         "c\xc3\xb6"
                                          "d\xc3\xa9\nsecond line"});
     }
     if (step == 4) {

@@ -50,9 +50,8 @@ Params<double> random_params(std::mt19937_64& rng, std::int64_t d, std::int64_t 
 // or a tiny gradient (norm 1e-5, where a few ulps of loss over the step are 1e-6 of it) does not
 // fail on the estimate's own error; a wrong gradient is off by far more.
 ::testing::AssertionResult normwise_matches_fd(std::string_view name, std::vector<double>& x,
-                                               const std::vector<double>& analytic,
-                                               const std::function<double()>& loss, double rel, double abs_zero,
-                                               double step = 1e-5) {
+                                               const std::vector<double>& analytic, const std::function<double()>& loss,
+                                               double rel, double abs_zero, double step = 1e-5) {
   // Fourth-order central differences: truncation O(step^4), so the estimate stays far below the
   // tolerance even where a long recurrence makes the higher derivatives large.
   std::vector<double> fd(x.size()), fd2(x.size());
@@ -84,8 +83,8 @@ Params<double> random_params(std::mt19937_64& rng, std::int64_t d, std::int64_t 
   }
   const double error = std::sqrt(diff_sq / fd_sq);
   if (std::sqrt(diff_sq) <= rel * std::sqrt(fd_sq) + std::sqrt(spread_sq)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << name << ": normwise relative error " << error << " > " << rel
-                                       << " (||fd|| " << std::sqrt(fd_sq) << ", ||fd - g|| " << std::sqrt(diff_sq)
+  return ::testing::AssertionFailure() << name << ": normwise relative error " << error << " > " << rel << " (||fd|| "
+                                       << std::sqrt(fd_sq) << ", ||fd - g|| " << std::sqrt(diff_sq)
                                        << ", the estimate's own spread ||fd - fd2|| " << std::sqrt(spread_sq) << ")";
 }
 
@@ -423,8 +422,8 @@ TEST(E29aCpu, FloatMatchesDoubleAndAccumulates) {
   std::mt19937_64 rng(test::fresh_seed());
   const e29a::LayerShape shape{3, 40, 32, 8};
   const auto pd = random_params(rng, shape.dim, shape.slots, 0.5f);
-  Params<float> pf{optest::narrow(pd.w_xz), optest::narrow(pd.w_h), optest::narrow(pd.b_h),
-                   optest::narrow(pd.w_write), optest::narrow(pd.tape0)};
+  Params<float> pf{optest::narrow(pd.w_xz), optest::narrow(pd.w_h), optest::narrow(pd.b_h), optest::narrow(pd.w_write),
+                   optest::narrow(pd.tape0)};
   const Params<double> pw{optest::widen(pf.w_xz), optest::widen(pf.w_h), optest::widen(pf.b_h),
                           optest::widen(pf.w_write), optest::widen(pf.tape0)};
   const auto uf = test::random_normal(rng, shape.batch * shape.steps * shape.dim);

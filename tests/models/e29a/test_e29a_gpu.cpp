@@ -66,7 +66,9 @@ Bf16Data to_bf16(const std::vector<float>& raw) {
   return out;
 }
 
-Bf16Data normal_bf16(std::mt19937_64& rng, std::size_t n, float scale) { return to_bf16(test::random_normal(rng, n, scale)); }
+Bf16Data normal_bf16(std::mt19937_64& rng, std::size_t n, float scale) {
+  return to_bf16(test::random_normal(rng, n, scale));
+}
 
 Bf16Data uniform_bf16(std::mt19937_64& rng, std::size_t n, float bound) {
   std::uniform_real_distribution<float> dist(-bound, bound);
@@ -143,7 +145,8 @@ Worst g_worst_fp32, g_worst_bf16;
   }
   double diff = 0.0, norm = 0.0;
   for (std::size_t i = 0; i < actual.size(); ++i) {
-    if (!std::isfinite(actual[i])) return ::testing::AssertionFailure() << name << ": element " << i << " is " << actual[i];
+    if (!std::isfinite(actual[i]))
+      return ::testing::AssertionFailure() << name << ": element " << i << " is " << actual[i];
     diff += (actual[i] - expected[i]) * (actual[i] - expected[i]);
     norm += expected[i] * expected[i];
   }
@@ -209,9 +212,15 @@ struct DeviceLayer {
   DeviceLayer(const Weights& w, const std::vector<float>& grad_init_xz, const std::vector<float>& grad_init_h,
               const std::vector<float>& grad_init_b, const std::vector<float>& grad_init_write,
               const std::vector<float>& grad_init_tape0)
-      : w_xz(to_device(w.w_xz.bits)), w_h(to_device(w.w_h.bits)), b_h(to_device(w.b_h.bits)),
-        w_write(to_device(w.w_write.bits)), tape0(to_device(w.tape0.bits)), g_xz(to_device(grad_init_xz)),
-        g_h(to_device(grad_init_h)), g_b(to_device(grad_init_b)), g_write(to_device(grad_init_write)),
+      : w_xz(to_device(w.w_xz.bits)),
+        w_h(to_device(w.w_h.bits)),
+        b_h(to_device(w.b_h.bits)),
+        w_write(to_device(w.w_write.bits)),
+        tape0(to_device(w.tape0.bits)),
+        g_xz(to_device(grad_init_xz)),
+        g_h(to_device(grad_init_h)),
+        g_b(to_device(grad_init_b)),
+        g_write(to_device(grad_init_write)),
         g_tape0(to_device(grad_init_tape0)) {}
 
   e29a::LayerWeightsCuda weights() const {
@@ -364,10 +373,13 @@ void compare(const Case& c, const GpuResult& g, const Reference& r, const std::v
   EXPECT_TRUE(normwise_close("dL/dW_h", added(g.g_h, grad_init, 2 * dd), r.g_h, kBf16Tolerance));
   EXPECT_TRUE(normwise_close("dL/dW_write", added(g.g_write, grad_init, 3 * dd + c.dim), r.g_write, kBf16Tolerance));
   std::printf("[ errors   ] %s: fp32 paths worst %.3g (%s; tolerance %.3g), bf16 paths worst %.3g (%s)\n",
-              describe(c).c_str(), g_worst_fp32.error, g_worst_fp32.name.c_str(), fp32_tol, g_worst_bf16.error, g_worst_bf16.name.c_str());
+              describe(c).c_str(), g_worst_fp32.error, g_worst_fp32.name.c_str(), fp32_tol, g_worst_bf16.error,
+              g_worst_bf16.name.c_str());
 }
 
-std::size_t gradient_count(const Case& c) { return static_cast<std::size_t>(4 * c.dim * c.dim + c.dim + c.slots * c.dim); }
+std::size_t gradient_count(const Case& c) {
+  return static_cast<std::size_t>(4 * c.dim * c.dim + c.dim + c.slots * c.dim);
+}
 
 TEST(E29aGpu, MatchesReference) {
   REQUIRE_GPU();
@@ -376,8 +388,8 @@ TEST(E29aGpu, MatchesReference) {
   // Each value of N, D, T and B appears at least once; the CPU reference's cost (B T D (D + N))
   // keeps D = 1024 to short or narrow runs.
   const Case cases[] = {
-      {8, 64, 1, 1},     {16, 72, 512, 3}, {32, 200, 7, 64}, {64, 64, 129, 64}, {8, 1024, 129, 3},
-      {64, 1024, 7, 1},  {16, 200, 129, 3}, {32, 72, 512, 1}, {5, 72, 7, 3},    {40, 200, 7, 3},
+      {8, 64, 1, 1},    {16, 72, 512, 3},  {32, 200, 7, 64}, {64, 64, 129, 64}, {8, 1024, 129, 3},
+      {64, 1024, 7, 1}, {16, 200, 129, 3}, {32, 72, 512, 1}, {5, 72, 7, 3},     {40, 200, 7, 3},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(describe(c));
@@ -434,8 +446,8 @@ TEST(E29aGpu, BitIdenticalAcrossRunsAndCheckpointIntervals) {
   const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
   const std::vector<float> grad_init = test::random_normal(rng, gradient_count(c), 0.5f);
   const GpuResult base = run_gpu(context, c, w, u.bits, dy.bits, grad_init);
-  for (const std::int64_t interval : {std::int64_t{0}, std::int64_t{1}, std::int64_t{5}, std::int64_t{36},
-                                      std::int64_t{37}, std::int64_t{1000}}) {
+  for (const std::int64_t interval :
+       {std::int64_t{0}, std::int64_t{1}, std::int64_t{5}, std::int64_t{36}, std::int64_t{37}, std::int64_t{1000}}) {
     SCOPED_TRACE("interval " + std::to_string(interval));
     const GpuResult again = run_gpu(context, c, w, u.bits, dy.bits, grad_init, interval);
     EXPECT_TRUE(bit_identical("y", again.y, base.y));

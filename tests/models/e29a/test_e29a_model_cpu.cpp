@@ -186,8 +186,8 @@ TEST(E29aModelCpu, DecoderMatchesTrainingForward) {
   decoder.step(ids[7]);
   decoder.step(ids[8]);
   EXPECT_EQ(decoder.position(), seq);
-  EXPECT_TRUE(test::all_close(std::vector<float>(decoder.logits(), decoder.logits() + config.vocab_size), last, 1e-5,
-                              1e-6));
+  EXPECT_TRUE(
+      test::all_close(std::vector<float>(decoder.logits(), decoder.logits() + config.vocab_size), last, 1e-5, 1e-6));
   EXPECT_THROW(decoder.step(ids[0]), core::InputError);
 }
 

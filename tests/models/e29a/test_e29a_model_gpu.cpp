@@ -58,7 +58,8 @@ struct Pair {
     const auto noise = test::random_normal(rng, host->master().bytes() / 4, 0.05f);
     const auto& embed = layout.tensor("embed_tokens");
     for (std::size_t i = 0; i < noise.size(); ++i) {
-      const bool in_embed = static_cast<std::int64_t>(i) >= embed.offset && static_cast<std::int64_t>(i) < embed.offset + embed.numel;
+      const bool in_embed =
+          static_cast<std::int64_t>(i) >= embed.offset && static_cast<std::int64_t>(i) < embed.offset + embed.numel;
       const float v = (in_embed ? 25.0f * w[i] : w[i]) + noise[i];
       w[i] = core::bf16_to_float(core::float_to_bf16(v));
     }
@@ -138,8 +139,10 @@ struct StagingSink final : optim::GradientSink {
   std::vector<float> collected;
   std::vector<int> hits;
   StagingSink(std::int64_t elements, std::int64_t total)
-      : limit(elements), staging(core::Device::cuda(), static_cast<std::size_t>(elements) * 4),
-        collected(static_cast<std::size_t>(total), 0.0f), hits(static_cast<std::size_t>(total), 0) {}
+      : limit(elements),
+        staging(core::Device::cuda(), static_cast<std::size_t>(elements) * 4),
+        collected(static_cast<std::size_t>(total), 0.0f),
+        hits(static_cast<std::size_t>(total), 0) {}
   std::int64_t max_range_elements() const override { return limit; }
   optim::Range current{};
   float* acquire(optim::Range range) override {

@@ -57,8 +57,8 @@ void naive_attention(const AttentionShape& s, const std::vector<float>& q, const
 
 TEST(Attention, MatchesNaiveSoftmaxAttention) {
   std::mt19937_64 rng(test::fresh_seed());
-  const AttentionShape shapes[] = {{2, 13, 4, 4, 64}, {2, 13, 4, 2, 128}, {1, 19, 4, 1, 64},
-                                   {3, 1, 2, 1, 128}, {2, 9, 6, 3, 5}};
+  const AttentionShape shapes[] = {
+      {2, 13, 4, 4, 64}, {2, 13, 4, 2, 128}, {1, 19, 4, 1, 64}, {3, 1, 2, 1, 128}, {2, 9, 6, 3, 5}};
   for (const auto& s : shapes) {
     const auto q = test::random_normal(rng, q_size(s), 1.5f);
     const auto k = test::random_normal(rng, kv_size(s), 1.5f);
@@ -107,7 +107,7 @@ TEST(Attention, FuturePositionsNeverLeak) {
 
 TEST(Attention, GradientsMatchFiniteDifferences) {
   std::mt19937_64 rng(test::fresh_seed());
-  const AttentionShape shapes[] = {{2, 7, 2, 2, 5}, {1, 6, 4, 2, 5}, {1, 5, 4, 1, 64},
+  const AttentionShape shapes[] = {{2, 7, 2, 2, 5},   {1, 6, 4, 2, 5}, {1, 5, 4, 1, 64},
                                    {1, 4, 2, 1, 128}, {2, 1, 2, 2, 5}, {1, 11, 1, 1, 3}};
   for (const auto& s : shapes) {
     SCOPED_TRACE(describe(s));

@@ -41,8 +41,12 @@ std::string describe(const AttentionShape& s) {
          " Hkv=" + std::to_string(s.kv_heads) + " hd=" + std::to_string(s.head_dim);
 }
 
-std::size_t q_size(const AttentionShape& s) { return static_cast<std::size_t>(s.batch * s.seq * s.q_heads * s.head_dim); }
-std::size_t kv_size(const AttentionShape& s) { return static_cast<std::size_t>(s.batch * s.seq * s.kv_heads * s.head_dim); }
+std::size_t q_size(const AttentionShape& s) {
+  return static_cast<std::size_t>(s.batch * s.seq * s.q_heads * s.head_dim);
+}
+std::size_t kv_size(const AttentionShape& s) {
+  return static_cast<std::size_t>(s.batch * s.seq * s.kv_heads * s.head_dim);
+}
 std::size_t lse_size(const AttentionShape& s) { return static_cast<std::size_t>(s.batch * s.q_heads * s.seq); }
 
 std::vector<std::uint16_t> random_bf16(std::mt19937_64& rng, std::size_t n, float scale) {
@@ -253,8 +257,8 @@ void expect_matches_reference(const AttentionShape& s, const Outputs& gpu, const
   EXPECT_TRUE(close_normwise(to_double(gpu.dq), ref.dq, kGradientTolerance, e_dq)) << where << ": dq";
   EXPECT_TRUE(close_normwise(to_double(gpu.dk), ref.dk, kGradientTolerance, e_dk)) << where << ": dk";
   EXPECT_TRUE(close_normwise(to_double(gpu.dv), ref.dv, kGradientTolerance, e_dv)) << where << ": dv";
-  std::printf("[ errors   ] %-40s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", where.c_str(), e_out, e_lse, e_dq,
-              e_dk, e_dv);
+  std::printf("[ errors   ] %-40s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", where.c_str(), e_out, e_lse, e_dq, e_dk,
+              e_dv);
 }
 
 Outputs run(const AttentionShape& s, const Inputs& in, bool packed, int forward_variant = -1,
@@ -268,11 +272,11 @@ Outputs run(const AttentionShape& s, const Inputs& in, bool packed, int forward_
 TEST(AttentionGpu, MatchesReferenceOnAwkwardShapes) {
   REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
-  const AttentionShape shapes[] = {
-      {1, 1, 2, 1, 64},    {3, 1, 4, 4, 128},   {1, 17, 4, 2, 128},  {3, 17, 4, 1, 64},   {3, 63, 4, 1, 128},
-      {1, 63, 2, 2, 64},   {1, 64, 4, 2, 64},   {3, 64, 4, 4, 128},  {3, 65, 8, 2, 64},   {1, 65, 4, 1, 128},
-      {3, 129, 4, 2, 128}, {1, 200, 4, 1, 128}, {3, 200, 2, 1, 64},  {1, 200, 8, 2, 64},  {1, 1000, 4, 2, 128},
-      {1, 1000, 4, 1, 64}, {1, 1000, 2, 2, 128}};
+  const AttentionShape shapes[] = {{1, 1, 2, 1, 64},    {3, 1, 4, 4, 128},  {1, 17, 4, 2, 128},   {3, 17, 4, 1, 64},
+                                   {3, 63, 4, 1, 128},  {1, 63, 2, 2, 64},  {1, 64, 4, 2, 64},    {3, 64, 4, 4, 128},
+                                   {3, 65, 8, 2, 64},   {1, 65, 4, 1, 128}, {3, 129, 4, 2, 128},  {1, 200, 4, 1, 128},
+                                   {3, 200, 2, 1, 64},  {1, 200, 8, 2, 64}, {1, 1000, 4, 2, 128}, {1, 1000, 4, 1, 64},
+                                   {1, 1000, 2, 2, 128}};
   for (const auto& s : shapes) {
     const Inputs in = random_inputs(rng, s);
     expect_matches_reference(s, run(s, in, false), reference(s, in), describe(s));
@@ -305,8 +309,8 @@ TEST(AttentionGpu, EveryTileVariantMatchesReference) {
 TEST(AttentionGpu, PackedQkvMatchesDenseBitForBit) {
   REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
-  for (const AttentionShape& s : {AttentionShape{2, 97, 4, 2, 128}, AttentionShape{3, 130, 8, 2, 64},
-                                  AttentionShape{1, 33, 4, 1, 128}}) {
+  for (const AttentionShape& s :
+       {AttentionShape{2, 97, 4, 2, 128}, AttentionShape{3, 130, 8, 2, 64}, AttentionShape{1, 33, 4, 1, 128}}) {
     SCOPED_TRACE(describe(s));
     const Inputs in = random_inputs(rng, s);
     const Outputs dense = run(s, in, false);
@@ -344,10 +348,10 @@ TEST(AttentionGpu, FutureTokensDoNotLeak) {
     for (std::int64_t b = 0; b < s.batch; ++b) {
       for (std::int64_t t = 0; t < s.seq; ++t) {
         const auto first = static_cast<std::size_t>((b * s.seq + t) * q_row);
-        const bool out_same = std::equal(before.out.begin() + first, before.out.begin() + first + q_row,
-                                         after.out.begin() + first);
-        const bool dq_same = std::equal(before.dq.begin() + first, before.dq.begin() + first + q_row,
-                                        after.dq.begin() + first);
+        const bool out_same =
+            std::equal(before.out.begin() + first, before.out.begin() + first + q_row, after.out.begin() + first);
+        const bool dq_same =
+            std::equal(before.dq.begin() + first, before.dq.begin() + first + q_row, after.dq.begin() + first);
         if (t < changed) {
           EXPECT_TRUE(out_same) << "out changed at batch " << b << " position " << t;
           EXPECT_TRUE(dq_same) << "dq changed at batch " << b << " position " << t;
@@ -391,8 +395,8 @@ TEST(AttentionGpu, EmptyShapesLaunchNothing) {
   for (const AttentionShape& s : {AttentionShape{0, 16, 4, 2, 64}, AttentionShape{2, 0, 4, 2, 128}}) {
     EXPECT_EQ(ops::attention_backward_workspace_bytes(s), 0u);
     EXPECT_NO_THROW(ops::attention_forward_cuda(s, {}, {}, {}, nullptr, nullptr, nullptr));
-    EXPECT_NO_THROW(ops::attention_backward_cuda(s, {}, {}, {}, nullptr, nullptr, nullptr, {}, {}, {}, nullptr, 0,
-                                                 nullptr));
+    EXPECT_NO_THROW(
+        ops::attention_backward_cuda(s, {}, {}, {}, nullptr, nullptr, nullptr, {}, {}, {}, nullptr, 0, nullptr));
   }
 }
 
@@ -414,24 +418,38 @@ TEST(AttentionGpu, RejectsUnsupportedArguments) {
       EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
     }
   };
-  expect_error([&] { ops::attention_forward_cuda({1, 16, 4, 2, 96}, qi, ki, vi, o, l, nullptr); },
-               "head_dim must be 64 or 128");
-  expect_error([&] { ops::attention_forward_cuda({1, 16, 4, 3, 64}, qi, ki, vi, o, l, nullptr); },
-               "must be a multiple of kv_heads");
-  expect_error([&] { ops::attention_forward_cuda(s, {q.as<std::uint16_t>() + 1, 256}, ki, vi, o, l, nullptr); },
-               "q must be 16-byte aligned");
-  expect_error([&] { ops::attention_forward_cuda(s, qi, {k.as<std::uint16_t>(), 132}, vi, o, l, nullptr); },
-               "k token_stride must be a multiple of 8");
-  expect_error([&] { ops::attention_forward_cuda(s, qi, {k.as<std::uint16_t>(), 64}, vi, o, l, nullptr); },
-               "at least 128");
+  expect_error(
+      [&] {
+        ops::attention_forward_cuda({1, 16, 4, 2, 96}, qi, ki, vi, o, l, nullptr);
+      },
+      "head_dim must be 64 or 128");
+  expect_error(
+      [&] {
+        ops::attention_forward_cuda({1, 16, 4, 3, 64}, qi, ki, vi, o, l, nullptr);
+      },
+      "must be a multiple of kv_heads");
+  expect_error(
+      [&] {
+        ops::attention_forward_cuda(s, {q.as<std::uint16_t>() + 1, 256}, ki, vi, o, l, nullptr);
+      },
+      "q must be 16-byte aligned");
+  expect_error(
+      [&] {
+        ops::attention_forward_cuda(s, qi, {k.as<std::uint16_t>(), 132}, vi, o, l, nullptr);
+      },
+      "k token_stride must be a multiple of 8");
+  expect_error(
+      [&] {
+        ops::attention_forward_cuda(s, qi, {k.as<std::uint16_t>(), 64}, vi, o, l, nullptr);
+      },
+      "at least 128");
   expect_error([&] { ops::attention_forward_cuda(s, qi, ki, vi, q.as<std::uint16_t>(), l, nullptr); },
                "out overlaps the input q");
   expect_error([&] { ops::attention_forward_cuda(s, qi, ki, vi, o, l, nullptr, 99); }, "no tile variant 99");
   expect_error(
       [&] {
-        ops::attention_backward_cuda(s, qi, ki, vi, o, l, o, {q.as<std::uint16_t>(), 256},
-                                     {k.as<std::uint16_t>(), 128}, {v.as<std::uint16_t>(), 128}, workspace.data(),
-                                     workspace.bytes(), nullptr);
+        ops::attention_backward_cuda(s, qi, ki, vi, o, l, o, {q.as<std::uint16_t>(), 256}, {k.as<std::uint16_t>(), 128},
+                                     {v.as<std::uint16_t>(), 128}, workspace.data(), workspace.bytes(), nullptr);
       },
       "dq overlaps the input q");
   core::Buffer dq(gpu, q_size(s) * 2), dk(gpu, kv_size(s) * 2), dv(gpu, kv_size(s) * 2);

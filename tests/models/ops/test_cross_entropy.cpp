@@ -52,7 +52,8 @@ TEST(CrossEntropy, MatchesUnchunkedReference) {
   auto targets = random_targets(rng, tokens, vocab, 0.25);
   targets[0] = ops::kIgnoreIndex;
   targets[1] = vocab - 1;
-  const std::int64_t counted = std::count_if(targets.begin(), targets.end(), [](auto t) { return t != ops::kIgnoreIndex; });
+  const std::int64_t counted =
+      std::count_if(targets.begin(), targets.end(), [](auto t) { return t != ops::kIgnoreIndex; });
   const double expected = unchunked_loss(hidden, weight, targets, dim, vocab);
   const auto result = ops::cross_entropy_forward_cpu<float>(hidden, weight, targets, dim, vocab, 8);
   EXPECT_EQ(result.count, counted);
@@ -70,8 +71,8 @@ TEST(CrossEntropy, ChunkSizeChangesOnlyRounding) {
   for (const std::int64_t chunk : {tokens, std::int64_t{1}, std::int64_t{5}, std::int64_t{16}, std::int64_t{0}}) {
     std::vector<float> dhidden(hidden.size(), std::numeric_limits<float>::quiet_NaN());
     auto dweight = dweight_initial;
-    const auto result = ops::cross_entropy_backward_cpu<float>(hidden, weight, targets, dim, vocab, dhidden, dweight,
-                                                               1.0, chunk);
+    const auto result =
+        ops::cross_entropy_backward_cpu<float>(hidden, weight, targets, dim, vocab, dhidden, dweight, 1.0, chunk);
     const auto forward = ops::cross_entropy_forward_cpu<float>(hidden, weight, targets, dim, vocab, chunk);
     EXPECT_EQ(result.loss, forward.loss) << "the backward returns the forward's loss";
     EXPECT_EQ(result.count, forward.count);
@@ -119,10 +120,11 @@ TEST(CrossEntropy, FloatMatchesDoubleAndAccumulatesWeightGradient) {
   const auto dweight_initial = test::random_normal(rng, vocab * dim, 1e-2f);
   std::vector<float> dhidden(hidden.size(), std::numeric_limits<float>::quiet_NaN());
   auto dweight = dweight_initial;
-  const auto result = ops::cross_entropy_backward_cpu<float>(hidden, weight, targets, dim, vocab, dhidden, dweight, 1.0, 7);
+  const auto result =
+      ops::cross_entropy_backward_cpu<float>(hidden, weight, targets, dim, vocab, dhidden, dweight, 1.0, 7);
   std::vector<double> dhiddend(hidden.size()), dweightd = optest::widen(dweight_initial);
-  const auto resultd = ops::cross_entropy_backward_cpu<double>(optest::widen(hidden), optest::widen(weight), targets, dim,
-                                                               vocab, dhiddend, dweightd, 1.0, 7);
+  const auto resultd = ops::cross_entropy_backward_cpu<double>(optest::widen(hidden), optest::widen(weight), targets,
+                                                               dim, vocab, dhiddend, dweightd, 1.0, 7);
   EXPECT_NEAR(result.loss, resultd.loss, 1e-6 * resultd.loss);
   EXPECT_TRUE(test::all_close(dhidden, optest::narrow(dhiddend), 1e-5, 1e-7));
   EXPECT_TRUE(test::all_close(dweight, optest::narrow(dweightd), 1e-5, 1e-7));
@@ -153,10 +155,12 @@ TEST(CrossEntropy, RejectsBadTargetsAndSizes) {
   const std::int64_t dim = 4, vocab = 10;
   std::vector<float> hidden(3 * dim), weight(vocab * dim), dhidden(3 * dim), dweight(vocab * dim);
   const std::vector<std::int32_t> too_big = {1, 10, 2}, negative = {1, 2, -1}, fine = {1, ops::kIgnoreIndex, 2};
-  EXPECT_OP_ERROR(ops::cross_entropy_forward_cpu<float>(hidden, weight, too_big, dim, vocab), "target 10 at position 1");
+  EXPECT_OP_ERROR(ops::cross_entropy_forward_cpu<float>(hidden, weight, too_big, dim, vocab),
+                  "target 10 at position 1");
   EXPECT_OP_ERROR(ops::cross_entropy_backward_cpu<float>(hidden, weight, negative, dim, vocab, dhidden, dweight),
                   "target -1 at position 2");
-  EXPECT_OP_ERROR(ops::cross_entropy_forward_cpu<float>(hidden, weight, fine, dim, vocab + 1), "weight has 40 elements");
+  EXPECT_OP_ERROR(ops::cross_entropy_forward_cpu<float>(hidden, weight, fine, dim, vocab + 1),
+                  "weight has 40 elements");
   EXPECT_OP_ERROR(ops::cross_entropy_backward_cpu<float>(hidden, weight, fine, dim, vocab,
                                                          std::span<float>(dhidden.data(), 11), dweight),
                   "dhidden has 11 elements");
@@ -174,10 +178,10 @@ TEST(CrossEntropy, WeightRowWindowsSumToWholeWeightGradient) {
     std::vector<std::int64_t> bounds;  // windows [bounds[i], bounds[i + 1])
   };
   const Case cases[] = {
-      {23, 16, 37, 0, {0, 5, 22, 37}},      // uneven windows, one chunk
-      {23, 16, 37, 4, {0, 1, 2, 19, 37}},   // windows of one row, 6 chunks (the last of 3)
-      {1, 9, 37, 0, {0, 36, 37}},           // one token
-      {17, 8, 50, 5, {0, 50}},              // one window: the whole vocabulary
+      {23, 16, 37, 0, {0, 5, 22, 37}},     // uneven windows, one chunk
+      {23, 16, 37, 4, {0, 1, 2, 19, 37}},  // windows of one row, 6 chunks (the last of 3)
+      {1, 9, 37, 0, {0, 36, 37}},          // one token
+      {17, 8, 50, 5, {0, 50}},             // one window: the whole vocabulary
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("tokens " + std::to_string(c.tokens) + " dim " + std::to_string(c.dim) + " vocab " +
@@ -234,12 +238,12 @@ TEST(CrossEntropy, WeightRowsFloatMatchesDoubleAndRejectsBadWindows) {
                   "non-empty range");
   EXPECT_OP_ERROR(ops::cross_entropy_backward_weight_rows_cpu<float>(hidden, weight, targets, dim, vocab, -1, 36, out),
                   "non-empty range");
-  EXPECT_OP_ERROR(ops::cross_entropy_backward_weight_rows_cpu<float>(hidden, weight, targets, dim, vocab, 65,
-                                                                     vocab + 1, out),
-                  "non-empty range");
-  EXPECT_OP_ERROR(ops::cross_entropy_backward_weight_rows_cpu<float>(hidden, weight, targets, dim, vocab, begin,
-                                                                     end + 1, out),
-                  "dweight_rows has");
+  EXPECT_OP_ERROR(
+      ops::cross_entropy_backward_weight_rows_cpu<float>(hidden, weight, targets, dim, vocab, 65, vocab + 1, out),
+      "non-empty range");
+  EXPECT_OP_ERROR(
+      ops::cross_entropy_backward_weight_rows_cpu<float>(hidden, weight, targets, dim, vocab, begin, end + 1, out),
+      "dweight_rows has");
   const std::vector<std::int32_t> bad = {1, 101};
   EXPECT_OP_ERROR(ops::cross_entropy_backward_weight_rows_cpu<float>(std::span<const float>(hidden.data(), 2 * dim),
                                                                      weight, bad, dim, vocab, begin, end, out),

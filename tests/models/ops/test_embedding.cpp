@@ -80,7 +80,8 @@ TEST(Embedding, BackwardInRowWindowsMatchesTheFullBackward) {
   }
   for (std::size_t i = 0; i < full.size(); ++i) ASSERT_EQ(assembled[i], full[i]) << "element " << i;
   for (std::int64_t v = 14; v < 22; ++v) {
-    for (std::int64_t d = 0; d < dim; ++d) ASSERT_EQ(assembled[v * dim + d], initial[v * dim + d]) << "unused row " << v;
+    for (std::int64_t d = 0; d < dim; ++d)
+      ASSERT_EQ(assembled[v * dim + d], initial[v * dim + d]) << "unused row " << v;
   }
   // Against the naive sum as well, so a window that drops its tokens cannot pass.
   std::vector<double> expected(initial.begin(), initial.end());
@@ -105,9 +106,9 @@ TEST(Embedding, RowWindowRejectsBadWindowsAndSizes) {
   EXPECT_OP_ERROR(ops::embedding_backward_cpu<float>(ids, dout, vocab, dim, 2, 4, rows), "dtable_rows has 12 elements");
   // Ids outside the window must still be valid.
   EXPECT_OP_ERROR(ops::embedding_backward_cpu<float>(too_big, dout, vocab, dim, 0, 3, rows), "token id 10");
-  EXPECT_OP_ERROR(ops::embedding_backward_cpu<float>(ids, std::span<const float>(rows), vocab, dim, 0, 3,
-                                                    std::span<float>(rows)),
-                  "dtable_rows overlaps the input dout");
+  EXPECT_OP_ERROR(
+      ops::embedding_backward_cpu<float>(ids, std::span<const float>(rows), vocab, dim, 0, 3, std::span<float>(rows)),
+      "dtable_rows overlaps the input dout");
 }
 
 TEST(Embedding, GradientMatchesFiniteDifferences) {
@@ -137,7 +138,7 @@ TEST(Embedding, RejectsOutOfRangeIdsAndWrongSizes) {
   EXPECT_OP_ERROR(ops::embedding_forward_cpu<float>(fine, table, vocab, dim, short_out), "out has 11 elements");
   EXPECT_OP_ERROR(ops::embedding_forward_cpu<float>(fine, table, vocab + 1, dim, out), "table has 40 elements");
   EXPECT_OP_ERROR(ops::embedding_backward_cpu<float>(fine, std::span<const float>(table.data(), 3 * dim), vocab, dim,
-                                                    std::span<float>(table)),
+                                                     std::span<float>(table)),
                   "dtable overlaps the input dout");
   const std::vector<std::int32_t> none;
   std::vector<float> empty;

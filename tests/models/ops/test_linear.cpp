@@ -65,7 +65,8 @@ TEST(Linear, RejectsWrongSizes) {
   EXPECT_OP_ERROR(ops::linear_forward_cpu<float>(x, w, 4, 4, 5, y), "x has 12 elements, expected 16");
   EXPECT_OP_ERROR(ops::linear_backward_cpu<float>(y, x, w, 3, 4, 5, dx, std::span<float>(dw.data(), 19)),
                   "dweight has 19 elements");
-  EXPECT_OP_ERROR(ops::linear_backward_cpu<float>(y, x, w, 3, 4, 5, std::span<float>(x), dw), "dx overlaps the input x");
+  EXPECT_OP_ERROR(ops::linear_backward_cpu<float>(y, x, w, 3, 4, 5, std::span<float>(x), dw),
+                  "dx overlaps the input x");
   EXPECT_OP_ERROR(ops::linear_forward_cpu<float>(x, w, 3, 0, 5, y), "in_features must be positive");
 }
 

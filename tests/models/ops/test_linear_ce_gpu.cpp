@@ -97,9 +97,9 @@ double normwise_error(const std::vector<double>& actual, const std::vector<doubl
 }
 
 struct Tolerance {
-  double normwise;   // ||a - e|| / ||e||
-  double rtol;       // elementwise, of |e|
-  double atol_rms;   // elementwise, of rms(e)
+  double normwise;  // ||a - e|| / ||e||
+  double rtol;      // elementwise, of |e|
+  double atol_rms;  // elementwise, of rms(e)
 };
 
 constexpr Tolerance kBf16Output{5e-3, 1.0 / 128, 1e-3};
@@ -213,8 +213,8 @@ struct LinearInputs {
         dw_d(device_buffer(s.out * s.in * sizeof(float))) {}
 
   std::string name() const {
-    return std::to_string(shape.rows) + "x" + std::to_string(shape.in) + "->" + std::to_string(shape.out) +
-           " offset " + std::to_string(shape.offset);
+    return std::to_string(shape.rows) + "x" + std::to_string(shape.in) + "->" + std::to_string(shape.out) + " offset " +
+           std::to_string(shape.offset);
   }
 
   // Forward, then backward with dx written (or accumulated onto dx_initial) and dW accumulated
@@ -261,13 +261,13 @@ struct LinearInputs {
 };
 
 const LinearCase kLinearCases[] = {
-    {1, 64, 32, 0},      // one token
-    {1, 7, 5, 1},        // one token, odd features, 2-byte-aligned pointers
-    {37, 129, 77, 0},    // odd everything
-    {19, 33, 45, 3},     // odd everything, misaligned pointers
-    {64, 1024, 96, 0},   // aligned
-    {257, 1000, 200, 0}, // multiples of 8 but not of 16/64
-    {200, 1024, 768, 8}, // Qwen-like width, 16-byte-aligned offset
+    {1, 64, 32, 0},       // one token
+    {1, 7, 5, 1},         // one token, odd features, 2-byte-aligned pointers
+    {37, 129, 77, 0},     // odd everything
+    {19, 33, 45, 3},      // odd everything, misaligned pointers
+    {64, 1024, 96, 0},    // aligned
+    {257, 1000, 200, 0},  // multiples of 8 but not of 16/64
+    {200, 1024, 768, 8},  // Qwen-like width, 16-byte-aligned offset
 };
 
 TEST(LinearGpu, MatchesReferenceWrittenAndAccumulatedDx) {
@@ -338,9 +338,9 @@ TEST(LinearGpu, GraphReplayEqualsEagerAndFirstUseInCaptureIsRejected) {
   // A shape never seen: rejected inside the capture, which is then ended and dropped.
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(context.stream(), cudaStreamCaptureModeRelaxed), cudaSuccess);
-  EXPECT_THROW(plan.forward(inputs.x_d.data(), inputs.w_d.data(), s.rows - 1, s.in, s.out, inputs.y_d.data(),
-                            workspace.get()),
-               core::Error);
+  EXPECT_THROW(
+      plan.forward(inputs.x_d.data(), inputs.w_d.data(), s.rows - 1, s.in, s.out, inputs.y_d.data(), workspace.get()),
+      core::Error);
   ASSERT_EQ(cudaStreamEndCapture(context.stream(), &graph), cudaSuccess);
   if (graph != nullptr) {
     ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
@@ -390,9 +390,7 @@ TEST(LinearGpu, RejectsBadArguments) {
   expect_error([&] { plan.forward(x, w, -1, 8, 8, y, workspace.get()); }, "rows must not be negative");
   expect_error([&] { plan.forward(x, w, 4, 8, 8, x + 8, workspace.get()); }, "y overlaps the input x");
   expect_error(
-      [&] {
-        plan.forward(reinterpret_cast<bf16*>(reinterpret_cast<char*>(x) + 1), w, 4, 8, 8, y, workspace.get());
-      },
+      [&] { plan.forward(reinterpret_cast<bf16*>(reinterpret_cast<char*>(x) + 1), w, 4, 8, 8, y, workspace.get()); },
       "not aligned");
   expect_error([&] { plan.backward_weight(x, w, 4, 8, 8, reinterpret_cast<float*>(x + 2), workspace.get()); },
                "dweight overlaps the input dy");
@@ -567,13 +565,13 @@ TEST(CrossEntropyGpu, MatchesReference) {
     std::int64_t chunk;
   };
   const Case cases[] = {
-      {{37, 64, 1000, 0.25, 1.0f}, 8},      // tokens not a multiple of the chunk
-      {{1, 33, 997, 0.0, 1.0f}, 0},         // one token, odd dim and vocab (scalar row path)
-      {{45, 33, 1003, 0.2, 0.5f}, 7},       // odd dim: chunk pointers 2-byte aligned
-      {{130, 96, 4096, 0.1, 2.0f}, 0},      // one chunk
-      {{130, 96, 4096, 0.1, 2.0f}, 50},     // same shape, 3 chunks (50, 50, 30)
-      {{5, 64, 151936, 0.0, 1.0f}, 2},      // Qwen3's vocabulary
-      {{64, 128, 2048, 0.0, 1.0f}, 128},    // chunk larger than the tokens
+      {{37, 64, 1000, 0.25, 1.0f}, 8},    // tokens not a multiple of the chunk
+      {{1, 33, 997, 0.0, 1.0f}, 0},       // one token, odd dim and vocab (scalar row path)
+      {{45, 33, 1003, 0.2, 0.5f}, 7},     // odd dim: chunk pointers 2-byte aligned
+      {{130, 96, 4096, 0.1, 2.0f}, 0},    // one chunk
+      {{130, 96, 4096, 0.1, 2.0f}, 50},   // same shape, 3 chunks (50, 50, 30)
+      {{5, 64, 151936, 0.0, 1.0f}, 2},    // Qwen3's vocabulary
+      {{64, 128, 2048, 0.0, 1.0f}, 128},  // chunk larger than the tokens
   };
   for (const Case& c : cases) {
     CeInputs inputs(rng, c.shape);
@@ -703,14 +701,15 @@ TEST(CrossEntropyGpu, ChunkDefaultAndRejectsBadArguments) {
     EXPECT_NE(std::string(error.what()).find("cross_entropy_workspace_bytes"), std::string::npos) << error.what();
   }
   Workspace workspace(ops::cross_entropy_workspace_bytes(8, 64));
-  EXPECT_THROW(plan.backward(inputs.hidden_d.as<bf16>(), inputs.weight_d.as<bf16>(), inputs.targets_d.as<std::int32_t>(),
-                             8, 16, 64, inputs.dhidden_d.as<bf16>(), inputs.dweight_d.as<float>(),
-                             std::numeric_limits<float>::infinity(), outputs, workspace.get()),
-               core::Error);
-  EXPECT_THROW(plan.backward(inputs.hidden_d.as<bf16>(), inputs.weight_d.as<bf16>(), inputs.targets_d.as<std::int32_t>(),
-                             8, 16, 64, inputs.hidden_d.as<bf16>(), inputs.dweight_d.as<float>(), 1.0f, outputs,
-                             workspace.get()),
-               core::Error);  // dhidden overlaps hidden
+  EXPECT_THROW(
+      plan.backward(inputs.hidden_d.as<bf16>(), inputs.weight_d.as<bf16>(), inputs.targets_d.as<std::int32_t>(), 8, 16,
+                    64, inputs.dhidden_d.as<bf16>(), inputs.dweight_d.as<float>(),
+                    std::numeric_limits<float>::infinity(), outputs, workspace.get()),
+      core::Error);
+  EXPECT_THROW(
+      plan.backward(inputs.hidden_d.as<bf16>(), inputs.weight_d.as<bf16>(), inputs.targets_d.as<std::int32_t>(), 8, 16,
+                    64, inputs.hidden_d.as<bf16>(), inputs.dweight_d.as<float>(), 1.0f, outputs, workspace.get()),
+      core::Error);  // dhidden overlaps hidden
 }
 
 // ---- vocabulary-split backward (backward_hidden, backward_weight_rows) ----
@@ -737,8 +736,8 @@ CeRun run_backward_hidden(CeInputs& inputs, ops::CrossEntropyPlan& plan, const c
   const ops::CrossEntropyDeviceOutputs outputs{inputs.losses_d.as<float>(), inputs.mean_d.as<float>(),
                                                inputs.count_d.as<std::int32_t>()};
   plan.backward_hidden(inputs.hidden_d.as<bf16>(), inputs.weight_d.as<bf16>(), inputs.targets_d.as<std::int32_t>(),
-                       s.tokens, s.dim, s.vocab, inputs.dhidden_d.as<bf16>(), s.grad_scale, outputs,
-                       lse_d.as<float>(), workspace.get(), chunk);
+                       s.tokens, s.dim, s.vocab, inputs.dhidden_d.as<bf16>(), s.grad_scale, outputs, lse_d.as<float>(),
+                       workspace.get(), chunk);
   CeRun out;
   out.token_losses = test::to_host<float>(inputs.losses_d);
   out.mean_loss = test::to_host<float>(inputs.mean_d)[0];
@@ -755,10 +754,9 @@ std::vector<float> run_weight_rows(CeInputs& inputs, ops::CrossEntropyPlan& plan
   const auto& s = inputs.shape;
   core::Buffer rows_d = device_buffer(initial.size() * sizeof(float));
   test::from_host(rows_d, initial);
-  plan.backward_weight_rows(inputs.hidden_d.as<bf16>(), inputs.weight_d.as<bf16>(),
-                            inputs.targets_d.as<std::int32_t>(), lse_d.as<float>(), inputs.count_d.as<std::int32_t>(),
-                            s.tokens, s.dim, s.vocab, begin, end, rows_d.as<float>(), s.grad_scale, workspace.get(),
-                            tile);
+  plan.backward_weight_rows(inputs.hidden_d.as<bf16>(), inputs.weight_d.as<bf16>(), inputs.targets_d.as<std::int32_t>(),
+                            lse_d.as<float>(), inputs.count_d.as<std::int32_t>(), s.tokens, s.dim, s.vocab, begin, end,
+                            rows_d.as<float>(), s.grad_scale, workspace.get(), tile);
   return test::to_host<float>(rows_d);
 }
 
@@ -836,9 +834,9 @@ TEST(CrossEntropyGpu, VocabularySplitBackwardMatchesFusedBackward) {
         EXPECT_EQ(tile, s.tokens) << "these tokens all fit in one tile";
       }
       // The automatic tile runs in the fused path's workspace.
-      Workspace workspace(c.tile > 0 ? ops::cross_entropy_weight_rows_workspace_bytes(s.tokens, s.vocab, end - begin,
-                                                                                      c.tile)
-                                     : automatic_bytes);
+      Workspace workspace(c.tile > 0
+                              ? ops::cross_entropy_weight_rows_workspace_bytes(s.tokens, s.vocab, end - begin, c.tile)
+                              : automatic_bytes);
       const std::vector<float> initial = initial_rows(inputs, begin, end);
       const std::vector<float> got = run_weight_rows(inputs, plan, workspace, lse_d, begin, end, c.tile, initial);
       std::vector<double> reference = widen(initial);
@@ -972,40 +970,55 @@ TEST(CrossEntropyGpu, VocabularySplitRejectsBadArguments) {
       EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();
     }
   };
-  expect_error([&] { plan.backward_hidden(h, w, t, 8, 16, 64, inputs.dhidden_d.as<bf16>(), 1.0f, outputs, nullptr,
-                                          workspace.get()); },
-               "token_lse is null");
-  expect_error([&] { plan.backward_hidden(h, w, t, 8, 16, 64, inputs.dhidden_d.as<bf16>(), 1.0f, outputs,
-                                          inputs.losses_d.as<float>(), workspace.get()); },
-               "overlaps");
+  expect_error(
+      [&] {
+        plan.backward_hidden(h, w, t, 8, 16, 64, inputs.dhidden_d.as<bf16>(), 1.0f, outputs, nullptr, workspace.get());
+      },
+      "token_lse is null");
+  expect_error(
+      [&] {
+        plan.backward_hidden(h, w, t, 8, 16, 64, inputs.dhidden_d.as<bf16>(), 1.0f, outputs,
+                             inputs.losses_d.as<float>(), workspace.get());
+      },
+      "overlaps");
   expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 5, 5, rows, 1.0f, workspace.get()); },
                "non-empty range");
   expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, -1, 5, rows, 1.0f, workspace.get()); },
                "non-empty range");
   expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 60, 65, rows, 1.0f, workspace.get()); },
                "non-empty range");
-  expect_error([&] { plan.backward_weight_rows(h, w, t, nullptr, count, 8, 16, 64, 0, 64, rows, 1.0f,
-                                               workspace.get()); },
-               "token_lse is null");
-  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, nullptr, 8, 16, 64, 0, 64, rows, 1.0f,
-                                               workspace.get()); },
+  expect_error(
+      [&] { plan.backward_weight_rows(h, w, t, nullptr, count, 8, 16, 64, 0, 64, rows, 1.0f, workspace.get()); },
+      "token_lse is null");
+  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, nullptr, 8, 16, 64, 0, 64, rows, 1.0f, workspace.get()); },
                "count is null");
-  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 64, rows,
-                                               std::numeric_limits<float>::quiet_NaN(), workspace.get()); },
-               "grad_scale must be finite");
-  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 64, rows, 1.0f,
-                                               {workspace.buffer.data(), 4096}); },
-               "cross_entropy_weight_rows_workspace_bytes");
-  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 64, rows, 1.0f, workspace.get(),
-                                               -1); },
-               "tile_tokens must not be negative");
+  expect_error(
+      [&] {
+        plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 64, rows, std::numeric_limits<float>::quiet_NaN(),
+                                  workspace.get());
+      },
+      "grad_scale must be finite");
+  expect_error(
+      [&] {
+        plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 64, rows, 1.0f, {workspace.buffer.data(), 4096});
+      },
+      "cross_entropy_weight_rows_workspace_bytes");
+  expect_error(
+      [&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 64, rows, 1.0f, workspace.get(), -1); },
+      "tile_tokens must not be negative");
   // dweight_rows over the hidden states, or over the workspace.
-  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 4, inputs.hidden_d.as<float>(), 1.0f,
-                                               workspace.get()); },
-               "dweight_rows overlaps the input hidden");
-  expect_error([&] { plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 64, workspace.buffer.as<float>(),
-                                               1.0f, workspace.get()); },
-               "dweight_rows overlaps workspace");
+  expect_error(
+      [&] {
+        plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 4, inputs.hidden_d.as<float>(), 1.0f,
+                                  workspace.get());
+      },
+      "dweight_rows overlaps the input hidden");
+  expect_error(
+      [&] {
+        plan.backward_weight_rows(h, w, t, lse, count, 8, 16, 64, 0, 64, workspace.buffer.as<float>(), 1.0f,
+                                  workspace.get());
+      },
+      "dweight_rows overlaps workspace");
 }
 
 }  // namespace

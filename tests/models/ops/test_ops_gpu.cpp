@@ -83,7 +83,9 @@ void poison(core::Buffer& buffer, cudaStream_t stream) { buffer.fill_bytes(0xFF,
 
 __nv_bfloat16* bf16(core::Buffer& buffer) { return buffer.as<__nv_bfloat16>(); }
 
-std::vector<float> bf16_from_device(const core::Buffer& buffer) { return bf16_values(test::to_host<std::uint16_t>(buffer)); }
+std::vector<float> bf16_from_device(const core::Buffer& buffer) {
+  return bf16_values(test::to_host<std::uint16_t>(buffer));
+}
 
 double bf16_ulp(double value) {
   if (value == 0.0) return 0.0;
@@ -106,8 +108,8 @@ double max_abs(const std::vector<float>& values) {
 
 // rms over all elements of rstd[n] * dy[n, d] * w[d]: the size of the terms whose difference is
 // RMSNorm's dx, so the absolute tolerance of dx where it cancels (dim 1 makes dx vanish).
-double rmsnorm_gradient_scale(const std::vector<float>& dy, const std::vector<float>& w,
-                              const std::vector<float>& rstd, std::int64_t rows, std::int64_t dim) {
+double rmsnorm_gradient_scale(const std::vector<float>& dy, const std::vector<float>& w, const std::vector<float>& rstd,
+                              std::int64_t rows, std::int64_t dim) {
   double sum = 0.0;
   for (std::int64_t n = 0; n < rows; ++n) {
     for (std::int64_t d = 0; d < dim; ++d) {
@@ -196,10 +198,10 @@ TEST(OpsGpu, EmbeddingMatchesReferenceAndAccumulatesDeterministically) {
   std::mt19937_64 rng(test::fresh_seed());
   core::DeviceContext context(core::Device::cuda());
   const cudaStream_t stream = context.stream();
-  const EmbeddingCase cases[] = {
-      {1, 5, 1, false},      {1, 5, 4097, false},     {37, 1, 64, false},      {1000, 7, 3, false},
-      {1000, 7, 100, false}, {4099, 3, 1024, false},  {300, 151936, 8, false}, {301, 151936, 7, false},
-      {513, 50, 4097, false}, {2048, 1000, 64, false}, {5000, 2000, 128, true}, {0, 10, 64, false}};
+  const EmbeddingCase cases[] = {{1, 5, 1, false},        {1, 5, 4097, false},     {37, 1, 64, false},
+                                 {1000, 7, 3, false},     {1000, 7, 100, false},   {4099, 3, 1024, false},
+                                 {300, 151936, 8, false}, {301, 151936, 7, false}, {513, 50, 4097, false},
+                                 {2048, 1000, 64, false}, {5000, 2000, 128, true}, {0, 10, 64, false}};
   for (const EmbeddingCase& c : cases) {
     SCOPED_TRACE("tokens " + std::to_string(c.tokens) + " vocab " + std::to_string(c.vocab) + " dim " +
                  std::to_string(c.dim));
@@ -232,8 +234,8 @@ TEST(OpsGpu, EmbeddingMatchesReferenceAndAccumulatesDeterministically) {
       ops::embedding_forward_cuda(ids_d.as<std::int32_t>(), c.tokens, bf16(table_d), c.vocab, c.dim, bf16(out_d),
                                   flag_d.as<std::int32_t>(), stream);
       ops::embedding_backward_cuda(ids_d.as<std::int32_t>(), c.tokens, bf16(dout_d), c.vocab, c.dim,
-                                   dtable_d.as<float>(), flag_d.as<std::int32_t>(), workspace.data(),
-                                   workspace.bytes(), stream);
+                                   dtable_d.as<float>(), flag_d.as<std::int32_t>(), workspace.data(), workspace.bytes(),
+                                   stream);
       const auto out = bf16_from_device(out_d);
       const auto dtable = test::to_host<float>(dtable_d);
       if (run == 0) {
@@ -246,7 +248,8 @@ TEST(OpsGpu, EmbeddingMatchesReferenceAndAccumulatesDeterministically) {
         std::size_t untouched_differ = 0;
         for (std::int64_t v = 0; v < c.vocab; ++v) {
           if (used.count(static_cast<std::int32_t>(v)) != 0) continue;
-          for (std::int64_t d = 0; d < c.dim; ++d) untouched_differ += dtable[v * c.dim + d] != dtable_init[v * c.dim + d];
+          for (std::int64_t d = 0; d < c.dim; ++d)
+            untouched_differ += dtable[v * c.dim + d] != dtable_init[v * c.dim + d];
         }
         EXPECT_EQ(untouched_differ, 0u);
         first_out = out;
@@ -388,9 +391,8 @@ TEST(OpsGpu, EmbeddingBackwardInRowWindowsMatchesTheFullBackward) {
     // The full backward.
     auto flag_d = to_device(std::vector<std::int32_t>{0});
     auto dtable_d = to_device(dtable_init);
-    ops::embedding_backward_cuda(ids_d.as<std::int32_t>(), c.tokens, bf16(dout_d), c.vocab, c.dim,
-                                 dtable_d.as<float>(), flag_d.as<std::int32_t>(), workspace.data(), workspace.bytes(),
-                                 stream);
+    ops::embedding_backward_cuda(ids_d.as<std::int32_t>(), c.tokens, bf16(dout_d), c.vocab, c.dim, dtable_d.as<float>(),
+                                 flag_d.as<std::int32_t>(), workspace.data(), workspace.bytes(), stream);
     const auto full = test::to_host<float>(dtable_d);
     EXPECT_EQ(test::to_host<std::int32_t>(flag_d)[0], c.invalid ? 1 : 0) << "full backward flag";
     EXPECT_TRUE(normwise_close(full, dtable_ref, 1e-5));
@@ -564,8 +566,8 @@ TEST(OpsGpu, HeadRmsNormMatchesReferenceInsidePackedQkv) {
   std::mt19937_64 rng(test::fresh_seed());
   core::DeviceContext context(core::Device::cuda());
   const cudaStream_t stream = context.stream();
-  const QkvShape shapes[] = {{1, 16, 8, 128}, {7, 16, 8, 64}, {33, 3, 1, 5}, {129, 8, 8, 128}, {2, 2, 1, 7},
-                             {300, 16, 8, 128}};
+  const QkvShape shapes[] = {{1, 16, 8, 128},  {7, 16, 8, 64}, {33, 3, 1, 5},
+                             {129, 8, 8, 128}, {2, 2, 1, 7},   {300, 16, 8, 128}};
   for (const QkvShape& s : shapes) {
     SCOPED_TRACE("tokens " + std::to_string(s.tokens) + " heads " + std::to_string(s.q_heads) + "/" +
                  std::to_string(s.kv_heads) + " head_dim " + std::to_string(s.head_dim));
@@ -620,11 +622,10 @@ TEST(OpsGpu, HeadRmsNormMatchesReferenceInsidePackedQkv) {
     const auto dqkv = test::to_host<std::uint16_t>(dqkv_d);
     const double dq_atol = 1e-5 * rmsnorm_gradient_scale(dq_out, wq.values, q_rstd_ref, s.tokens * s.q_heads, hd);
     const double dk_atol = 1e-5 * rmsnorm_gradient_scale(dk_out, wk.values, k_rstd_ref, s.tokens * s.kv_heads, hd);
-    EXPECT_TRUE(within_bf16_ulps(bf16_values(columns(dqkv, s.tokens, width, 0, s.q_heads * hd)), dq_ref, 1.0,
-                                 dq_atol))
+    EXPECT_TRUE(within_bf16_ulps(bf16_values(columns(dqkv, s.tokens, width, 0, s.q_heads * hd)), dq_ref, 1.0, dq_atol))
         << "dq";
-    EXPECT_TRUE(within_bf16_ulps(bf16_values(columns(dqkv, s.tokens, width, k_offset, s.kv_heads * hd)), dk_ref, 1.0,
-                                 dk_atol))
+    EXPECT_TRUE(
+        within_bf16_ulps(bf16_values(columns(dqkv, s.tokens, width, k_offset, s.kv_heads * hd)), dk_ref, 1.0, dk_atol))
         << "dk";
     EXPECT_TRUE(normwise_close(test::to_host<float>(dwq_d), dwq_ref, 1e-5)) << "dwq";
     EXPECT_TRUE(normwise_close(test::to_host<float>(dwk_d), dwk_ref, 1e-5)) << "dwk";
@@ -654,9 +655,8 @@ TEST(OpsGpu, RopeMatchesReferenceOutOfPlaceAndInPlace) {
   std::mt19937_64 rng(test::fresh_seed());
   core::DeviceContext context(core::Device::cuda());
   const cudaStream_t stream = context.stream();
-  const RopeShape shapes[] = {{1, 1, 2, 40960},    {7, 3, 6, 40960},  {5, 2, 10, 40960}, {17, 4, 18, 40960},
-                              {33, 16, 128, 40960}, {129, 8, 64, 40960}, {3, 2, 512, 40960},
-                              {65, 8, 128, 1 << 24}};
+  const RopeShape shapes[] = {{1, 1, 2, 40960},     {7, 3, 6, 40960},    {5, 2, 10, 40960},  {17, 4, 18, 40960},
+                              {33, 16, 128, 40960}, {129, 8, 64, 40960}, {3, 2, 512, 40960}, {65, 8, 128, 1 << 24}};
   for (const double theta : {1e4, 1e6}) {
     for (const RopeShape& s : shapes) {
       SCOPED_TRACE("tokens " + std::to_string(s.tokens) + " heads " + std::to_string(s.heads) + " head_dim " +
@@ -699,8 +699,8 @@ TEST(OpsGpu, RopeMatchesReferenceOutOfPlaceAndInPlace) {
 
       // In place: the same words as out of place.
       auto inplace_d = to_device(x.bits);
-      ops::rope_forward_cuda(bf16(inplace_d), stride, bf16(inplace_d), stride, positions_d.as<std::int32_t>(),
-                             s.tokens, s.heads, s.head_dim, theta, stream);
+      ops::rope_forward_cuda(bf16(inplace_d), stride, bf16(inplace_d), stride, positions_d.as<std::int32_t>(), s.tokens,
+                             s.heads, s.head_dim, theta, stream);
       EXPECT_TRUE(bit_identical(bf16_from_device(inplace_d), first_out)) << "in-place forward";
       inplace_d = to_device(x.bits);
       ops::rope_backward_cuda(bf16(inplace_d), stride, bf16(inplace_d), stride, positions_d.as<std::int32_t>(),
@@ -741,8 +741,8 @@ TEST(OpsGpu, RopeWorksOnStridedRowsOfPackedQkv) {
     // In place inside the packed buffer.
     auto qkv_d = to_device(qkv.bits);
     ops::rope_forward_cuda(bf16(qkv_d), width, bf16(qkv_d), width, pos, s.tokens, s.q_heads, hd, theta, stream);
-    ops::rope_forward_cuda(bf16(qkv_d) + k_offset, width, bf16(qkv_d) + k_offset, width, pos, s.tokens, s.kv_heads,
-                           hd, theta, stream);
+    ops::rope_forward_cuda(bf16(qkv_d) + k_offset, width, bf16(qkv_d) + k_offset, width, pos, s.tokens, s.kv_heads, hd,
+                           theta, stream);
     const auto rotated = test::to_host<std::uint16_t>(qkv_d);
     EXPECT_TRUE(within_bf16_ulps(bf16_values(columns(rotated, s.tokens, width, 0, q_cols)), q_ref, 1.0, atol)) << "q";
     EXPECT_TRUE(within_bf16_ulps(bf16_values(columns(rotated, s.tokens, width, k_offset, k_cols)), k_ref, 1.0, atol))
@@ -812,8 +812,8 @@ TEST(OpsGpu, SwigluMatchesReferenceDeterministically) {
         if (run == 0) {
           EXPECT_TRUE(within_bf16_ulps(out, out_ref, 1.0, 0.0)) << "out";
           const auto dgate_ref = columns(dgate_up_ref, rows, 2 * features, 0, features);
-          EXPECT_TRUE(within_bf16_ulps(columns(grad, rows, 2 * features, 0, features), dgate_ref, 1.0,
-                                       1e-5 * rms(dgate_ref)))
+          EXPECT_TRUE(
+              within_bf16_ulps(columns(grad, rows, 2 * features, 0, features), dgate_ref, 1.0, 1e-5 * rms(dgate_ref)))
               << "dgate";
           EXPECT_TRUE(within_bf16_ulps(columns(grad, rows, 2 * features, features, features),
                                        columns(dgate_up_ref, rows, 2 * features, features, features), 1.0, 0.0))
@@ -863,8 +863,7 @@ TEST(OpsGpu, RejectsMisuseBeforeLaunching) {
                   "workspace");
   EXPECT_OP_ERROR(ops::rope_forward_cuda(p, 14, p, 14, data.as<std::int32_t>(), 4, 2, 7, 1e4, stream), "even");
   EXPECT_OP_ERROR(ops::rope_forward_cuda(p, 16, p, 32, data.as<std::int32_t>(), 4, 2, 8, 1e4, stream), "in-place");
-  EXPECT_OP_ERROR(ops::rope_forward_cuda(p, 8, p + 1024, 16, data.as<std::int32_t>(), 4, 2, 8, 1e4, stream),
-                  "stride");
+  EXPECT_OP_ERROR(ops::rope_forward_cuda(p, 8, p + 1024, 16, data.as<std::int32_t>(), 4, 2, 8, 1e4, stream), "stride");
   EXPECT_OP_ERROR(ops::head_rmsnorm_forward_cuda(p, 100, p, 4, 2, 64, kEps, p + 4096, 128, data.as<float>(), stream),
                   "stride");
   EXPECT_OP_ERROR(ops::embedding_forward_cuda(data.as<std::int32_t>(), 4, p, 0, 8, p, nullptr, stream), "vocab");

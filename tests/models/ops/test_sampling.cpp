@@ -130,7 +130,8 @@ TEST(Sampling, TopPKeepsTheShortestPrefixReachingP) {
       if (mass >= top_p) break;
     }
     std::set<int> seen;
-    for (int i = 0; i < 4000; ++i) seen.insert(sample_cpu(values, {.temperature = 1.0f, .top_p = top_p}, (i + 0.5f) / 4000));
+    for (int i = 0; i < 4000; ++i)
+      seen.insert(sample_cpu(values, {.temperature = 1.0f, .top_p = top_p}, (i + 0.5f) / 4000));
     EXPECT_TRUE(std::includes(expected.begin(), expected.end(), seen.begin(), seen.end())) << "top_p " << top_p;
     EXPECT_EQ(*seen.begin(), *expected.begin());
   }
@@ -140,7 +141,8 @@ TEST(Sampling, TopKThenTopPAsTransformersOrdersThem) {
   // top_k = 2 keeps {5: logit 3, 1: logit 2}; top_p = 0.6 of their renormalised mass keeps only id 5
   // (p = e^3 / (e^3 + e^2) = 0.73).
   const std::vector<float> logits = {0.0f, 2.0f, 1.0f, 0.5f, 1.5f, 3.0f};
-  for (float u : {0.0f, 0.5f, 0.99f}) EXPECT_EQ(sample_cpu(logits, {.temperature = 1.0f, .top_k = 2, .top_p = 0.6f}, u), 5);
+  for (float u : {0.0f, 0.5f, 0.99f})
+    EXPECT_EQ(sample_cpu(logits, {.temperature = 1.0f, .top_k = 2, .top_p = 0.6f}, u), 5);
   EXPECT_EQ(sample_cpu(logits, {.temperature = 1.0f, .top_k = 2, .top_p = 0.8f}, 0.99f), 1);
 }
 

@@ -35,8 +35,8 @@ std::string describe(const SamplingParams& p, float u) {
 
 const std::vector<SamplingParams>& parameter_grid() {
   static const std::vector<SamplingParams> grid = {
-      {},                                             // greedy
-      {.temperature = 1.0f},                          // plain sampling
+      {},                     // greedy
+      {.temperature = 1.0f},  // plain sampling
       {.temperature = 0.7f},
       {.temperature = 3.0f},
       {.temperature = 1.0f, .top_k = 1},
@@ -46,7 +46,7 @@ const std::vector<SamplingParams>& parameter_grid() {
       {.temperature = 1.0f, .top_p = 0.3f},
       {.temperature = 0.6f, .top_k = 40, .top_p = 0.95f},
       {.temperature = 2.0f, .top_k = 3, .top_p = 0.5f},
-      {.temperature = 1e-3f},                         // nearly greedy: exp underflows for most tokens
+      {.temperature = 1e-3f},  // nearly greedy: exp underflows for most tokens
   };
   return grid;
 }
@@ -55,12 +55,14 @@ const std::vector<SamplingParams>& parameter_grid() {
 class SamplingCases {
  public:
   SamplingCases(const core::DeviceContext& gpu, std::int64_t vocab)
-      : gpu_(gpu), vocab_(vocab), logits_(gpu.device(), static_cast<std::size_t>(vocab) * 4),
+      : gpu_(gpu),
+        vocab_(vocab),
+        logits_(gpu.device(), static_cast<std::size_t>(vocab) * 4),
         workspace_(gpu.device(), ops::sample_cuda_workspace_bytes(vocab)) {}
 
   // Returns the number of cases compared; failures are reported through gtest.
-  int compare(const std::vector<float>& logits, const std::vector<SamplingParams>& grid, const std::vector<float>& draws,
-              const std::string& what) {
+  int compare(const std::vector<float>& logits, const std::vector<SamplingParams>& grid,
+              const std::vector<float>& draws, const std::string& what) {
     test::from_host(logits_, logits);
     const std::size_t cases = grid.size() * draws.size();
     core::Buffer ids(gpu_.device(), cases * 4);
@@ -158,9 +160,13 @@ TEST(SamplingGpu, EdgeCasesEqualReference) {
     const std::vector<float> logits = {-kInf, 2.0f, -kInf, 2.0f, 2.0f, -kInf, 2.0f};
     SamplingCases cases(gpu, 7);
     cases.compare(logits,
-                  {{.temperature = 1.0f, .top_p = 0.5f}, {.temperature = 1.0f, .top_p = 0.25f},
-                   {.temperature = 1.0f, .top_p = 0.2500001f}, {.temperature = 1.0f, .top_p = 0.75f},
-                   {.temperature = 1.0f}, {.temperature = 1.0f, .top_k = 2}, {}},
+                  {{.temperature = 1.0f, .top_p = 0.5f},
+                   {.temperature = 1.0f, .top_p = 0.25f},
+                   {.temperature = 1.0f, .top_p = 0.2500001f},
+                   {.temperature = 1.0f, .top_p = 0.75f},
+                   {.temperature = 1.0f},
+                   {.temperature = 1.0f, .top_k = 2},
+                   {}},
                   {0.0f, 0.25f, 0.4999999f, 0.5f, 0.75f, 0.99f, 0.9999999f}, "quarters");
     // The device choice for u = 0.5 at p = 0.5 is the second kept token, as on the host.
     core::Buffer logits_d(gpu.device(), logits.size() * 4), id(gpu.device(), 4);
@@ -190,7 +196,8 @@ TEST(SamplingGpu, EdgeCasesEqualReference) {
     cases.compare(logits, parameter_grid(), {0.0f, 0.2f, 0.6f, 0.9999999f}, "far ties");
     for (std::size_t i = 1000; i < 1100; ++i) logits[i] = 5.0f;
     cases.compare(logits,
-                  {{.temperature = 1.0f, .top_k = 5}, {.temperature = 1.0f, .top_k = 4},
+                  {{.temperature = 1.0f, .top_k = 5},
+                   {.temperature = 1.0f, .top_k = 4},
                    {.temperature = 0.5f, .top_k = 50, .top_p = 0.999f}},
                   {0.0f, 0.5f, 0.9999f}, "top-k inside ties");
   }

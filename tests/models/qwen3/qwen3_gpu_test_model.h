@@ -87,9 +87,10 @@ struct Qwen3GpuTestModel {
       float* w = weights + tensors[t].offset;
 #pragma omp parallel for
       for (std::int64_t i = 0; i < tensors[t].numel; ++i) {
-        w[i] = spec.init == optim::InitKind::ones    ? 1.0f
-               : spec.init == optim::InitKind::zeros ? 0.0f
-                                                     : spec.init_std * core::normal01(tensor_seed, static_cast<std::uint64_t>(i));
+        w[i] = spec.init == optim::InitKind::ones ? 1.0f
+               : spec.init == optim::InitKind::zeros
+                   ? 0.0f
+                   : spec.init_std * core::normal01(tensor_seed, static_cast<std::uint64_t>(i));
       }
     }
     std::mt19937_64 rng(seed);

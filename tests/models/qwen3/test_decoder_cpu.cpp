@@ -71,7 +71,8 @@ void check_teacher_forcing(Model& m, const std::vector<std::int32_t>& ids, std::
   std::vector<float> prefilled(split * vocab);
   decoder.prefill({ids.data(), split}, prefilled.data());
   double worst = 0;
-  for (std::size_t t = 0; t < split; ++t) worst = std::max(worst, test::normwise_error(&prefilled[t * vocab], &full[t * vocab], vocab));
+  for (std::size_t t = 0; t < split; ++t)
+    worst = std::max(worst, test::normwise_error(&prefilled[t * vocab], &full[t * vocab], vocab));
   worst = std::max(worst, test::normwise_error(decoder.logits(), &full[(split - 1) * vocab], vocab));
   for (std::size_t t = split; t < ids.size(); ++t) {
     decoder.step(ids[t]);

@@ -48,8 +48,6 @@ constexpr double kLogitsTolerance = 2e-2;  // bf16 activations, normwise relativ
 constexpr double kHalfUlp = 1.0 / 256;     // bf16 rounding, relative (half of 2^-7)
 constexpr std::uint16_t kPoison = 0xFFFF;  // a bf16 NaN
 
-
-
 float round_bf16(double v) { return core::bf16_to_float(core::float_to_bf16(static_cast<float>(v))); }
 
 Bits to_bits(const std::vector<float>& v) {
@@ -70,7 +68,9 @@ core::Buffer device_copy(const std::vector<T>& values) {
   return buffer;
 }
 template <typename T>
-T* ptr(core::Buffer& b) { return static_cast<T*>(b.data()); }
+T* ptr(core::Buffer& b) {
+  return static_cast<T*>(b.data());
+}
 
 using Model = test::Qwen3GpuTestModel;
 
@@ -155,12 +155,14 @@ void check_teacher_forcing(Model& m, const std::vector<std::int32_t>& ids, const
     const double vs_cpu = worst_rows(rows, cpu, vocab, 0, ids.size(), &at_cpu);
     const double vs_cuda = worst_rows(rows, cuda, vocab, 0, ids.size(), &at_cuda);
     EXPECT_LE(vs_cpu, kLogitsTolerance) << what << " split " << split << ": vs the cpu forward at position " << at_cpu;
-    EXPECT_LE(vs_cuda, kLogitsTolerance) << what << " split " << split << ": vs the cuda forward at position " << at_cuda;
+    EXPECT_LE(vs_cuda, kLogitsTolerance) << what << " split " << split << ": vs the cuda forward at position "
+                                         << at_cuda;
     // The graph replays exactly what the launched kernels compute.
     const auto plain = teacher_forced(launched, ids, split, vocab);
     EXPECT_TRUE(plain == rows) << what << " split " << split << ": graph and launched steps differ";
-    std::printf("[ decoder  ] %s: prefill %zu + %zu steps, worst normwise error %.3g vs cpu fp32, %.3g vs cuda forward\n",
-                what.c_str(), split, ids.size() - split, vs_cpu, vs_cuda);
+    std::printf(
+        "[ decoder  ] %s: prefill %zu + %zu steps, worst normwise error %.3g vs cpu fp32, %.3g vs cuda forward\n",
+        what.c_str(), split, ids.size() - split, vs_cpu, vs_cuda);
   }
   // A second pass after reset gives the same logits bit for bit.
   const auto again = teacher_forced(graphed, ids, splits.back(), vocab);
@@ -191,7 +193,8 @@ TEST(DecoderGpu, TeacherForcingMatchesFullForwardOnFixtures) {
     const auto hf = expected.read_f32("logits");
     q3::Qwen3CudaDecoder decoder(m.config, *m.device, m.gpu, {.max_tokens = static_cast<std::int64_t>(ids.size())});
     const auto rows = teacher_forced(decoder, ids, 1, m.config.vocab_size);
-    EXPECT_LE(worst_rows(rows, hf, m.config.vocab_size, 0, ids.size()), kLogitsTolerance) << name << ": vs transformers";
+    EXPECT_LE(worst_rows(rows, hf, m.config.vocab_size, 0, ids.size()), kLogitsTolerance)
+        << name << ": vs transformers";
   }
 }
 
@@ -202,10 +205,10 @@ TEST(DecoderGpu, TeacherForcingMatchesFullForwardOnRandomShapes) {
     std::int64_t vocab, hidden, inter, layers, heads, kv_heads, head_dim;
     bool tied;
   };
-  const Shape shapes[] = {{37, 40, 104, 2, 3, 1, 64, true},     // odd vocabulary, 3 query heads on one kv head
-                          {301, 64, 96, 2, 12, 1, 64, false},   // 12 per kv head: two blocks of 6
-                          {256, 128, 200, 1, 2, 2, 128, false}, // no grouping, head_dim 128
-                          {500, 96, 64, 2, 10, 2, 64, true}};   // 5 per kv head
+  const Shape shapes[] = {{37, 40, 104, 2, 3, 1, 64, true},      // odd vocabulary, 3 query heads on one kv head
+                          {301, 64, 96, 2, 12, 1, 64, false},    // 12 per kv head: two blocks of 6
+                          {256, 128, 200, 1, 2, 2, 128, false},  // no grouping, head_dim 128
+                          {500, 96, 64, 2, 10, 2, 64, true}};    // 5 per kv head
   for (const Shape& s : shapes) {
     const auto config = small_config(s.vocab, s.hidden, s.inter, s.layers, s.heads, s.kv_heads, s.head_dim, s.tied);
     Model m = Model::random_model(config, rng());
@@ -295,7 +298,8 @@ TEST(DecoderGpu, GenerateSamplesOnTheDeviceAsTheHostReferenceWould) {
     std::vector<std::int32_t> expected;
     for (std::int64_t t = 0; t < new_tokens; ++t) {
       const auto logits = host_logits(host_driven, vocab);
-      expected.push_back(models::ops::sample_cpu(logits, params, models::ops::sampling_uniform(77, static_cast<std::uint64_t>(t))));
+      expected.push_back(
+          models::ops::sample_cpu(logits, params, models::ops::sampling_uniform(77, static_cast<std::uint64_t>(t))));
       if (t + 1 < new_tokens) host_driven.step(expected.back());
     }
     EXPECT_EQ(result.ids, expected) << "temperature " << params.temperature;
@@ -354,7 +358,8 @@ void check_matvec(std::mt19937_64& rng, std::int64_t rows, std::int64_t in, bool
   const bool swiglu = epilogue == decode::Epilogue::swiglu_bf16;
   const std::int64_t weight_rows = swiglu ? 2 * rows : rows;
   const std::size_t shift = misaligned ? 1 : 0;  // one element: the rows lose their 16-byte alignment
-  const auto w_values = to_floats(to_bits(test::random_normal(rng, static_cast<std::size_t>(weight_rows * in) + shift, 0.5f)));
+  const auto w_values =
+      to_floats(to_bits(test::random_normal(rng, static_cast<std::size_t>(weight_rows * in) + shift, 0.5f)));
   const auto x_values = to_floats(to_bits(test::random_normal(rng, static_cast<std::size_t>(in), 2.0f)));
   const auto nw_values = to_floats(to_bits(test::random_normal(rng, static_cast<std::size_t>(in), 1.0f)));
   const auto old_values = to_floats(to_bits(test::random_normal(rng, static_cast<std::size_t>(rows), 1.0f)));
@@ -482,7 +487,8 @@ TEST(DecodeKernels, QkNormRopeAppend) {
                        Case{16, 8, 128, 40000, 40001}}) {
     const int hd = c.head_dim, half = hd / 2;
     const std::int64_t kv_size = static_cast<std::int64_t>(c.kv_heads) * hd;
-    const auto qkv = to_floats(to_bits(test::random_normal(rng, static_cast<std::size_t>((c.heads + 2 * c.kv_heads) * hd), 3.0f)));
+    const auto qkv =
+        to_floats(to_bits(test::random_normal(rng, static_cast<std::size_t>((c.heads + 2 * c.kv_heads) * hd), 3.0f)));
     const auto qw = to_floats(to_bits(test::random_normal(rng, static_cast<std::size_t>(hd), 1.0f)));
     const auto kw = to_floats(to_bits(test::random_normal(rng, static_cast<std::size_t>(hd), 1.0f)));
     const double theta = 1e6;
@@ -516,11 +522,13 @@ TEST(DecodeKernels, QkNormRopeAppend) {
       for (int i = 0; i < half; ++i) {
         const double ya = round_bf16(x[i] * rstd * w[i]), yb = round_bf16(x[i + half] * rstd * w[i + half]);
         const double angle = static_cast<double>(c.position) * inv_freq[i];
-        const double out_a = ya * std::cos(angle) - yb * std::sin(angle), out_b = yb * std::cos(angle) + ya * std::sin(angle);
+        const double out_a = ya * std::cos(angle) - yb * std::sin(angle),
+                     out_b = yb * std::cos(angle) + ya * std::sin(angle);
         // Output rounding, plus a bf16 ulp of ya or yb rounded the other way (fp32 rstd).
         const double tolerance = 3 * kHalfUlp * (std::fabs(ya) + std::fabs(yb)) + 1e-6;
         const float* dst = is_q ? q.data() + head * hd : k.data() + c.position * kv_size + (head - c.heads) * hd;
-        if (!(std::fabs(dst[i] - out_a) <= tolerance && std::fabs(dst[i + half] - out_b) <= tolerance) && failures++ < 5) {
+        if (!(std::fabs(dst[i] - out_a) <= tolerance && std::fabs(dst[i + half] - out_b) <= tolerance) &&
+            failures++ < 5) {
           ADD_FAILURE() << what << ": head " << head << " pair " << i << " got (" << dst[i] << ", " << dst[i + half]
                         << ") expected (" << out_a << ", " << out_b << ")";
         }
@@ -544,8 +552,8 @@ TEST(DecodeKernels, QkNormRopeAppend) {
 
 // Causal attention of new positions start + i over the cache, in double.
 std::vector<double> attention_reference(const std::vector<float>& q, std::int64_t q_stride, const std::vector<float>& k,
-                                        const std::vector<float>& v, int heads, int kv_heads, int hd, std::int64_t start,
-                                        std::int64_t queries) {
+                                        const std::vector<float>& v, int heads, int kv_heads, int hd,
+                                        std::int64_t start, std::int64_t queries) {
   const int group = heads / kv_heads;
   const std::int64_t kv_stride = static_cast<std::int64_t>(kv_heads) * hd;
   std::vector<double> out(static_cast<std::size_t>(queries * heads * hd));
@@ -557,7 +565,8 @@ std::vector<double> attention_reference(const std::vector<float>& q, std::int64_
       double best = -INFINITY;
       for (std::int64_t j = 0; j <= last; ++j) {
         double dot = 0;
-        for (int d = 0; d < hd; ++d) dot += static_cast<double>(q[i * q_stride + h * hd + d]) * k[j * kv_stride + kvh * hd + d];
+        for (int d = 0; d < hd; ++d)
+          dot += static_cast<double>(q[i * q_stride + h * hd + d]) * k[j * kv_stride + kvh * hd + d];
         s[j] = dot / std::sqrt(static_cast<double>(hd));
         best = std::max(best, s[j]);
       }
@@ -583,17 +592,17 @@ TEST(DecodeKernels, CachedAttentionAcrossSplitBoundaries) {
     int splits;
   };
   const Case cases[] = {
-      {2, 1, 64, 0, 1, 1},      // one key
-      {4, 2, 64, 30, 1, 128},   // 31 keys: one split in use
-      {4, 2, 64, 31, 1, 128},   // exactly 32
-      {4, 2, 64, 32, 1, 128},   // 33: a second split of one key
-      {3, 1, 128, 96, 1, 3},    // 97 keys over 3 splits of 33
-      {12, 1, 64, 200, 1, 7},   // 12 query heads per kv head (two blocks of 6)
-      {10, 2, 64, 63, 1, 2},    // 5 per kv head
-      {11, 1, 64, 40, 1, 4},    // 11 per kv head: blocks of one
-      {16, 8, 128, 1000, 1, 5}, // Qwen3-0.6B heads
-      {4, 2, 64, 10, 6, 2},     // several queries, causal among themselves
-      {8, 2, 128, 0, 17, 1},    // queries from an empty cache
+      {2, 1, 64, 0, 1, 1},       // one key
+      {4, 2, 64, 30, 1, 128},    // 31 keys: one split in use
+      {4, 2, 64, 31, 1, 128},    // exactly 32
+      {4, 2, 64, 32, 1, 128},    // 33: a second split of one key
+      {3, 1, 128, 96, 1, 3},     // 97 keys over 3 splits of 33
+      {12, 1, 64, 200, 1, 7},    // 12 query heads per kv head (two blocks of 6)
+      {10, 2, 64, 63, 1, 2},     // 5 per kv head
+      {11, 1, 64, 40, 1, 4},     // 11 per kv head: blocks of one
+      {16, 8, 128, 1000, 1, 5},  // Qwen3-0.6B heads
+      {4, 2, 64, 10, 6, 2},      // several queries, causal among themselves
+      {8, 2, 128, 0, 17, 1},     // queries from an empty cache
       {6, 3, 64, 70, 33, 1},
   };
   for (const Case& c : cases) {
@@ -605,8 +614,9 @@ TEST(DecodeKernels, CachedAttentionAcrossSplitBoundaries) {
     const auto expected = attention_reference(q, q_stride, k, v, c.heads, c.kv_heads, c.hd, c.start, c.queries);
     core::Buffer q_d = device_copy(to_bits(q)), k_d = device_copy(to_bits(k)), v_d = device_copy(to_bits(v));
     core::Buffer pos_d = device_copy(std::vector<std::int32_t>{static_cast<std::int32_t>(c.start)});
-    core::Buffer partial(gpu.device(),
-                         static_cast<std::size_t>(decode::attention_partial_floats(c.heads, c.hd, c.queries, c.splits)) * 4);
+    core::Buffer partial(
+        gpu.device(),
+        static_cast<std::size_t>(decode::attention_partial_floats(c.heads, c.hd, c.queries, c.splits)) * 4);
     core::Buffer att(gpu.device(), static_cast<std::size_t>(c.queries * c.heads * c.hd) * 2);
     att.fill_bytes(0xFF);
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -634,8 +644,8 @@ TEST(DecodeKernels, CachedAttentionAcrossSplitBoundaries) {
   EXPECT_THROW(decode::cached_attention(ptr<bf16>(b), 64, ptr<bf16>(b), ptr<bf16>(b), 2, 1, 96, ptr<std::int32_t>(b), 1,
                                         1, ptr<float>(b), ptr<bf16>(b), gpu.stream()),
                core::Error);
-  EXPECT_THROW(decode::cached_attention(ptr<bf16>(b) + 1, 64, ptr<bf16>(b), ptr<bf16>(b), 2, 1, 64, ptr<std::int32_t>(b),
-                                        1, 1, ptr<float>(b), ptr<bf16>(b), gpu.stream()),
+  EXPECT_THROW(decode::cached_attention(ptr<bf16>(b) + 1, 64, ptr<bf16>(b), ptr<bf16>(b), 2, 1, 64,
+                                        ptr<std::int32_t>(b), 1, 1, ptr<float>(b), ptr<bf16>(b), gpu.stream()),
                core::Error);
 }
 
@@ -651,8 +661,8 @@ TEST(DecodeKernels, EmbedTokenAndSmallKernels) {
   decode::embed_token(nullptr, 4, ptr<bf16>(table_d), vocab, dim, ptr<bf16>(x), ptr<std::int32_t>(flag), gpu.stream());
   gpu.synchronize();
   EXPECT_EQ(test::to_host<std::uint16_t>(x), row(4));
-  decode::embed_token(ptr<std::int32_t>(token), 4, ptr<bf16>(table_d), vocab, dim, ptr<bf16>(x), ptr<std::int32_t>(flag),
-                      gpu.stream());
+  decode::embed_token(ptr<std::int32_t>(token), 4, ptr<bf16>(table_d), vocab, dim, ptr<bf16>(x),
+                      ptr<std::int32_t>(flag), gpu.stream());
   gpu.synchronize();
   EXPECT_EQ(test::to_host<std::uint16_t>(x), row(7));
   EXPECT_EQ(test::to_host<std::int32_t>(flag)[0], 0);

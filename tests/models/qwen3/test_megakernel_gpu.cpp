@@ -51,8 +51,6 @@ constexpr double kVsPlain = 3e-2;
     if (::core::cuda_device_count() == 0) GTEST_SKIP() << "SKIPPED: no CUDA device available"; \
   } while (0)
 
-
-
 std::vector<float> download(const float* device, std::size_t n) {
   std::vector<float> out(n);
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -113,7 +111,8 @@ std::vector<float> mega_logits(q3::MegakernelDecoder& decoder, const std::vector
     decoder.prefill(ids, all.as<float>());
     rows = download(all.as<float>(), ids.size() * v);
     // logits() holds the last row.
-    EXPECT_EQ(download(decoder.logits(), v), std::vector<float>(rows.end() - static_cast<std::ptrdiff_t>(v), rows.end()));
+    EXPECT_EQ(download(decoder.logits(), v),
+              std::vector<float>(rows.end() - static_cast<std::ptrdiff_t>(v), rows.end()));
   } else if (drive == Drive::prefill_then_steps) {
     decoder.prefill({ids.data(), split}, all.as<float>());
     const auto first = download(all.as<float>(), split * v);
@@ -230,7 +229,8 @@ TEST(MegakernelGpu, FixturesMatchCpuAndTransformers) {
     EXPECT_LE(vs_hf, kVsPlain) << name << ": vs transformers";
     std::printf("[ mega     ] %s: worst normwise %.3g vs transformers (fp32 weights)\n", name.c_str(), vs_hf);
     // The fixture's weights to the model's maximum length.
-    const auto longer = random_ids(rng, static_cast<std::size_t>(m.config.max_position_embeddings), m.config.vocab_size);
+    const auto longer =
+        random_ids(rng, static_cast<std::size_t>(m.config.max_position_embeddings), m.config.vocab_size);
     check_teacher_forcing(m, longer, name + " random ids", {kGeometries[0], kGeometries[1]});
   }
 }
@@ -242,10 +242,10 @@ TEST(MegakernelGpu, AwkwardShapes) {
     std::int64_t vocab, hidden, inter, layers, heads, kv_heads, head_dim;
     bool tied;
   };
-  const Shape shapes[] = {{301, 328, 200, 2, 4, 4, 64, true},     // GQA 1, hidden 328
-                          {517, 64, 96, 3, 4, 2, 128, false},     // GQA 2, head_dim 128, untied
-                          {1000, 136, 232, 2, 8, 2, 64, false},   // GQA 4
-                          {257, 96, 64, 1, 8, 1, 128, true}};     // GQA 8, one kv head
+  const Shape shapes[] = {{301, 328, 200, 2, 4, 4, 64, true},    // GQA 1, hidden 328
+                          {517, 64, 96, 3, 4, 2, 128, false},    // GQA 2, head_dim 128, untied
+                          {1000, 136, 232, 2, 8, 2, 64, false},  // GQA 4
+                          {257, 96, 64, 1, 8, 1, 128, true}};    // GQA 8, one kv head
   for (const Shape& s : shapes) {
     const auto config = small_config(s.vocab, s.hidden, s.inter, s.layers, s.heads, s.kv_heads, s.head_dim, s.tied);
     Model m = Model::random_model(config, rng());
@@ -287,7 +287,8 @@ TEST(MegakernelGpu, Qwen3_06BShapeOneLaunchEqualsSteps) {
   const auto steps = mega_logits(decoder, ids, Drive::prefill_then_steps, vocab, 1);
   std::size_t differ = 0;
   for (std::size_t t = 0; t < ids.size(); ++t) {
-    if (!std::equal(one.begin() + static_cast<std::ptrdiff_t>(t * v), one.begin() + static_cast<std::ptrdiff_t>((t + 1) * v),
+    if (!std::equal(one.begin() + static_cast<std::ptrdiff_t>(t * v),
+                    one.begin() + static_cast<std::ptrdiff_t>((t + 1) * v),
                     steps.begin() + static_cast<std::ptrdiff_t>(t * v))) {
       ++differ;
     }
@@ -297,8 +298,9 @@ TEST(MegakernelGpu, Qwen3_06BShapeOneLaunchEqualsSteps) {
   const double vs_cpu = worst_rows(std::vector<float>(one.begin(), one.begin() + static_cast<std::ptrdiff_t>(48 * v)),
                                    cpu_logits(m, head), vocab);
   EXPECT_LE(vs_cpu, kVsCpu);
-  std::printf("[ mega     ] qwen3-0.6b shape: 1024 positions, one launch vs per step: %zu differ; 48 positions %.3g vs cpu\n",
-              differ, vs_cpu);
+  std::printf(
+      "[ mega     ] qwen3-0.6b shape: 1024 positions, one launch vs per step: %zu differ; 48 positions %.3g vs cpu\n",
+      differ, vs_cpu);
 }
 
 // MegakernelGpuPlain: the checks that run other components too (the plain CUDA decoder,
@@ -312,7 +314,8 @@ TEST(MegakernelGpuPlain, TeacherForcingMatchesPlainDecoder) {
     Model m = Model::fixture_model(name);
     check_teacher_forcing(m, random_ids(rng, 100, m.config.vocab_size), name, {kGeometries[0], kGeometries[1]}, true);
   }
-  for (const auto& config : {small_config(301, 328, 200, 2, 4, 4, 64, true), small_config(1000, 136, 232, 2, 8, 2, 64, false)}) {
+  for (const auto& config :
+       {small_config(301, 328, 200, 2, 4, 4, 64, true), small_config(1000, 136, 232, 2, 8, 2, 64, false)}) {
     Model m = Model::random_model(config, rng());
     check_teacher_forcing(m, random_ids(rng, 100, config.vocab_size), "hidden " + std::to_string(config.hidden_size),
                           {kGeometries[0], kGeometries[1]}, true);
@@ -336,10 +339,13 @@ TEST(MegakernelGpuPlain, Qwen3_06BShapeOver1024Positions) {
   // The CPU decoder over the first 48 positions (it is slow at this size).
   const std::vector<std::int32_t> head(ids.begin(), ids.begin() + 48);
   const auto cpu = cpu_logits(m, head);
-  const double vs_cpu = worst_rows(std::vector<float>(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(48 * v)), cpu, vocab);
+  const double vs_cpu =
+      worst_rows(std::vector<float>(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(48 * v)), cpu, vocab);
   EXPECT_LE(vs_cpu, kVsCpu);
-  std::printf("[ mega     ] qwen3-0.6b shape: 1024 positions worst normwise %.3g vs plain cuda (position %zu), "
-              "48 positions %.3g vs cpu\n", vs_plain, at, vs_cpu);
+  std::printf(
+      "[ mega     ] qwen3-0.6b shape: 1024 positions worst normwise %.3g vs plain cuda (position %zu), "
+      "48 positions %.3g vs cpu\n",
+      vs_plain, at, vs_cpu);
 }
 
 // Greedy ids of the plain decoder (host argmax per step) and of the megakernel (one launch).
@@ -422,7 +428,8 @@ TEST(MegakernelGpuPlain, DeviceSamplingEqualsHostReference) {  // through models
     std::vector<std::int32_t> expected;
     for (std::int64_t t = 0; t < new_tokens; ++t) {
       const auto logits = download(host_driven.logits(), static_cast<std::size_t>(vocab));
-      expected.push_back(models::ops::sample_cpu(logits, params, models::ops::sampling_uniform(77, static_cast<std::uint64_t>(t))));
+      expected.push_back(
+          models::ops::sample_cpu(logits, params, models::ops::sampling_uniform(77, static_cast<std::uint64_t>(t))));
       if (t + 1 < new_tokens) host_driven.step(expected.back());
     }
     EXPECT_EQ(result.ids, expected) << "temperature " << params.temperature;

@@ -102,7 +102,7 @@ void check_schedule(const mk::Dims& d, const mk::Geometry& g) {
   EXPECT_GE(m.vec_floats, std::max({d.hidden, d.q_size, d.ffn}));
   EXPECT_GE(m.small, m.vec + 4 * m.vec_floats);
   EXPECT_GE(m.vec_floats, (2 * d.group + 4) * d.head_dim + (g.consumer_warps + d.group) * (d.head_dim + 2) +
-                             2 * d.group * g.max_splits);
+                              2 * d.group * g.max_splits);
   EXPECT_GE(m.merge_floats, 2 * s.lm_units);
 }
 

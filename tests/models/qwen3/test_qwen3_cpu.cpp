@@ -57,7 +57,8 @@ void check_against_transformers(const std::string& name) {
   std::vector<std::int32_t> targets(ids.size(), -100);
   for (std::int64_t b = 0; b < batch; ++b) {
     for (std::int64_t t = 0; t + 1 < seq; ++t) {
-      targets[static_cast<std::size_t>(b * seq + t)] = static_cast<std::int32_t>(labels[static_cast<std::size_t>(b * seq + t + 1)]);
+      targets[static_cast<std::size_t>(b * seq + t)] =
+          static_cast<std::int32_t>(labels[static_cast<std::size_t>(b * seq + t + 1)]);
     }
   }
 
@@ -117,26 +118,27 @@ TEST(Qwen3Cpu, TrainingStepsLowerTheLoss) {
 TEST(Qwen3Cpu, ConfigAndWeightErrorsNameTheFile) {
   const fs::path dir = fs::temp_directory_path() / ("qwen3_bad_" + std::to_string(test::fresh_seed()));
   fs::create_directories(dir);
-  {
-    std::ofstream(dir / "config.json") << R"({"vocab_size": 10, "hidden_size": 8})";
-  }
+  { std::ofstream(dir / "config.json") << R"({"vocab_size": 10, "hidden_size": 8})"; }
   try {
     q3::read_hf_config(dir.string());
     FAIL() << "expected an error";
   } catch (const core::InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("config.json: missing key 'intermediate_size'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("config.json: missing key 'intermediate_size'"), std::string::npos)
+        << e.what();
   }
   // A weights file with a wrong shape.
   const auto config = q3::read_hf_config(fixture("tied"));
   const std::vector<float> wrong(7, 1.0f);
-  models::write_safetensors((dir / "model.safetensors").string(), {{"model.embed_tokens.weight", "F32", {7}, wrong.data()}});
+  models::write_safetensors((dir / "model.safetensors").string(),
+                            {{"model.embed_tokens.weight", "F32", {7}, wrong.data()}});
   core::DeviceContext cpu(core::Device::cpu());
   optim::Slab slab(optim::SlabLayout(q3::parameter_specs(config), 1), cpu);
   try {
     q3::load_hf_weights(dir.string(), config, slab);
     FAIL() << "expected an error";
   } catch (const core::InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("model.safetensors: tensor 'model.embed_tokens.weight' has shape [7], expected [1000, 64]"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "model.safetensors: tensor 'model.embed_tokens.weight' has shape [7], expected [1000, 64]"),
               std::string::npos)
         << e.what();
   }
@@ -149,12 +151,13 @@ TEST(Qwen3Cpu, ConfigAndWeightErrorsNameTheFile) {
 }
 
 TEST(Safetensors, WriteReadRoundTrip) {
-  const fs::path path = fs::temp_directory_path() / ("roundtrip_" + std::to_string(test::fresh_seed()) + ".safetensors");
+  const fs::path path =
+      fs::temp_directory_path() / ("roundtrip_" + std::to_string(test::fresh_seed()) + ".safetensors");
   const std::vector<float> a = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -1e-3f};
   const std::vector<std::int64_t> b = {1, -2, 1LL << 40};
   const std::vector<std::uint16_t> c = {0x3F80, 0xC000};  // bf16 1, -2
-  models::write_safetensors(path.string(), {{"a", "F32", {2, 3}, a.data()}, {"b", "I64", {3}, b.data()},
-                                            {"c", "BF16", {2}, c.data()}});
+  models::write_safetensors(
+      path.string(), {{"a", "F32", {2, 3}, a.data()}, {"b", "I64", {3}, b.data()}, {"c", "BF16", {2}, c.data()}});
   const models::SafetensorsFile f(path.string());
   EXPECT_EQ(f.entry("a").shape, (core::Shape{2, 3}));
   EXPECT_EQ(f.read_f32("a"), a);

@@ -57,7 +57,8 @@ struct GpuFixture {
     targets.assign(ids.size(), -100);
     for (std::int64_t b = 0; b < batch; ++b) {
       for (std::int64_t t = 0; t + 1 < seq; ++t) {
-        targets[static_cast<std::size_t>(b * seq + t)] = static_cast<std::int32_t>(labels[static_cast<std::size_t>(b * seq + t + 1)]);
+        targets[static_cast<std::size_t>(b * seq + t)] =
+            static_cast<std::int32_t>(labels[static_cast<std::size_t>(b * seq + t + 1)]);
       }
     }
     ids_device = core::Buffer(gpu.device(), ids.size() * 4);
@@ -140,7 +141,9 @@ TEST(Qwen3Gpu, RecomputeModesAndRerunsAreBitIdentical) {
 class CollectingSink final : public optim::GradientSink {
  public:
   CollectingSink(const core::DeviceContext& gpu, std::int64_t limit, std::int64_t total)
-      : gpu_(gpu), limit_(limit), staging_(gpu.device(), static_cast<std::size_t>(limit) * 4),
+      : gpu_(gpu),
+        limit_(limit),
+        staging_(gpu.device(), static_cast<std::size_t>(limit) * 4),
         collected_(gpu.device(), static_cast<std::size_t>(total) * 4) {
     collected_.fill_bytes(0, gpu.stream());
   }
@@ -189,7 +192,8 @@ void check_staged_sink(const std::string& name) {
       core::Error);
   // The smallest limit, an odd one (row windows of uneven width), one row less than the whole
   // vocabulary, and more than the vocabulary (one window).
-  for (std::int64_t limit : {largest, largest + 3 * d + 17, (f.config.vocab_size - 1) * d, 2 * f.config.vocab_size * d}) {
+  for (std::int64_t limit :
+       {largest, largest + 3 * d + 17, (f.config.vocab_size - 1) * d, 2 * f.config.vocab_size * d}) {
     limit = std::max(limit, largest);
     CollectingSink sink(f.gpu, limit, layout.total_elements());
     model.set_gradient_sink(&sink);
