@@ -345,7 +345,6 @@ class TrainLoop {
     // Task files are read and every item checked here, before the run directory is touched.
     tasks_.emplace(config_, *spec_);
     if (resume_from_) {
-      check_resume_config(*resume_from_, config_);
       const TrainingProgress& saved = resume_from_->progress;
       const bool changed = (saved.seq_len > 0 && saved.seq_len != seq_) ||
                            (saved.global_batch > 0 && saved.global_batch != global_batch_);
@@ -356,6 +355,7 @@ class TrainLoop {
             std::to_string(global_batch_) +
             ": the data order would change (set checkpoint.allow_data_change: true to continue anyway)");
       }
+      check_resume_config(*resume_from_, config_);
     }
   }
 

@@ -24,8 +24,9 @@ grep -q -- "--- sample ---" "$work/out.log" || { echo "FAIL: no sample printed";
 final=$(ls -d "$work/run/checkpoints"/step_* | sort | tail -1)
 "$build/tools/export_hf" "$final" "$work/hf" --dtype bf16 || { echo "FAIL: export_hf"; exit 1; }
 [ -s "$work/hf/model.safetensors" ] && [ -s "$work/hf/config.json" ] || { echo "FAIL: export incomplete"; exit 1; }
+mkdir -p "$work/not_a_checkpoint"
 set +e
-"$build/tools/export_hf" "$work/run" "$work/hf2" > /dev/null 2>&1
+"$build/tools/export_hf" "$work/not_a_checkpoint" "$work/hf2" > /dev/null 2>&1
 code=$?
 set -e
 [ "$code" -eq 2 ] || { echo "FAIL: export_hf of a non-checkpoint gave exit code $code, expected 2"; exit 1; }

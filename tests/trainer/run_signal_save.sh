@@ -42,7 +42,7 @@ step=$((10#${saved##*step_}))
 echo "checkpoint at step $step"
 
 "$build/trainer" "$source/configs/ci-tiny.yaml" "${common[@]}" training.max_steps=$((step + 2)) \
-  checkpoint.resume=auto > "$work/second.log" 2>&1 || { cat "$work/second.log"; echo "FAIL: resumed run failed"; exit 1; }
+  checkpoint.allow_schedule_change=true checkpoint.resume=auto > "$work/second.log" 2>&1 || { cat "$work/second.log"; echo "FAIL: resumed run failed"; exit 1; }
 cat "$work/second.log"
 grep -q "resumed from .*step_$(printf %08d "$step") at step $step" "$work/second.log" ||
   { echo "FAIL: the second run did not resume from step $step"; exit 1; }

@@ -90,7 +90,7 @@ echo "ok: logging window continues across a resume"
 expect_exit 2 "checkpoint.allow_data_change" "$work/seq.log" "$trainer" "${base[@]}" run.output_dir="$work/run" \
   training.max_steps=8 data.seq_len=32
 expect_exit 0 "" "$work/seq_ok.log" "$trainer" "${base[@]}" run.output_dir="$work/run" training.max_steps=8 \
-  data.seq_len=32 checkpoint.allow_data_change=true
+  data.seq_len=32 checkpoint.allow_data_change=true checkpoint.allow_schedule_change=true
 echo "ok: data order change refused unless allowed"
 
 # 8. SIGTERM to the launch script: both ranks save one checkpoint, exit 0.

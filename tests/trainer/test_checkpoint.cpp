@@ -326,7 +326,8 @@ TEST_F(Checkpoints, AutoFallsBackToThePreviousCheckpoint) {
   std::string log;
   {
     const CapturedLog captured;
-    summary = trainer::train(config("run", {"training.max_steps=4"}));
+    // Training one step longer than the first run: the schedule change is allowed.
+    summary = trainer::train(config("run", {"training.max_steps=4", "checkpoint.allow_schedule_change=true"}));
     log = captured.text();
   }
   EXPECT_EQ(summary.resumed_from, 2);
