@@ -130,14 +130,15 @@ int main(int argc, char** argv) {
     const Gradients gpu = cuda_gradients(weights, ids, targets, batch, seq);
     const Gradients cpu = cpu_gradients(weights, rounded, ids, targets, batch, seq, &traces);
     const Gradients cpu32 = cpu_gradients(weights, weights.master, ids, targets, batch, seq, nullptr);
-    std::printf("%s\n", nlohmann::json({{"checkpoint", path},
-                                        {"loss_cuda", gpu.loss},
-                                        {"loss_cpu", cpu.loss},
-                                        {"loss_cpu_fp32_weights", cpu32.loss},
-                                        {"grad_norm_cuda", norm(gpu.grad.data(), static_cast<std::int64_t>(gpu.grad.size()))},
-                                        {"grad_norm_cpu", norm(cpu.grad.data(), static_cast<std::int64_t>(cpu.grad.size()))}})
-                            .dump()
-                            .c_str());
+    std::printf("%s\n",
+                nlohmann::json({{"checkpoint", path},
+                                {"loss_cuda", gpu.loss},
+                                {"loss_cpu", cpu.loss},
+                                {"loss_cpu_fp32_weights", cpu32.loss},
+                                {"grad_norm_cuda", norm(gpu.grad.data(), static_cast<std::int64_t>(gpu.grad.size()))},
+                                {"grad_norm_cpu", norm(cpu.grad.data(), static_cast<std::int64_t>(cpu.grad.size()))}})
+                    .dump()
+                    .c_str());
     for (const optim::SlabTensor& t : weights.layout.parameters()) {
       const float* g = gpu.grad.data() + t.offset;
       const float* c = cpu.grad.data() + t.offset;
@@ -190,12 +191,13 @@ int main(int argc, char** argv) {
         for (const optim::SlabTensor& t : weights.layout.tensors()) {
           if (t.spec.name.ends_with(".w_h")) layers.push_back(norm(g.grad.data() + t.offset, t.numel));
         }
-        std::printf("%s\n", nlohmann::json({{"variant", name},
-                                            {"carry_clip", options.carry_clip},
-                                            {"grad_norm", norm(g.grad.data(), static_cast<std::int64_t>(g.grad.size()))},
-                                            {"w_h_grad_norm_per_layer", layers}})
-                                .dump()
-                                .c_str());
+        std::printf("%s\n",
+                    nlohmann::json({{"variant", name},
+                                    {"carry_clip", options.carry_clip},
+                                    {"grad_norm", norm(g.grad.data(), static_cast<std::int64_t>(g.grad.size()))},
+                                    {"w_h_grad_norm_per_layer", layers}})
+                        .dump()
+                        .c_str());
       }
     }
     return 0;

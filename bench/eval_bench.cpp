@@ -187,8 +187,9 @@ int main(int argc, char** argv) {
     }
     if (gen_items < 1 || choice_items < 1 || choices < 2 || prompt_tokens < 1 || new_tokens < 1 || context_tokens < 1 ||
         ending_tokens < 2 || repeats < 1 || step_ms <= 0 || every < 1) {
-      throw core::InputError("item counts, token counts, --repeats, --step-ms and --every must be positive "
-                             "(--choices >= 2, --ending-tokens >= 2)");
+      throw core::InputError(
+          "item counts, token counts, --repeats, --step-ms and --every must be positive "
+          "(--choices >= 2, --ending-tokens >= 2)");
     }
     core::init_logging(0);
     const core::DeviceContext ctx(core::Device::cuda(0));
@@ -203,8 +204,8 @@ int main(int argc, char** argv) {
     optim::Slab slab(optim::SlabLayout(spec->parameters(), 1), ctx);
     const auto scorer = spec->trainable(slab, ctx, {.max_tokens = scorer_tokens});
     random_weights(slab, ctx);
-    const eval::ModelAccess access{.spec = spec.get(), .slab = &slab, .context = &ctx, .scorer = scorer.get(),
-                                   .scorer_tokens = scorer_tokens};
+    const eval::ModelAccess access{
+        .spec = spec.get(), .slab = &slab, .context = &ctx, .scorer = scorer.get(), .scorer_tokens = scorer_tokens};
     text::ByteTokenizer tokenizer;
 
     const Timing mega = time_task(*spec, tokenizer, access, generative_task(gen_items, prompt_tokens, new_tokens),

@@ -38,11 +38,11 @@ const char* decoder_choice_name(DecoderChoice choice) {
 
 struct Evaluator::Prepared {
   Task task;
-  std::vector<Ids> contexts;                   // multiple choice: per item
+  std::vector<Ids> contexts;                    // multiple choice: per item
   std::vector<std::vector<Ids>> continuations;  // per item, per ending
-  std::vector<Ids> prompts;                    // generative: per item
-  std::vector<std::int64_t> new_tokens;        // per item
-  std::int64_t capacity = 0;                   // generative: the longest prompt + new tokens
+  std::vector<Ids> prompts;                     // generative: per item
+  std::vector<std::int64_t> new_tokens;         // per item
+  std::int64_t capacity = 0;                    // generative: the longest prompt + new tokens
 };
 
 Evaluator::Evaluator(const models::ModelSpec& spec, text::Tokenizer& tokenizer, EvaluatorOptions options)
@@ -68,14 +68,17 @@ void Evaluator::add(Task task, std::int64_t limit) {
     Ids ids;
     for (const std::uint32_t id : tokenizer_.encode(text)) {
       if (static_cast<std::int64_t>(id) >= vocab) {
-        throw core::InputError(where(task, line) + ": token id " + std::to_string(id) + " of the tokenizer is outside the "
-                               "model's vocabulary of " + std::to_string(vocab));
+        throw core::InputError(where(task, line) + ": token id " + std::to_string(id) +
+                               " of the tokenizer is outside the "
+                               "model's vocabulary of " +
+                               std::to_string(vocab));
       }
       ids.push_back(static_cast<std::int32_t>(id));
     }
     return ids;
   };
-  const std::size_t count = limit > 0 ? std::min<std::size_t>(task.size(), static_cast<std::size_t>(limit)) : task.size();
+  const std::size_t count =
+      limit > 0 ? std::min<std::size_t>(task.size(), static_cast<std::size_t>(limit)) : task.size();
   if (task.kind == TaskKind::multiple_choice) {
     task.choice_items.resize(count);
     for (const ChoiceItem& item : task.choice_items) {
@@ -117,7 +120,8 @@ void Evaluator::add(Task task, std::int64_t limit) {
       } else {
         // Enough for the longest answer after a space.
         for (const std::string& answer : item.answers) {
-          new_tokens = std::max<std::int64_t>(new_tokens, static_cast<std::int64_t>(tokenizer_.encode(" " + answer).size()));
+          new_tokens =
+              std::max<std::int64_t>(new_tokens, static_cast<std::int64_t>(tokenizer_.encode(" " + answer).size()));
         }
       }
       const std::int64_t total = static_cast<std::int64_t>(prompt.size()) + new_tokens;
@@ -208,7 +212,8 @@ void Evaluator::ensure_decoder(const ModelAccess& model, std::int64_t capacity) 
   models::DecoderOptions options;
   options.max_tokens = capacity;
   options.full_weights = model.full_weights;
-  options.kind = options_.decoder == DecoderChoice::plain ? models::DecoderKind::plain : models::DecoderKind::megakernel;
+  options.kind =
+      options_.decoder == DecoderChoice::plain ? models::DecoderKind::plain : models::DecoderKind::megakernel;
   std::string reason;
   options.fallback_reason = &reason;
   decoder_ = spec_.decoder(*model.slab, *model.context, options);

@@ -49,8 +49,8 @@ struct ModelAccess {
 };
 
 struct EvaluatorOptions {
-  std::int64_t max_sequence = 0;   // the most tokens an item may take (a forward's seq; prompt + new tokens)
-  std::string max_sequence_name;   // what that limit is, for messages ("data.seq_len")
+  std::int64_t max_sequence = 0;  // the most tokens an item may take (a forward's seq; prompt + new tokens)
+  std::string max_sequence_name;  // what that limit is, for messages ("data.seq_len")
   DecoderChoice decoder = DecoderChoice::automatic;
   std::vector<std::int32_t> end_ids;  // generation ends at the first of these (left out of the output)
 };

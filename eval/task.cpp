@@ -121,9 +121,7 @@ GenerativeItem read_lambada(const ItemReader& r, std::int64_t line) {
 
 }  // namespace
 
-const char* kind_name(TaskKind kind) {
-  return kind == TaskKind::multiple_choice ? "multiple_choice" : "generative";
-}
+const char* kind_name(TaskKind kind) { return kind == TaskKind::multiple_choice ? "multiple_choice" : "generative"; }
 
 Task load_task(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -130,10 +130,10 @@ void check_decoder_state_fits(double bytes, std::int64_t positions, const core::
     available = host_available_bytes();
   }
   if (bytes > available) {
-    throw core::InputError("decoder: a KV cache for " + std::to_string(positions) + " positions (prompt + new tokens) needs " +
-                           gigabytes(bytes) + ", more than the " + gigabytes(available) + " " +
-                           (device.is_cuda() ? "free on the GPU" : "of host memory available") +
-                           "; ask for fewer new tokens");
+    throw core::InputError(
+        "decoder: a KV cache for " + std::to_string(positions) + " positions (prompt + new tokens) needs " +
+        gigabytes(bytes) + ", more than the " + gigabytes(available) + " " +
+        (device.is_cuda() ? "free on the GPU" : "of host memory available") + "; ask for fewer new tokens");
   }
 }
 

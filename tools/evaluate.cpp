@@ -102,8 +102,11 @@ int main(int argc, char** argv) {
     for (const eval::Task& task : tasks) evaluator.add(task, limit);
     const std::int64_t scorer_tokens = options.max_sequence;
     const auto scorer = spec.trainable(*source.slab, *source.context, {.max_tokens = scorer_tokens});
-    const eval::ModelAccess access{.spec = &spec, .slab = source.slab.get(), .context = source.context.get(),
-                                   .scorer = scorer.get(), .scorer_tokens = scorer_tokens};
+    const eval::ModelAccess access{.spec = &spec,
+                                   .slab = source.slab.get(),
+                                   .context = source.context.get(),
+                                   .scorer = scorer.get(),
+                                   .scorer_tokens = scorer_tokens};
     const std::vector<eval::TaskResult> results =
         evaluator.run(access, 0, 1, [](std::vector<double> values) { return values; });
 

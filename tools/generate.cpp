@@ -115,7 +115,8 @@ int main(int argc, char** argv) {
     }
     // Compared without forming the sum, which a huge --max-new-tokens would overflow.
     const auto prompt_tokens = static_cast<std::int64_t>(ids.size());
-    if (prompt_tokens > spec.max_sequence_length() || options.max_new_tokens > spec.max_sequence_length() - prompt_tokens) {
+    if (prompt_tokens > spec.max_sequence_length() ||
+        options.max_new_tokens > spec.max_sequence_length() - prompt_tokens) {
       throw core::InputError("prompt (" + std::to_string(ids.size()) + " tokens) + --max-new-tokens (" +
                              std::to_string(options.max_new_tokens) + ") exceed the model's " +
                              std::to_string(spec.max_sequence_length()) + " positions");

@@ -606,7 +606,9 @@ bool added_token_spans_line_cut(const std::string& path) {
     const std::string content = token.is_object() ? token.value("content", std::string()) : std::string();
     if (content.find(' ') != std::string::npos) return true;
     for (std::size_t i = 1; i < content.size(); ++i) {
-      if (std::isdigit(static_cast<unsigned char>(content[i - 1])) && std::isdigit(static_cast<unsigned char>(content[i]))) return true;
+      if (std::isdigit(static_cast<unsigned char>(content[i - 1])) &&
+          std::isdigit(static_cast<unsigned char>(content[i])))
+        return true;
     }
   }
   return false;
@@ -864,7 +866,8 @@ int main(int argc, char** argv) {
       ->default_val("byte");
   app.add_option("--train-out", options.train_out, "training shard to write")->required();
   app.add_option("--val-out", options.val_out, "validation shard to write (needed with --val-fraction or --val-every)");
-  auto* fraction = app.add_option("--val-fraction", options.val_fraction, "fraction of the tokens, taken from the end, for validation");
+  auto* fraction = app.add_option("--val-fraction", options.val_fraction,
+                                  "fraction of the tokens, taken from the end, for validation");
   auto* every = app.add_option("--val-every", options.val_every, "every K-th document goes to validation");
   fraction->excludes(every);
   app.add_option("--jsonl-field", options.jsonl_field, "inputs are JSONL; the document is the string under this key");
@@ -888,7 +891,8 @@ int main(int argc, char** argv) {
     if (fraction->count() > 0 && !(options.val_fraction >= 0.0 && options.val_fraction <= 1.0)) {
       throw core::InputError("--val-fraction: expected a number in [0, 1], got " + fraction->as<std::string>());
     }
-    if (every->count() > 0 && options.val_every < 1) throw core::InputError("--val-every: expected a whole number >= 1, got 0");
+    if (every->count() > 0 && options.val_every < 1)
+      throw core::InputError("--val-every: expected a whole number >= 1, got 0");
     if (id_option->count() > 0 && separator_id < 0) {
       throw core::InputError("--separator-id: expected an id >= 0, got " + std::to_string(separator_id));
     }
@@ -897,7 +901,8 @@ int main(int argc, char** argv) {
       throw core::InputError("--threads: expected a whole number in [1, 1024], got " + std::to_string(threads));
     }
     if (chunk_kib < 1 || chunk_kib > (std::size_t{1} << 20)) {
-      throw core::InputError("--chunk-kib: expected a whole number in [1, 1048576] (1 GiB), got " + std::to_string(chunk_kib));
+      throw core::InputError("--chunk-kib: expected a whole number in [1, 1048576] (1 GiB), got " +
+                             std::to_string(chunk_kib));
     }
     if (app.get_option("--jsonl-field")->count() > 0 && options.jsonl_field.empty()) {
       throw core::InputError("--jsonl-field: expected a key name, got ''");
@@ -929,8 +934,10 @@ int main(int argc, char** argv) {
       }
       if (options.kind == InputKind::plain_text && added_token_spans_line_break(options.tokenizer_spec)) {
         options.cuts = Cuts::none;
-        std::fprintf(stderr, "make_shards: an added token of %s contains a line break: each plain-text document is "
-                             "encoded whole by one thread\n", options.tokenizer_spec.c_str());
+        std::fprintf(stderr,
+                     "make_shards: an added token of %s contains a line break: each plain-text document is "
+                     "encoded whole by one thread\n",
+                     options.tokenizer_spec.c_str());
       } else if (options.kind == InputKind::plain_text && added_token_spans_line_cut(options.tokenizer_spec)) {
         options.cuts = Cuts::plain_text_lines;
       }

@@ -36,7 +36,8 @@ std::unique_ptr<text::Tokenizer> pick_tokenizer(const std::string& requested, co
   if (!requested.empty()) return text::make_tokenizer(requested);
   if (recorded.empty() || recorded == "byte") return std::make_unique<text::ByteTokenizer>();
   if (!fs::is_regular_file(recorded)) {
-    throw core::InputError(path + ": its tokenizer " + recorded + " is not there (paths are relative to the directory "
+    throw core::InputError(path + ": its tokenizer " + recorded +
+                           " is not there (paths are relative to the directory "
                            "the run started in); give one with --tokenizer PATH/tokenizer.json or --tokenizer byte");
   }
   return text::make_tokenizer(recorded);

@@ -75,7 +75,8 @@ std::string label(double v) {
 
 // Whether two paths name one existing file (device and inode).
 bool same_file(const std::string& a, const std::string& b) {
-  struct stat sa {}, sb {};
+  struct stat sa {
+  }, sb{};
   return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
@@ -83,7 +84,8 @@ bool same_file(const std::string& a, const std::string& b) {
 double number(const nlohmann::json& record, const char* key) {
   const nlohmann::json& value = record.at(key);
   if (value.is_null()) return std::nan("");
-  if (!value.is_number()) throw std::runtime_error(std::string("'") + key + "' is " + value.type_name() + ", not a number");
+  if (!value.is_number())
+    throw std::runtime_error(std::string("'") + key + "' is " + value.type_name() + ", not a number");
   return value.get<double>();
 }
 
@@ -127,7 +129,8 @@ int main(int argc, char** argv) {
       if (!j.contains("step")) throw std::runtime_error("a loss without a 'step'");
       const double step = number(j, "step");
       // Steps place points on the x axis, which starts at 0.
-      if (!(step >= 0 && step <= 1e15)) throw std::runtime_error("'step' must be in [0, 1e15], got " + j["step"].dump());
+      if (!(step >= 0 && step <= 1e15))
+        throw std::runtime_error("'step' must be in [0, 1e15], got " + j["step"].dump());
       if (j.contains("loss")) train.emplace_back(step, number(j, "loss"));
       if (j.contains("val_loss")) val.emplace_back(step, number(j, "val_loss"));
     } catch (const std::exception& e) {
@@ -156,9 +159,13 @@ int main(int argc, char** argv) {
   const int width = 900, height = 560, left = 80, right = 30, top = 40, bottom = 60;
   tools::RgbImage img(width, height);
   // Coordinates clamped just outside the image: a converted out-of-range double is undefined.
-  auto clamp = [](double v, int limit) { return static_cast<int>(std::clamp(std::isnan(v) ? -1.0 : v, -1.0, limit + 1.0)); };
+  auto clamp = [](double v, int limit) {
+    return static_cast<int>(std::clamp(std::isnan(v) ? -1.0 : v, -1.0, limit + 1.0));
+  };
   auto px = [&](double x) { return clamp(left + (width - left - right) * x / x_max, width); };
-  auto py = [&](double y) { return clamp(height - bottom - (height - top - bottom) * (y - y_min) / (y_max - y_min), height); };
+  auto py = [&](double y) {
+    return clamp(height - bottom - (height - top - bottom) * (y - y_min) / (y_max - y_min), height);
+  };
   for (int t = 0; t <= 5; ++t) {  // grid and tick labels
     const double yv = y_min + (y_max - y_min) * t / 5, xv = x_max * t / 5;
     line(img, left, py(yv), width - right, py(yv), {225, 225, 225});
@@ -175,8 +182,11 @@ int main(int argc, char** argv) {
   }
   for (std::size_t i = 0; i < val.size(); ++i) {
     if (!std::isfinite(val[i].second)) continue;
-    if (i > 0 && std::isfinite(val[i - 1].second)) line(img, px(val[i - 1].first), py(val[i - 1].second), px(val[i].first), py(val[i].second), {214, 39, 40}, 2);
-    for (int d = -3; d <= 3; ++d) line(img, px(val[i].first) - 3, py(val[i].second) + d, px(val[i].first) + 3, py(val[i].second) + d, {214, 39, 40});
+    if (i > 0 && std::isfinite(val[i - 1].second))
+      line(img, px(val[i - 1].first), py(val[i - 1].second), px(val[i].first), py(val[i].second), {214, 39, 40}, 2);
+    for (int d = -3; d <= 3; ++d)
+      line(img, px(val[i].first) - 3, py(val[i].second) + d, px(val[i].first) + 3, py(val[i].second) + d,
+           {214, 39, 40});
   }
   line(img, width - 200, 20, width - 170, 20, {31, 119, 180}, 3);
   text(img, width - 160, 15, "train loss");

@@ -534,8 +534,10 @@ void gather_pieces(const VerifiedCheckpoint& checkpoint, const std::string& buff
                              std::to_string(per_entry) + " in the run");
     }
     const fs::path path = listed_file(checkpoint.directory, entry);
-    const std::uint64_t file_bytes = std::min<std::uint64_t>(integer<std::uint64_t>(entry.at("file_bytes")), std::uint64_t{1} << 62);
-    const auto file_entries = static_cast<std::int64_t>((file_bytes - std::min<std::uint64_t>(file_bytes, kFileHeaderBytes)) / entry_bytes);
+    const std::uint64_t file_bytes =
+        std::min<std::uint64_t>(integer<std::uint64_t>(entry.at("file_bytes")), std::uint64_t{1} << 62);
+    const auto file_entries =
+        static_cast<std::int64_t>((file_bytes - std::min<std::uint64_t>(file_bytes, kFileHeaderBytes)) / entry_bytes);
     int fd = -1;
     try {
       for (const json& saved_piece : entry.at("pieces")) {
@@ -884,7 +886,8 @@ VerifiedCheckpoint verify_checkpoint(const fs::path& directory, const optim::Sla
     if (m.contains("elapsed_s")) {
       const json& elapsed = m["elapsed_s"];
       if (!elapsed.is_number() || !(elapsed.get<double>() >= 0 && elapsed.get<double>() < 1e12)) {
-        throw core::InputError(manifest_path.string() + ": elapsed_s: expected seconds in [0, 1e12), got " + elapsed.dump());
+        throw core::InputError(manifest_path.string() + ": elapsed_s: expected seconds in [0, 1e12), got " +
+                               elapsed.dump());
       }
       out.progress.elapsed_s = elapsed.get<double>();
     }

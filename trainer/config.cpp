@@ -636,48 +636,50 @@ const std::vector<SectionSchema>& schema() {
                               std::to_string(spec->vocab_size()));
                         }
                       })}});
-    s.push_back(
-        {"training", true,
-         {entry<TrainingConfig, std::int64_t>(
-              "micro_batch_size", &RunConfig::training, &TrainingConfig::micro_batch_size,
-              [](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig& c) {
-                s.at_least(v, 1, key);
-                s.check(v <= kMaxMicroTokens / c.data.seq_len, key,
-                        "an integer in [1, " + std::to_string(kMaxMicroTokens / c.data.seq_len) + "] (at most " +
-                            std::to_string(kMaxMicroTokens) + " tokens per micro-batch at seq_len " +
-                            std::to_string(c.data.seq_len) + ")",
-                        std::to_string(v));
-              }),
-          {"global_batch_size", read_global_batch,
-           [](YAML::Emitter& out, const RunConfig& c) {
-             if (c.training.global_batch_size) {
-               emit(out, "global_batch_size", *c.training.global_batch_size);
-             } else {
-               emit(out, "global_batch_size", std::string("auto"));
-             }
-           }},
-          required(entry<TrainingConfig, std::int64_t>(
-                       "max_steps", &RunConfig::training, &TrainingConfig::max_steps,
-                       [](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig&) {
-                         s.check(v >= 1 && v <= kMaxSteps, key, "an integer in [1, " + std::to_string(kMaxSteps) + "]",
-                                 std::to_string(v));
-                       }),
-                   "the number of optimizer steps, an integer >= 1"),
-          {"precision",
-           [](const Section& s, RunConfig& c) {
-             const Precision required = c.device == Device::cpu ? Precision::fp32 : Precision::bf16;
-             c.training.precision = required;
-             s.choice<Precision>("precision", c.training.precision, kPrecisions);
-             s.check(c.training.precision == required, "precision",
-                     std::string(precision_name(required)) + " (device " + device_name(c.device) + ")",
-                     precision_name(c.training.precision));
-           },
-           [](YAML::Emitter& out, const RunConfig& c) { emit(out, "precision", choice_name(kPrecisions, c.training.precision)); }},
-          entry<TrainingConfig, double>("grad_clip", &RunConfig::training, &TrainingConfig::grad_clip,
-                                       [](const Section& s, const std::string& key, const double& v, const RunConfig&) {
-                                         s.check(std::isfinite(v) && v >= 0, key, "a finite number >= 0 (0 disables)",
-                                                 yaml_number(v));
-                                       })}});
+    s.push_back({"training",
+                 true,
+                 {entry<TrainingConfig, std::int64_t>(
+                      "micro_batch_size", &RunConfig::training, &TrainingConfig::micro_batch_size,
+                      [](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig& c) {
+                        s.at_least(v, 1, key);
+                        s.check(v <= kMaxMicroTokens / c.data.seq_len, key,
+                                "an integer in [1, " + std::to_string(kMaxMicroTokens / c.data.seq_len) +
+                                    "] (at most " + std::to_string(kMaxMicroTokens) +
+                                    " tokens per micro-batch at seq_len " + std::to_string(c.data.seq_len) + ")",
+                                std::to_string(v));
+                      }),
+                  {"global_batch_size", read_global_batch,
+                   [](YAML::Emitter& out, const RunConfig& c) {
+                     if (c.training.global_batch_size) {
+                       emit(out, "global_batch_size", *c.training.global_batch_size);
+                     } else {
+                       emit(out, "global_batch_size", std::string("auto"));
+                     }
+                   }},
+                  required(entry<TrainingConfig, std::int64_t>(
+                               "max_steps", &RunConfig::training, &TrainingConfig::max_steps,
+                               [](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig&) {
+                                 s.check(v >= 1 && v <= kMaxSteps, key,
+                                         "an integer in [1, " + std::to_string(kMaxSteps) + "]", std::to_string(v));
+                               }),
+                           "the number of optimizer steps, an integer >= 1"),
+                  {"precision",
+                   [](const Section& s, RunConfig& c) {
+                     const Precision required = c.device == Device::cpu ? Precision::fp32 : Precision::bf16;
+                     c.training.precision = required;
+                     s.choice<Precision>("precision", c.training.precision, kPrecisions);
+                     s.check(c.training.precision == required, "precision",
+                             std::string(precision_name(required)) + " (device " + device_name(c.device) + ")",
+                             precision_name(c.training.precision));
+                   },
+                   [](YAML::Emitter& out, const RunConfig& c) {
+                     emit(out, "precision", choice_name(kPrecisions, c.training.precision));
+                   }},
+                  entry<TrainingConfig, double>(
+                      "grad_clip", &RunConfig::training, &TrainingConfig::grad_clip,
+                      [](const Section& s, const std::string& key, const double& v, const RunConfig&) {
+                        s.check(std::isfinite(v) && v >= 0, key, "a finite number >= 0 (0 disables)", yaml_number(v));
+                      })}});
     s.push_back({"optimizer",
                  [](const Reader& reader, const YAML::Node& root, RunConfig& c) {
                    const Section s(reader, root, "optimizer", false);
@@ -698,41 +700,43 @@ const std::vector<SectionSchema>& schema() {
                    }
                    return keys;
                  }});
-    s.push_back(
-        {"schedule", false,
-         {bind_choice("type", &RunConfig::schedule, &ScheduleConfig::type, kSchedules),
-          entry<ScheduleConfig, std::int64_t>(
-              "warmup_steps", &RunConfig::schedule, &ScheduleConfig::warmup_steps,
-              [](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig& c) {
-                s.check(v >= 0 && v <= c.training.max_steps, key,
-                        "an integer in [0, training.max_steps = " + std::to_string(c.training.max_steps) + "]",
-                        std::to_string(v));
-              }),
-          // A value the chosen schedule never reads would be ignored without a word (the default,
-          // as a resolved config.yaml writes it, is fine).
-          entry<ScheduleConfig, double>(
-              "min_lr_ratio", &RunConfig::schedule, &ScheduleConfig::min_lr_ratio,
-              [](const Section& s, const std::string& key, const double& v, const RunConfig& c) {
-                in_unit_interval()(s, key, v, c);
-                if (c.schedule.type == ScheduleType::constant && v != ScheduleConfig{}.min_lr_ratio) {
-                  s.fail(key, "the constant schedule never decays (use linear, cosine or wsd)");
-                }
-              }),
-          entry<ScheduleConfig, double>(
-              "decay_ratio", &RunConfig::schedule, &ScheduleConfig::decay_ratio,
-              [](const Section& s, const std::string& key, const double& v, const RunConfig& c) {
-                in_unit_interval()(s, key, v, c);
-                if (c.schedule.type != ScheduleType::wsd && v != ScheduleConfig{}.decay_ratio) {
-                  s.fail(key, std::string("only the wsd schedule has a decay phase (schedule.type is ") +
-                                  schedule_type_name(c.schedule.type) + ")");
-                }
-                if (c.schedule.type != ScheduleType::wsd) return;
-                const std::int64_t decay = wsd_decay_steps(c.schedule, c.training.max_steps);
-                s.check(c.schedule.warmup_steps + decay <= c.training.max_steps, key,
-                        "warmup_steps + decay steps <= training.max_steps (" + std::to_string(c.training.max_steps) + ")",
-                        std::to_string(c.schedule.warmup_steps) + " + " + std::to_string(decay));
-              })}});
-    s.push_back({"parallel", false,
+    s.push_back({"schedule",
+                 false,
+                 {bind_choice("type", &RunConfig::schedule, &ScheduleConfig::type, kSchedules),
+                  entry<ScheduleConfig, std::int64_t>(
+                      "warmup_steps", &RunConfig::schedule, &ScheduleConfig::warmup_steps,
+                      [](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig& c) {
+                        s.check(v >= 0 && v <= c.training.max_steps, key,
+                                "an integer in [0, training.max_steps = " + std::to_string(c.training.max_steps) + "]",
+                                std::to_string(v));
+                      }),
+                  // A value the chosen schedule never reads would be ignored without a word (the default,
+                  // as a resolved config.yaml writes it, is fine).
+                  entry<ScheduleConfig, double>(
+                      "min_lr_ratio", &RunConfig::schedule, &ScheduleConfig::min_lr_ratio,
+                      [](const Section& s, const std::string& key, const double& v, const RunConfig& c) {
+                        in_unit_interval()(s, key, v, c);
+                        if (c.schedule.type == ScheduleType::constant && v != ScheduleConfig{}.min_lr_ratio) {
+                          s.fail(key, "the constant schedule never decays (use linear, cosine or wsd)");
+                        }
+                      }),
+                  entry<ScheduleConfig, double>(
+                      "decay_ratio", &RunConfig::schedule, &ScheduleConfig::decay_ratio,
+                      [](const Section& s, const std::string& key, const double& v, const RunConfig& c) {
+                        in_unit_interval()(s, key, v, c);
+                        if (c.schedule.type != ScheduleType::wsd && v != ScheduleConfig{}.decay_ratio) {
+                          s.fail(key, std::string("only the wsd schedule has a decay phase (schedule.type is ") +
+                                          schedule_type_name(c.schedule.type) + ")");
+                        }
+                        if (c.schedule.type != ScheduleType::wsd) return;
+                        const std::int64_t decay = wsd_decay_steps(c.schedule, c.training.max_steps);
+                        s.check(c.schedule.warmup_steps + decay <= c.training.max_steps, key,
+                                "warmup_steps + decay steps <= training.max_steps (" +
+                                    std::to_string(c.training.max_steps) + ")",
+                                std::to_string(c.schedule.warmup_steps) + " + " + std::to_string(decay));
+                      })}});
+    s.push_back({"parallel",
+                 false,
                  {{"zero_stage",
                    [](const Section& s, RunConfig& c) {
                      std::int64_t stage = c.parallel.zero_stage;
@@ -793,13 +797,14 @@ const std::vector<SectionSchema>& schema() {
                    }},
                   entry("tasks_every", &RunConfig::eval, &EvalConfig::tasks_every, at_least(0)),
                   entry("tasks_limit", &RunConfig::eval, &EvalConfig::tasks_limit, at_least(0)),
-                  entry<EvalConfig, std::string>("decoder", &RunConfig::eval, &EvalConfig::decoder,
-                                                 [](const Section& s, const std::string& key, const std::string& v,
-                                                    const RunConfig&) {
-                                                   s.check(v == "auto" || v == "megakernel" || v == "plain", key,
-                                                           "auto, megakernel or plain", "'" + v + "'");
-                                                 })}});
-    s.push_back({"logging", false,
+                  entry<EvalConfig, std::string>(
+                      "decoder", &RunConfig::eval, &EvalConfig::decoder,
+                      [](const Section& s, const std::string& key, const std::string& v, const RunConfig&) {
+                        s.check(v == "auto" || v == "megakernel" || v == "plain", key, "auto, megakernel or plain",
+                                "'" + v + "'");
+                      })}});
+    s.push_back({"logging",
+                 false,
                  {entry("every", &RunConfig::logging, &LoggingConfig::every, at_least(1)),
                   entry("tensorboard", &RunConfig::logging, &LoggingConfig::tensorboard)}});
     s.push_back({"sample",

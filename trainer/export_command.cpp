@@ -36,7 +36,8 @@ int export_hf_main(int argc, char** argv) {
   try {
     if (!fs::is_directory(checkpoint_dir)) throw core::InputError(checkpoint_dir + ": no such directory");
     if (!is_checkpoint_path(checkpoint_dir)) {
-      throw core::InputError(checkpoint_dir + ": neither a checkpoint step directory (manifest.json) nor a run "
+      throw core::InputError(checkpoint_dir +
+                             ": neither a checkpoint step directory (manifest.json) nor a run "
                              "directory (checkpoints/)");
     }
     std::error_code ec;

@@ -102,8 +102,11 @@ PretrainedWeights load_pretrained(const std::string& path) {
   Source source = read_source(path);
   auto spec = source.family->spec(source.shape);
   optim::SlabLayout layout(spec->parameters(), 1);
-  PretrainedWeights out{.spec = std::move(spec), .layout = std::move(layout), .master = {},
-                        .carried_hf_config = source.carried, .tokenizer = source.tokenizer,
+  PretrainedWeights out{.spec = std::move(spec),
+                        .layout = std::move(layout),
+                        .master = {},
+                        .carried_hf_config = source.carried,
+                        .tokenizer = source.tokenizer,
                         .checkpoint = source.checkpoint.string()};
   if (!source.checkpoint.empty()) {
     const nlohmann::json manifest = read_verified_manifest(source.checkpoint);

@@ -23,7 +23,7 @@ struct PretrainedWeights {
   // Keys of the source's config.json to carry into an export (token ids, metadata); empty for
   // checkpoints that recorded none.
   nlohmann::json carried_hf_config;
-  std::string tokenizer;  // data.tokenizer of the run that wrote a checkpoint ("byte", a path, or "")
+  std::string tokenizer;   // data.tokenizer of the run that wrote a checkpoint ("byte", a path, or "")
   std::string checkpoint;  // the step directory read; empty for a Hugging Face folder
 };
 

@@ -26,8 +26,12 @@ TaskEvaluation::TaskEvaluation(const RunConfig& config, const models::ModelSpec&
 
 void TaskEvaluation::attach(const models::ModelSpec& spec, optim::Slab& slab, const core::DeviceContext& context,
                             ModelRunner& runner, const float* full_weights) {
-  model_ = {.spec = &spec, .slab = &slab, .context = &context, .scorer = &runner.model(),
-            .scorer_tokens = runner.max_tokens(), .full_weights = full_weights};
+  model_ = {.spec = &spec,
+            .slab = &slab,
+            .context = &context,
+            .scorer = &runner.model(),
+            .scorer_tokens = runner.max_tokens(),
+            .full_weights = full_weights};
 }
 
 nlohmann::json TaskEvaluation::run(std::int64_t step, comm::Communicator& comm) {
@@ -43,7 +47,8 @@ nlohmann::json TaskEvaluation::run(std::int64_t step, comm::Communicator& comm) 
       line += fmt::format(" {} {:.4f}", metric, value);
     }
     record["eval/" + r.name + "/seconds"] = r.seconds;
-    line += fmt::format(" ({} items, {:.2f} s{})", r.items, r.seconds, r.decoder.empty() ? "" : ", " + r.decoder + " decoder");
+    line += fmt::format(" ({} items, {:.2f} s{})", r.items, r.seconds,
+                        r.decoder.empty() ? "" : ", " + r.decoder + " decoder");
     if (comm.rank() == 0) spdlog::info("{}", line);
   }
   return record;

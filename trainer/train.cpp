@@ -263,7 +263,7 @@ class TrainLoop {
       const bool stop = agree_loss_and_stop(step);
       if (step % config_.logging.every == 0 || step == config_.training.max_steps) log_step(step, lr);
       if (config_.eval.every > 0 && step % config_.eval.every == 0) evaluate(step);
-    if (config_.eval.tasks_every > 0 && step % config_.eval.tasks_every == 0) evaluate_tasks(step);
+      if (config_.eval.tasks_every > 0 && step % config_.eval.tasks_every == 0) evaluate_tasks(step);
       if (lead_ && config_.sample.every > 0 && step % config_.sample.every == 0) sample(step);
       if (stop || (step == config_.training.max_steps && config_.checkpoint.at_end) ||
           (config_.checkpoint.every > 0 && step % config_.checkpoint.every == 0)) {
@@ -539,10 +539,18 @@ class TrainLoop {
                  config_.training.max_steps, mean_loss, lr, report.grad_norm,
                  report.skipped_steps > 0 ? " (" + std::to_string(report.skipped_steps) + " skipped)" : std::string(),
                  tokens_per_s, device_figures, format_duration(eta));
-    record({{"step", step}, {"loss", mean_loss}, {"lr", lr}, {"grad_norm", report.grad_norm},
-            {"tokens_per_s", tokens_per_s}, {"tokens_per_s_per_rank", tokens_per_s / world_}, {"world", world_},
-            {"zero_stage", config_.parallel.zero_stage}, {"mfu", mfu}, {"memory_gib", memory_gib},
-            {"skipped_steps", report.skipped_steps}, {"elapsed_s", elapsed_s()}});
+    record({{"step", step},
+            {"loss", mean_loss},
+            {"lr", lr},
+            {"grad_norm", report.grad_norm},
+            {"tokens_per_s", tokens_per_s},
+            {"tokens_per_s_per_rank", tokens_per_s / world_},
+            {"world", world_},
+            {"zero_stage", config_.parallel.zero_stage},
+            {"mfu", mfu},
+            {"memory_gib", memory_gib},
+            {"skipped_steps", report.skipped_steps},
+            {"elapsed_s", elapsed_s()}});
     if (runner_->saw_invalid_ids()) throw core::Error("token ids outside the vocabulary reached the model");
     interval_start_ = std::chrono::steady_clock::now();
     interval_loss_ = 0;
@@ -598,7 +606,8 @@ class TrainLoop {
 
   // The last evaluation, the summary line and a final sample.
   TrainSummary finish() {
-    if (config_.eval.every == 0 || config_.training.max_steps % config_.eval.every != 0) evaluate(config_.training.max_steps);
+    if (config_.eval.every == 0 || config_.training.max_steps % config_.eval.every != 0)
+      evaluate(config_.training.max_steps);
     if (config_.eval.tasks_every == 0 || config_.training.max_steps % config_.eval.tasks_every != 0) {
       evaluate_tasks(config_.training.max_steps);
     }

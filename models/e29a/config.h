@@ -30,7 +30,7 @@ struct E29aConfig {
   double tape_init_std = 0.5;
   double rms_norm_eps = 1e-6;
   std::int64_t checkpoint_interval = 0;  // cuda: tape checkpoint every K steps (0: about sqrt(seq))
-  LayerBackwardOptions backward;          // detach_scores, carry_grad_clip (default: the exact gradient)
+  LayerBackwardOptions backward;         // detach_scores, carry_grad_clip (default: the exact gradient)
 
   std::int64_t parameter_count() const;
 };

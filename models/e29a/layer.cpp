@@ -241,7 +241,8 @@ void layer_backward_cpu(const LayerWeights<Scalar>& weights, const LayerActivati
     // Gate, output, and the tape write (value and attention).
 #pragma omp parallel for schedule(static)
     for (std::int64_t b = 0; b < B; ++b) {
-      if (options.carry_clip > 0) clip_carried(dh_next.data() + b * D, D, d_tape.data() + b * N * D, N * D, options.carry_clip);
+      if (options.carry_clip > 0)
+        clip_carried(dh_next.data() + b * D, D, d_tape.data() + b * N * D, N * D, options.carry_clip);
       const Scalar* z = saved.xz.data() + (b * T + t) * 2 * D + D;
       const Scalar* dy_row = dy.data() + (b * T + t) * D;
       for (std::int64_t d = 0; d < D; ++d) {

@@ -74,9 +74,15 @@ struct LayerCuda::Plan {
 
 LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::int64_t slots, std::int64_t max_batch,
                      std::int64_t max_steps, std::int64_t checkpoint_interval, const LayerBackwardOptions& options)
-    : context_(&context), dim_(dim), slots_(slots), max_batch_(max_batch), max_steps_(max_steps),
-      interval_(checkpoint_interval), options_(options) {
-  if (!context.is_cuda()) throw core::Error("e29a LayerCuda needs a CUDA device context, got " + context.device().str());
+    : context_(&context),
+      dim_(dim),
+      slots_(slots),
+      max_batch_(max_batch),
+      max_steps_(max_steps),
+      interval_(checkpoint_interval),
+      options_(options) {
+  if (!context.is_cuda())
+    throw core::Error("e29a LayerCuda needs a CUDA device context, got " + context.device().str());
   if (dim < 1 || max_batch < 1 || max_steps < 1 || checkpoint_interval < 0) {
     throw core::Error("e29a LayerCuda: dim, max_batch, max_steps must be positive and checkpoint_interval >= 0, got " +
                       std::to_string(dim) + ", " + std::to_string(max_batch) + ", " + std::to_string(max_steps) + ", " +

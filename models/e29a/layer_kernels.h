@@ -75,9 +75,9 @@ struct WriteBackArgs {
   __nv_bfloat16* d_write_bf16 = nullptr;
   __nv_bfloat16* dz = nullptr;  // dL/dz_t of sequence b at dz + b * dz_stride
   std::int64_t dz_stride = 0;
-  float* score_grad = nullptr;        // optional [batch, N]
-  bool detach_scores = false;         // the write scores get no gradient
-  float carry_clip = 0;               // > 0: (dh_next, d_tape) of a sequence rescaled to norm <= carry_clip first
+  float* score_grad = nullptr;  // optional [batch, N]
+  bool detach_scores = false;   // the write scores get no gradient
+  float carry_clip = 0;         // > 0: (dh_next, d_tape) of a sequence rescaled to norm <= carry_clip first
 };
 
 struct ReadBackArgs {
@@ -97,9 +97,9 @@ struct ReadBackArgs {
   __nv_bfloat16* d_pre_bf16 = nullptr;
   __nv_bfloat16* dx = nullptr;  // dL/dx_t of sequence b at dx + b * dx_stride
   std::int64_t dx_stride = 0;
-  float* d_bias = nullptr;             // [batch, D], dL/d(pre) added (per sequence, over steps)
-  float* score_grad = nullptr;         // optional [batch, N]
-  bool detach_scores = false;          // the read scores get no gradient
+  float* d_bias = nullptr;      // [batch, D], dL/d(pre) added (per sequence, over steps)
+  float* score_grad = nullptr;  // optional [batch, N]
+  bool detach_scores = false;   // the read scores get no gradient
 };
 
 void read_step(const ReadStepArgs& args, cudaStream_t stream);

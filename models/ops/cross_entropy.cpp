@@ -53,8 +53,8 @@ struct Gradients {
 // Shared body: the loss, and the gradients when `gradients` is not null.
 template <typename Scalar>
 CrossEntropyResult run(std::span<const Scalar> hidden, std::span<const Scalar> weight,
-                       std::span<const std::int32_t> targets, std::int64_t dim, std::int64_t vocab,
-                       std::int64_t count, std::int64_t chunk_tokens, const Gradients<Scalar>* gradients,
+                       std::span<const std::int32_t> targets, std::int64_t dim, std::int64_t vocab, std::int64_t count,
+                       std::int64_t chunk_tokens, const Gradients<Scalar>* gradients,
                        std::span<float> token_losses = {}) {
   const auto tokens = static_cast<std::int64_t>(targets.size());
   const bool backward = gradients != nullptr;
@@ -189,11 +189,11 @@ void cross_entropy_backward_weight_rows_cpu(std::span<const Scalar> hidden, std:
 }
 
 template CrossEntropyResult cross_entropy_forward_cpu<float>(std::span<const float>, std::span<const float>,
-                                                             std::span<const std::int32_t>, std::int64_t,
-                                                             std::int64_t, std::int64_t, std::span<float>);
+                                                             std::span<const std::int32_t>, std::int64_t, std::int64_t,
+                                                             std::int64_t, std::span<float>);
 template CrossEntropyResult cross_entropy_forward_cpu<double>(std::span<const double>, std::span<const double>,
-                                                              std::span<const std::int32_t>, std::int64_t,
-                                                              std::int64_t, std::int64_t, std::span<float>);
+                                                              std::span<const std::int32_t>, std::int64_t, std::int64_t,
+                                                              std::int64_t, std::span<float>);
 template CrossEntropyResult cross_entropy_backward_cpu<float>(std::span<const float>, std::span<const float>,
                                                               std::span<const std::int32_t>, std::int64_t, std::int64_t,
                                                               std::span<float>, std::span<float>, double, std::int64_t);

@@ -208,9 +208,9 @@ Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab,
   m.matvec_blocks = settings.matvec_blocks > 0 ? settings.matvec_blocks : 8 * sms;
 
   const auto kv = static_cast<std::size_t>(config.kv_size());
-  check_decoder_state_fits(2.0 * 2.0 * static_cast<double>(config.num_layers) * static_cast<double>(m.capacity) *
-                               static_cast<double>(kv),
-                           m.capacity, context.device());
+  check_decoder_state_fits(
+      2.0 * 2.0 * static_cast<double>(config.num_layers) * static_cast<double>(m.capacity) * static_cast<double>(kv),
+      m.capacity, context.device());
   m.cache_bytes = 2 * static_cast<std::size_t>(config.num_layers) * static_cast<std::size_t>(m.capacity) * kv * 2;
   m.cache = core::Buffer(context.device(), m.cache_bytes);
 

@@ -154,7 +154,8 @@ ops::CrossEntropyResult Qwen3Model::step(std::span<const std::int32_t> ids, std:
   Vec final_in, final_out, final_rstd;
   forward(ids, batch, seq, saved, final_in, final_out, final_rstd);
   if (!backward) {
-    return ops::cross_entropy_forward_cpu<float>(in(final_out), weight(head_), targets, d, c.vocab_size, 0, token_losses);
+    return ops::cross_entropy_forward_cpu<float>(in(final_out), weight(head_), targets, d, c.vocab_size, 0,
+                                                 token_losses);
   }
 
   Vec dfinal(final_out.size());

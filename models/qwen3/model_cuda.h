@@ -51,7 +51,7 @@ class Qwen3Cuda final : public TrainableModel {
   // The most elements one range given to a limited sink spans (the size of its staging).
   std::int64_t largest_gradient_range() const override;
 
-  const float* loss() const override;  // device fp32: mean loss of the last call
+  const float* loss() const override;          // device fp32: mean loss of the last call
   const float* token_losses() const override;  // device fp32, of the last forward_loss
   // Device flag set when an input id was outside the vocabulary (checked lazily by callers).
   const std::int32_t* invalid_id_flag() const override;

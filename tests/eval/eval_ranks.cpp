@@ -21,8 +21,11 @@ int main(int argc, char** argv) {
   const int rank = communicator->rank(), world = communicator->world();
   text::ByteTokenizer bytes;
   eval::Evaluator evaluator(*m.spec, bytes, {.max_sequence = 96, .max_sequence_name = "data.seq_len"});
-  const eval::ModelAccess model{.spec = m.spec.get(), .slab = m.slab.get(), .context = &m.context,
-                                .scorer = m.scorer.get(), .scorer_tokens = 4096};
+  const eval::ModelAccess model{.spec = m.spec.get(),
+                                .slab = m.slab.get(),
+                                .context = &m.context,
+                                .scorer = m.scorer.get(),
+                                .scorer_tokens = 4096};
   const std::string tasks = std::string(LLMTRAIN_SOURCE_DIR) + "/data/tasks/";
   for (const auto& task : eval::load_tasks({tasks + "kjv_next_verse.jsonl", tasks + "kjv_verse_completion.jsonl"})) {
     evaluator.add(task, 13);

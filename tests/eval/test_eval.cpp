@@ -54,7 +54,10 @@ eval::SumOverRanks single() {
 }
 
 eval::ModelAccess access(test::TinyModel& m) {
-  return {.spec = m.spec.get(), .slab = m.slab.get(), .context = &m.context, .scorer = m.scorer.get(),
+  return {.spec = m.spec.get(),
+          .slab = m.slab.get(),
+          .context = &m.context,
+          .scorer = m.scorer.get(),
           .scorer_tokens = 4096};
 }
 
@@ -70,9 +73,10 @@ TEST(EvalTask, ReadsEachFormat) {
   EXPECT_EQ(t.choice_items[1].label, 0);
   EXPECT_EQ(t.choice_items[1].line, 3);
 
-  const std::string gen = write_file("gen.jsonl",
-                                     "{\"prompt\": \"2+2=\", \"answers\": [\"4\", \"four\"], \"max_new_tokens\": 3, "
-                                     "\"stop\": \"\\n\"}\n{\"prompt\": \"p\", \"answers\": [\"q\"], \"stop\": [\".\", \"!\"]}\n");
+  const std::string gen =
+      write_file("gen.jsonl",
+                 "{\"prompt\": \"2+2=\", \"answers\": [\"4\", \"four\"], \"max_new_tokens\": 3, "
+                 "\"stop\": \"\\n\"}\n{\"prompt\": \"p\", \"answers\": [\"q\"], \"stop\": [\".\", \"!\"]}\n");
   const eval::Task g = eval::load_task(gen);
   EXPECT_EQ(g.kind, eval::TaskKind::generative);
   ASSERT_EQ(g.generative_items.size(), 2u);
@@ -91,7 +95,8 @@ TEST(EvalTask, BadFilesNameFileLineAndField) {
   const auto has = [](const std::string& message, const std::string& part) {
     EXPECT_NE(message.find(part), std::string::npos) << message << "\n  lacks: " << part;
   };
-  std::string e = load_error("{\"ctx\": \"a\", \"endings\": [\"b\", \"c\"], \"label\": 0}\n{\"ctx\": \"a\", \"label\": 0}\n");
+  std::string e =
+      load_error("{\"ctx\": \"a\", \"endings\": [\"b\", \"c\"], \"label\": 0}\n{\"ctx\": \"a\", \"label\": 0}\n");
   has(e, "bad.jsonl:2");
   has(e, "field 'endings': missing");
   e = load_error("{\"ctx\": \"a\", \"endings\": [\"b\", \"c\"], \"label\": 2}\n");
@@ -102,9 +107,11 @@ TEST(EvalTask, BadFilesNameFileLineAndField) {
   has(load_error("{\"prompt\": \"a\", \"answers\": []}\n"), "field 'answers': expected at least 1");
   has(load_error("{\"prompt\": \"\", \"answers\": [\"b\"]}\n"), "field 'prompt': empty");
   has(load_error("{\"prompt\": \"a\", \"answers\": [\"b\"], \"max_new_tokens\": 0}\n"), "field 'max_new_tokens'");
-  has(load_error("{\"prompt\": \"a\", \"answers\": [\"b\"]}\n{\"ctx\": \"a\", \"endings\": [\"b\", \"c\"], \"label\": 0}\n"),
+  has(load_error(
+          "{\"prompt\": \"a\", \"answers\": [\"b\"]}\n{\"ctx\": \"a\", \"endings\": [\"b\", \"c\"], \"label\": 0}\n"),
       "bad.jsonl:2: a multiple choice");
-  has(load_error("{\"ctx\": \"a\", \"endings\": [\"b\", \"c\"], \"label\": 0}\n{oops\n"), "bad.jsonl:2: not valid JSON");
+  has(load_error("{\"ctx\": \"a\", \"endings\": [\"b\", \"c\"], \"label\": 0}\n{oops\n"),
+      "bad.jsonl:2: not valid JSON");
   has(load_error("{\"question\": \"a\"}\n"), "bad.jsonl:1: not a task item");
   has(load_error("{\"text\": \"alone\"}\n"), "field 'text': needs at least two words");
   try {
@@ -186,8 +193,8 @@ void check_loglikelihoods(test::TinyModel& m) {
     const std::vector<double> batched = evaluator.loglikelihoods(access(m), context, continuations);
     for (std::size_t c = 0; c < continuations.size(); ++c) {
       const double want = brute_force(m, context, continuations[c]);
-      EXPECT_NEAR(batched[c], want, 1e-5 * std::max(1.0, std::abs(want))) << m.spec->family() << " trial " << trial
-                                                                            << " choice " << c;
+      EXPECT_NEAR(batched[c], want, 1e-5 * std::max(1.0, std::abs(want)))
+          << m.spec->family() << " trial " << trial << " choice " << c;
     }
   }
 }
@@ -282,9 +289,10 @@ TEST(EvalRun, TooLongItemsAreRefusedWithFileAndLine) {
   auto m = test::TinyModel::qwen3(25);
   text::ByteTokenizer bytes;
   eval::Evaluator evaluator(*m.spec, bytes, {.max_sequence = 16, .max_sequence_name = "data.seq_len"});
-  const std::string mc = write_file("long_mc.jsonl",
-                                    "{\"ctx\": \"short\", \"endings\": [\"a\", \"b\"], \"label\": 0}\n"
-                                    "{\"ctx\": \"a much longer context\", \"endings\": [\"a\", \"b\"], \"label\": 0}\n");
+  const std::string mc =
+      write_file("long_mc.jsonl",
+                 "{\"ctx\": \"short\", \"endings\": [\"a\", \"b\"], \"label\": 0}\n"
+                 "{\"ctx\": \"a much longer context\", \"endings\": [\"a\", \"b\"], \"label\": 0}\n");
   try {
     evaluator.add(eval::load_task(mc));
     FAIL() << "no error";
@@ -292,8 +300,9 @@ TEST(EvalRun, TooLongItemsAreRefusedWithFileAndLine) {
     EXPECT_NE(std::string(e.what()).find("long_mc.jsonl:2"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("data.seq_len (16)"), std::string::npos) << e.what();
   }
-  const std::string gen = write_file("long_gen.jsonl", "{\"prompt\": \"0123456789\", \"answers\": [\"x\"], "
-                                                       "\"max_new_tokens\": 7}\n");
+  const std::string gen = write_file("long_gen.jsonl",
+                                     "{\"prompt\": \"0123456789\", \"answers\": [\"x\"], "
+                                     "\"max_new_tokens\": 7}\n");
   EXPECT_THROW(evaluator.add(eval::load_task(gen)), core::InputError);
   // --limit keeps the first items, so the long one is not read.
   EXPECT_NO_THROW(evaluator.add(eval::load_task(mc), 1));
@@ -315,9 +324,10 @@ TEST(EvalLoglik, MatchesTransformersFixture) {
     std::copy(w.master.begin(), w.master.end(), slab.master().as<float>());
     const auto scorer = w.spec->trainable(slab, cpu, {.max_tokens = 4096});
     text::ByteTokenizer unused;
-    eval::Evaluator evaluator(*w.spec, unused, {.max_sequence = w.spec->max_sequence_length(), .max_sequence_name = "positions"});
-    const eval::ModelAccess model{.spec = w.spec.get(), .slab = &slab, .context = &cpu, .scorer = scorer.get(),
-                                  .scorer_tokens = 4096};
+    eval::Evaluator evaluator(*w.spec, unused,
+                              {.max_sequence = w.spec->max_sequence_length(), .max_sequence_name = "positions"});
+    const eval::ModelAccess model{
+        .spec = w.spec.get(), .slab = &slab, .context = &cpu, .scorer = scorer.get(), .scorer_tokens = 4096};
     int agreed = 0;
     for (const auto& item : j.at("items")) {
       const auto context = item.at("context_ids").get<std::vector<std::int32_t>>();

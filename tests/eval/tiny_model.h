@@ -42,8 +42,14 @@ struct TinyModel {
 
   static TinyModel qwen3(std::uint64_t seed) {
     return TinyModel("qwen3", "qwen3-tiny",
-                     {{"vocab_size", 256}, {"hidden_size", 64}, {"intermediate_size", 128}, {"num_layers", 2},
-                      {"num_heads", 2}, {"num_kv_heads", 1}, {"head_dim", 32}, {"max_position_embeddings", 256}},
+                     {{"vocab_size", 256},
+                      {"hidden_size", 64},
+                      {"intermediate_size", 128},
+                      {"num_layers", 2},
+                      {"num_heads", 2},
+                      {"num_kv_heads", 1},
+                      {"head_dim", 32},
+                      {"max_position_embeddings", 256}},
                      seed);
   }
   static TinyModel e29a(std::uint64_t seed) {

@@ -3,8 +3,8 @@
 // torture text, KJV and cut-boundary corner cases when present), many files and JSONL documents
 // with their separator ids (the end-of-text id by default for BPE, --separator, --separator-id,
 // none), the --val-every and --val-fraction splits, byte-identical shards with 1 and many threads,
-// standard input, one long line cut inside in bounded memory, and bad inputs refused with a message naming the file (and line), leaving no
-// temporary file and an existing output untouched.
+// standard input, one long line cut inside in bounded memory, and bad inputs refused with a message naming the file
+// (and line), leaving no temporary file and an existing output untouched.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -181,8 +181,10 @@ TEST_F(MakeShards, PlainTextEqualsOneEncodeCallQwen3) {
 // of one encode call, also next to contractions, punctuation, combining marks and other scripts.
 // Written in pieces of about 64 KiB, so a test holds no more than that.
 void write_long_line(const fs::path& path, std::size_t bytes) {
-  const std::string words[] = {"In", " the", " beginning", " 1234567", "'s", " it's", " don't", ",", " \u00e9t\u00e9",
-                               " e\u0301", " \u4e2d\u6587", "  two", "\t", " 3.14", "x9", " A", " b", "!!", " Zz"};
+  const std::string words[] = {
+      "In",       " the",          " beginning", " 1234567", "'s",    " it's", " don't", ",",  " \u00e9t\u00e9",
+      " e\u0301", " \u4e2d\u6587", "  two",      "\t",       " 3.14", "x9",    " A",     " b", "!!",
+      " Zz"};
   std::ofstream out(path, std::ios::binary);
   std::string piece;
   for (std::size_t i = 0, written = 0; written < bytes; ++i) {
@@ -239,9 +241,9 @@ std::optional<double> peak_resident_bytes(const std::vector<std::string>& args) 
 TEST_F(MakeShards, LongLineMemoryIsBounded) {
   constexpr std::size_t kBytes = std::size_t{16} << 20;
   write_long_line(file("line.txt"), kBytes);
-  const auto peak = peak_resident_bytes({LLMTRAIN_MAKE_SHARDS, file("line.txt").string(), "--tokenizer",
-                                         kSmallBpe.string(), "--threads", "2", "--chunk-kib", "256", "--train-out",
-                                         file("train.tok").string()});
+  const auto peak =
+      peak_resident_bytes({LLMTRAIN_MAKE_SHARDS, file("line.txt").string(), "--tokenizer", kSmallBpe.string(),
+                           "--threads", "2", "--chunk-kib", "256", "--train-out", file("train.tok").string()});
   ASSERT_TRUE(peak.has_value()) << "make_shards failed";
   std::printf("peak resident memory %.1f MB\n", *peak / 1e6);
   EXPECT_LT(*peak, 4.0 * kBytes) << "peak resident memory of make_shards on one 16 MB line";
@@ -273,7 +275,8 @@ TEST_F(MakeShards, ManyFilesWithSeparators) {
   EXPECT_NE(r.output.find("3 documents, separator [299]"), std::string::npos) << r.output;
   EXPECT_EQ(train_ids(paths, {"--tokenizer", bpe, "--separator", ""}), concat(encoded(bpe), {}));
   EXPECT_EQ(train_ids(paths, {"--tokenizer", bpe, "--separator-id", "5"}), concat(encoded(bpe), {5}));
-  const Result outside = make_shards({paths[0], "--tokenizer", bpe, "--separator-id", "300", "--train-out", file("x.tok").string()});
+  const Result outside =
+      make_shards({paths[0], "--tokenizer", bpe, "--separator-id", "300", "--train-out", file("x.tok").string()});
   EXPECT_EQ(outside.status, 2);
   EXPECT_NE(outside.output.find("outside the vocabulary"), std::string::npos) << outside.output;
 }

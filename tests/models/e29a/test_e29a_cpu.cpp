@@ -233,8 +233,8 @@ TEST(E29aCpu, ZeroTapeDegeneracy) {
 // sum_t <y_t, dy_t> over the batch.
 struct FrozenForward {
   const e29a::LayerShape& shape;
-  const std::vector<double>* read_attn = nullptr;   // [steps, batch, N]: frozen a_r, or computed
-  const std::vector<double>* write_attn = nullptr;  // frozen a_w, or computed
+  const std::vector<double>* read_attn = nullptr;           // [steps, batch, N]: frozen a_r, or computed
+  const std::vector<double>* write_attn = nullptr;          // frozen a_w, or computed
   const e29a::LayerActivations<double>* restart = nullptr;  // every step starts from this h_{t-1}, H_{t-1}
 
   double loss(const Params<double>& p, const std::vector<double>& u, const std::vector<double>& dy) const {
@@ -269,7 +269,8 @@ struct FrozenForward {
           (o < D ? x[o] : z[o - D]) = acc;
         }
         std::vector<double> ar = softmax(H, h);
-        if (read_attn != nullptr) ar.assign(read_attn->begin() + (t * B + b) * N, read_attn->begin() + (t * B + b + 1) * N);
+        if (read_attn != nullptr)
+          ar.assign(read_attn->begin() + (t * B + b) * N, read_attn->begin() + (t * B + b + 1) * N);
         for (std::int64_t n = 0; n < N; ++n) {
           for (std::int64_t d = 0; d < D; ++d) r[d] += ar[n] * H[n * D + d];
         }
@@ -286,7 +287,8 @@ struct FrozenForward {
           w[o] = acc;
         }
         std::vector<double> aw = softmax(H, w);
-        if (write_attn != nullptr) aw.assign(write_attn->begin() + (t * B + b) * N, write_attn->begin() + (t * B + b + 1) * N);
+        if (write_attn != nullptr)
+          aw.assign(write_attn->begin() + (t * B + b) * N, write_attn->begin() + (t * B + b + 1) * N);
         for (std::int64_t n = 0; n < N; ++n) {
           for (std::int64_t d = 0; d < D; ++d) H[n * D + d] = (1.0 - aw[n]) * H[n * D + d] + aw[n] * w[d];
         }

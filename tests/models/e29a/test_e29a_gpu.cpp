@@ -302,8 +302,8 @@ Reference run_reference(const Case& c, const Weights& w, const std::vector<doubl
   r.g_write.assign(static_cast<std::size_t>(D * D), 0.0);
   r.g_tape0.assign(static_cast<std::size_t>(N * D), 0.0);
   e29a::layer_forward_cpu<double>(shape, view, u, r.y, &r.acts, nullptr, &r.end);
-  e29a::layer_backward_cpu<double>(view, r.acts, u, dy, r.du, {r.g_xz, r.g_h, r.g_b, r.g_write, r.g_tape0},
-                                   &r.scores, options);
+  e29a::layer_backward_cpu<double>(view, r.acts, u, dy, r.du, {r.g_xz, r.g_h, r.g_b, r.g_write, r.g_tape0}, &r.scores,
+                                   options);
   return r;
 }
 
@@ -417,9 +417,11 @@ TEST(E29aGpu, BackwardOptionsMatchReference) {
   clip.carry_clip = 1.0;
   clip_both = both;
   clip_both.carry_clip = 1.0;
-  const std::pair<const char*, e29a::LayerBackwardOptions> variants[] = {
-      {"detach read", read}, {"detach write", write}, {"detach both", both}, {"carry clip", clip},
-      {"both + clip", clip_both}};
+  const std::pair<const char*, e29a::LayerBackwardOptions> variants[] = {{"detach read", read},
+                                                                         {"detach write", write},
+                                                                         {"detach both", both},
+                                                                         {"carry clip", clip},
+                                                                         {"both + clip", clip_both}};
   for (const Case& c : cases) {
     for (const auto& [name, options] : variants) {
       SCOPED_TRACE(describe(c) + ", " + name);
