@@ -30,7 +30,7 @@ for trial in $(seq 1 "$trials"); do
   [ -n "$newest" ] || { echo "trial $trial: no complete checkpoint yet"; continue; }
   step=$((10#${newest#step_}))
   if ! "$build/trainer" "$source/configs/ci-tiny.yaml" "${common[@]}" training.max_steps=$((step + 1)) \
-       checkpoint.resume=auto > "$work/resume.log" 2>&1; then
+       checkpoint.allow_schedule_change=true checkpoint.resume=auto > "$work/resume.log" 2>&1; then
     cat "$work/resume.log"
     echo "FAIL: trial $trial: resume from $newest failed"
     exit 1

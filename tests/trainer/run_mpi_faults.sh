@@ -56,7 +56,7 @@ check_checkpoint() {
   echo "   export_hf of $(basename "$ckpt"): exit 0"
   # A fresh output directory: the checkpoint named by path; the schedule now ends at step + 2.
   mpi_train "$np" "$work/$what.resume.log" run.output_dir="$work/$what.resumed" checkpoint.resume="$ckpt" \
-    checkpoint.every=0 training.max_steps=$((step + 2)) || code=$?
+    checkpoint.every=0 training.max_steps=$((step + 2)) checkpoint.allow_schedule_change=true || code=$?
   if [ "$code" -ne 0 ]; then
     tail -n 40 "$work/$what.resume.log"
     echo "FAIL: $what: resuming $ckpt with $np rank(s) exited with code $code"
