@@ -195,6 +195,12 @@ TEST(ModelInterface, ShippedConfigsLoad) {
       std::ifstream in(entry.path());
       return std::string(std::istreambuf_iterator<char>(in), {});
     }();
+    // Task files, like the data, are named relative to the directory a run starts in.
+    if (text.find("  tasks: [data/tasks/") != std::string::npos) {
+      const fs::path tasks = configs.parent_path() / "data" / "tasks";
+      overrides.push_back("eval.tasks=[" + (tasks / "kjv_next_verse.jsonl").string() + ", " +
+                          (tasks / "kjv_verse_completion.jsonl").string() + "]");
+    }
     if (text.find("tokenizer: runs/") != std::string::npos) {
       overrides.push_back("data.tokenizer=" + std::string(LLMTRAIN_FIXTURES_DIR) + "/tokenizer/small_bpe.json");
     }
