@@ -2,3 +2,6 @@
 add_executable(megakernel_bench megakernel_bench.cpp)
 target_link_libraries(megakernel_bench PRIVATE models CLI11::CLI11 nlohmann_json::nlohmann_json)
 target_include_directories(megakernel_bench PRIVATE ${PROJECT_SOURCE_DIR})
+
+# The floor under one dependent phase: block-to-block hand-off latency by method and vector size.
+add_executable(handoff_bench handoff_bench.cu)

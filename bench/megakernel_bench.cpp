@@ -5,7 +5,7 @@
 // the time, best of 5). The floor of a token at position p is (weight bytes + cache bytes of the p
 // earlier positions) / bandwidth; a run's floor sums it over its tokens.
 // Per geometry variant (--variants, e.g. "w8-p32-n0-s16-c128": consumer warps, page KB, pages (0:
-// as many as fit), max attention splits, min chunk; "-nohint", "-noevict", "-b<blocks>" optional):
+// as many as fit), max attention splits, min chunk; "-noevict", "-b<blocks>" optional):
 //   prompt --prompt tokens (teacher-forced), then --new-tokens greedy tokens in one launch, and
 //   the same with one launch per token; then at each --contexts position (a cache of random rows),
 //   --context-tokens greedy tokens in one launch.
@@ -110,10 +110,6 @@ q3::MegakernelSettings parse_variant(const std::string& text) {
   std::string part;
   while (std::getline(in, part, '-')) {
     if (part.empty()) continue;
-    if (part == "nohint") {
-      s.hint_wait = false;
-      continue;
-    }
     if (part == "noevict") {
       s.evict_first = false;
       continue;

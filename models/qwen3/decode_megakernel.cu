@@ -137,14 +137,25 @@ __device__ __forceinline__ void red_add_relaxed(std::uint32_t* p, std::uint32_t 
   asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ std::uint32_t atom_add_relaxed(std::uint32_t* p, std::uint32_t v) {
+// Release-add (cumulative: after a barrier it publishes every write of the block before it).
+__device__ __forceinline__ void red_add_release(std::uint32_t* p, std::uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ std::uint32_t atom_add_acq_rel(std::uint32_t* p, std::uint32_t v) {
   std::uint32_t old;
-  asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
   return old;
 }
 
-__device__ __forceinline__ void red_add_release(std::uint32_t* p, std::uint32_t v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ std::uint64_t ld_acquire_u64(const std::uint64_t* p) {
+  std::uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release_u64(std::uint64_t* p, std::uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 __device__ __forceinline__ std::uint64_t globaltimer() {
@@ -180,6 +191,20 @@ __device__ __forceinline__ float bf16_bits_to_float(std::uint16_t bits) {
 
 __device__ __forceinline__ std::uint16_t float_to_bf16_bits(float v) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+__device__ __forceinline__ float round_bf16(float v) { return bf16_bits_to_float(float_to_bf16_bits(v)); }
+
+// The 8 bf16 values of a 16-byte word.
+__device__ __forceinline__ void unpack8(const uint4& w, float (&v)[8]) {
+  v[0] = __uint_as_float(w.x << 16);
+  v[1] = __uint_as_float(w.x & 0xffff0000u);
+  v[2] = __uint_as_float(w.y << 16);
+  v[3] = __uint_as_float(w.y & 0xffff0000u);
+  v[4] = __uint_as_float(w.z << 16);
+  v[5] = __uint_as_float(w.z & 0xffff0000u);
+  v[6] = __uint_as_float(w.w << 16);
+  v[7] = __uint_as_float(w.w & 0xffff0000u);
 }
 
 // 8 bf16 weights (one 16-byte word) times 8 fp32 inputs, accumulated in order.
@@ -365,6 +390,15 @@ __device__ void run_producer(const Params& p, unsigned char* smem, std::uint64_t
 
 // ---------------------------------------------------------------- consumers
 
+constexpr int kNormRegs = 16;
+constexpr int kRowsPerPass = 4;  // rows (or gate/up row pairs) a warp's pass of a matrix unit takes
+
+// A norm weight as one consumer thread uses it: its first kNormRegs elements in registers.
+struct NormWeights {
+  float w[kNormRegs];
+  const std::uint16_t* src;
+};
+
 struct Consumer {
   const Params& p;
   unsigned char* smem;
@@ -385,8 +419,16 @@ struct Consumer {
   float* rows;     // [max unit rows] residual rows
   // Diagnostics: this unit's trace row (null unless tracing), marks 1..6 between start and end.
   std::uint64_t* trace_row = nullptr;
+  std::uint64_t page_wait_ns = 0;
   __device__ void mark(int k) {
     if (trace_row != nullptr && tid == 0) trace_row[k] = globaltimer();
+  }
+  __device__ void end_trace() {
+    if (trace_row != nullptr && tid == 0) {
+      trace_row[kTraceEnd] = globaltimer();
+      trace_row[kTraceWords - 1] = page_wait_ns;
+    }
+    page_wait_ns = 0;
   }
   // The token being decoded.
   int t = 0;
@@ -430,13 +472,14 @@ struct Consumer {
     return (o < 4 ? vec_a : vec_b)[4 * c + (o & 3)];
   }
 
-  // The leader polls a phase counter (a hint: the tags decide), then all consumers go on.
+  // The leader acquires a phase counter once it reaches `want` (every unit of the phase released
+  // its outputs), then all consumers go on: the barrier orders their reads after the acquire.
   __device__ void wait_counter(int index, std::uint32_t want, Where where) {
-    if (p.hint_wait != 0 && tid == 0 && ok) {
+    if (tid == 0 && ok) {
       const std::uint32_t* c = counter(index);
       Waiter w(p, where, WaitWhat::wait_counter);
       std::uint32_t seen;
-      while ((seen = ld_relaxed_u32(c)) < want) {
+      while ((seen = ld_acquire_u32(c)) < want) {
         if (!w.again(want, seen)) {
           ok = false;
           break;
@@ -486,6 +529,25 @@ struct Consumer {
         n, where, [&](int j) { return base + index_of(j); }, use);
   }
 
+  // For j < n: use(j, value) of the bf16 activations src[j] (16-byte aligned, n a multiple of 8),
+  // read through L2 after the phase counter's acquire. Chunk c (elements 8c..8c+7) goes to
+  // consumer thread c % threads.
+  template <class Use>
+  __device__ void load_bf16_vector(const std::uint16_t* src, int n, Use use) {
+    const uint4* words = reinterpret_cast<const uint4*>(src);
+    for (int c = tid; c < n / 8; c += threads) {
+      float v[8];
+      unpack8(__ldcg(words + c), v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) use(8 * c + e, v[e]);
+    }
+  }
+
+  // rows[i] = src[i] for i < n (bf16 activations at any alignment).
+  __device__ void load_bf16_rows(const std::uint16_t* src, int n, float* out) {
+    for (int i = tid; i < n; i += threads) out[i] = bf16_bits_to_float(__ldcg(src + i));
+  }
+
   // Sum over the consumer threads, the same on every thread, in a fixed order.
   __device__ float block_sum(float v) {
     v = warp_sum(v);
@@ -497,16 +559,23 @@ struct Consumer {
     return s;
   }
 
-  __device__ const unsigned char* page_wait(Where where) {
-    if (ok) {
+  // Waits until the page at `at` has landed.
+  __device__ void page_wait_at(const Ring& at, Where where) {
+    if (ok && !mbar_test(full + at.slot, at.phase)) {
+      const std::uint64_t begun = trace_row != nullptr ? globaltimer() : 0;
       Waiter w(p, where, wait_page_full);
-      while (!mbar_test(full + ring.slot, ring.phase)) {
-        if (!w.again(ring.phase, 0)) {
+      while (!mbar_test(full + at.slot, at.phase)) {
+        if (!w.again(at.phase, 0)) {
           ok = false;
           break;
         }
       }
+      if (trace_row != nullptr) page_wait_ns += globaltimer() - begun;
     }
+  }
+
+  __device__ const unsigned char* page_wait(Where where) {
+    page_wait_at(ring, where);
     return smem + static_cast<std::size_t>(ring.slot) * p.geo.page_bytes;
   }
 
@@ -523,13 +592,28 @@ struct Consumer {
     return ok;
   }
 
+  // The token word once it carries the previous token's tag, acquired: the previous token's
+  // units are done with every buffer this token rewrites.
+  __device__ std::uint64_t await_token(Where where) {
+    std::uint64_t v = ld_acquire_u64(p.token);
+    Waiter w(p, where, wait_tagged);
+    while (tag_of(v) != epoch) {
+      if (!w.again(epoch, tag_of(v))) {
+        ok = false;
+        break;
+      }
+      v = ld_acquire_u64(p.token);
+    }
+    return v;
+  }
+
   // The id fed at this token (leader reads, all get it). Greedy: the argmax after the previous
   // token; teacher forcing: the given id, but from the second token of a launch on only after the
   // previous token finished (its units must be done with the buffers this token rewrites).
   __device__ int token_id(Where where) {
     if (tid == 0) {
       std::uint64_t v = 0;
-      if ((p.greedy != 0 || t > 0) && ok) v = await_word(p.token, ld_tagged(p.token), epoch, where);
+      if ((p.greedy != 0 || t > 0) && ok) v = await_token(where);
       int id = p.greedy != 0      ? static_cast<int>(static_cast<std::uint32_t>(v))
                : p.ids != nullptr ? p.ids[t]
                                   : p.host_id;
@@ -541,9 +625,21 @@ struct Consumer {
     return id;
   }
 
+  // This thread's elements of a norm weight (j = tid + k * threads), loaded before a unit waits
+  // for its input so that their latency hides behind the wait; elements past kNormRegs * threads
+  // are read when used.
+  __device__ void prefetch_norm(const std::uint16_t* weight, int d, NormWeights& w) const {
+    w.src = weight;
+#pragma unroll
+    for (int k = 0; k < kNormRegs; ++k) {
+      const int j = tid + k * threads;
+      w.w[k] = j < d ? bf16_bits_to_float(weight[j]) : 0.0f;
+    }
+  }
+
   // x of layer l (l = 0: the token's embedding row) into the vector, RMS-normalised and scaled
   // by `weight`. Ends with the vector complete.
-  __device__ void load_normed_input(int layer, const std::uint16_t* weight, Where where) {
+  __device__ void load_normed_input(int layer, const NormWeights& weight, Where where) {
     const int d = p.dims.hidden;
     float ss = 0.0f;
     if (layer == 0) {
@@ -555,89 +651,165 @@ struct Consumer {
         ss += v * v;
       }
     } else {
-      gather(
-          p.x + static_cast<std::int64_t>(layer) * d, d, where, [](int j) { return j; },
-          [&](int j, float v) {
-            vec_set(j, v);
-            ss += v * v;
-          });
+      load_bf16_vector(p.x + static_cast<std::int64_t>(layer) * d, d, [&](int j, float v) {
+        vec_set(j, v);
+        ss += v * v;
+      });
     }
     normalise(d, ss, weight);
   }
 
-  // vec[j] *= rstd * weight[j] for this thread's elements j (the ones it wrote), then a barrier.
-  __device__ void normalise(int d, float ss, const std::uint16_t* weight) {
+  // vec[j] = bf16(vec[j] * rstd * weight[j]) (rounded as the plain decoder rounds its normed
+  // input), then a barrier. `ss`: this thread's part of the sum of squares; block_sum's barriers
+  // make every element of the vector visible to every thread first.
+  __device__ void normalise(int d, float ss, const NormWeights& weight) {
     const float rstd = 1.0f / sqrtf(block_sum(ss) / static_cast<float>(d) + p.dims.eps);
-    for (int j = tid; j < d; j += threads) vec_set(j, vec_get(j) * rstd * bf16_bits_to_float(weight[j]));
+#pragma unroll
+    for (int k = 0; k < kNormRegs; ++k) {
+      const int j = tid + k * threads;
+      if (j < d) vec_set(j, round_bf16(vec_get(j) * rstd * weight.w[k]));
+    }
+    for (int j = tid + kNormRegs * threads; j < d; j += threads)
+      vec_set(j, round_bf16(vec_get(j) * rstd * bf16_bits_to_float(weight.src[j])));
     consumer_sync(threads);
   }
 
+  // Slot and parity of the page k places ahead of the ring's next one (k < pages).
+  __device__ Ring ahead(int k) const {
+    Ring r = ring;
+    r.slot += k;
+    if (r.slot >= p.geo.pages) {
+      r.slot -= p.geo.pages;
+      r.phase ^= 1u;
+    }
+    return r;
+  }
+
   // Rows [u.a, u.b) of the unit's matrix (streamed in pages) times the vector: epi(row, dot) on
-  // lane 0 of the warp that computed it; gate_up: epi(row, gate dot, up dot).
+  // lane 0 of the warp that computed it; gate_up: epi(row, gate dot, up dot). A unit whose pages
+  // fit the ring is taken in one window (every page waited for, then all rows at once, then every
+  // page released); a longer one (lm_head) in windows of half the ring, so the producer fills one
+  // half while the consumers read the other. Each warp takes kRowsPerPass rows (or row pairs) per
+  // pass, reading each input chunk once for all of them; every dot product runs in the same order
+  // whatever the window (lane partition, then the xor butterfly).
   template <class Epi>
   __device__ void matvec(const Unit& u, Epi epi, Where where) {
+    // Rows per pass: as many as the unit gives each warp, up to kRowsPerPass (no wasted products
+    // on small units).
+    const int per_warp = (u.b - u.a + warps - 1) / warps;
+    if (u.kind == UnitKind::gate_up) {
+      if (per_warp <= 1) return matvec_rows<true, 1>(u, epi, where);
+      if (per_warp == 2) return matvec_rows<true, 2>(u, epi, where);
+      if (per_warp == 3) return matvec_rows<true, 3>(u, epi, where);
+      return matvec_rows<true, kRowsPerPass>(u, epi, where);
+    }
+    if (per_warp <= 1) return matvec_rows<false, 1>(u, epi, where);
+    if (per_warp == 2) return matvec_rows<false, 2>(u, epi, where);
+    if (per_warp == 3) return matvec_rows<false, 3>(u, epi, where);
+    return matvec_rows<false, kRowsPerPass>(u, epi, where);
+  }
+
+  template <bool Pairs, int R, class Epi>
+  __device__ __forceinline__ void matvec_rows(const Unit& u, Epi epi, Where where) {
     const int length = row_length(u.kind, p.dims);
-    const bool pairs = u.kind == UnitKind::gate_up;
     const int per_page = p.geo.page_bytes / row_bytes(u.kind, p.dims);
     const int chunks = length / 8;
     const float4* xa = reinterpret_cast<const float4*>(vec_a);
     const float4* xb = reinterpret_cast<const float4*>(vec_b);
     const int n = u.b - u.a;
-    for (int first = 0; first < n; first += per_page) {
-      const int count = min(per_page, n - first);
-      const unsigned char* page = page_wait(where);
-      const int stride = pairs ? warps : 2 * warps;
-      for (int i = warp; i < count; i += stride) {
-        // Two rows at once: gate and up, or rows i and i + warps.
-        const int second = pairs ? count + i : i + warps;
-        const bool two = pairs || second < count;
-        const uint4* row0 = reinterpret_cast<const uint4*>(page + static_cast<std::size_t>(i) * length * 2);
-        const uint4* row1 =
-            reinterpret_cast<const uint4*>(page + static_cast<std::size_t>(two ? second : i) * length * 2);
-        float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll 4
+    const int total_pages = (n + per_page - 1) / per_page;
+    const int window = total_pages <= p.geo.pages ? total_pages : max(1, p.geo.pages / 2);
+    for (int page0 = 0; page0 < total_pages; page0 += window) {
+      const int pages = min(window, total_pages - page0);
+      for (int k = 0; k < pages; ++k) page_wait_at(ahead(k), where);
+      const int first = page0 * per_page;
+      const int count = min(pages * per_page, n - first);
+      // Row i of the window: page i / per_page, slot i % per_page; with pairs the up row follows
+      // the page's gate rows.
+      auto row_ptr = [&](int i, bool up) {
+        const int k = i / per_page, j = i % per_page;
+        const int page_rows = min(per_page, n - first - k * per_page);
+        return reinterpret_cast<const uint4*>(smem + static_cast<std::size_t>(ahead(k).slot) * p.geo.page_bytes +
+                                              static_cast<std::size_t>(up ? page_rows + j : j) * length * 2);
+      };
+      for (int i0 = warp; i0 < count; i0 += R * warps) {
+        const uint4* rows[R];
+        const uint4* ups[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int i = i0 + r * warps < count ? i0 + r * warps : i0;
+          rows[r] = row_ptr(i, false);
+          ups[r] = Pairs ? row_ptr(i, true) : rows[r];
+        }
+        float s[R], t[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) s[r] = t[r] = 0.0f;
+#pragma unroll 2
         for (int c = lane; c < chunks; c += 32) {
           const float4 x0 = xa[c], x1 = xb[c];
-          s0 = fma8(row0[c], x0, x1, s0);
-          s1 = fma8(row1[c], x0, x1, s1);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            s[r] = fma8(rows[r][c], x0, x1, s[r]);
+            if constexpr (Pairs) t[r] = fma8(ups[r][c], x0, x1, t[r]);
+          }
         }
-        s0 = warp_sum(s0);
-        s1 = warp_sum(s1);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+            if constexpr (Pairs) t[r] += __shfl_xor_sync(0xffffffffu, t[r], o);
+          }
+        }
         if (lane == 0) {
-          if (pairs) {
-            epi(u.a + first + i, s0, s1);
-          } else {
-            epi(u.a + first + i, s0, 0.0f);
-            if (two) epi(u.a + first + second, s1, 0.0f);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (i0 + r * warps < count) epi(u.a + first + i0 + r * warps, s[r], t[r]);
           }
         }
       }
-      page_release();
+      __syncwarp();
+      for (int k = 0; k < pages; ++k) {
+        if (lane == 0) mbar_arrive(empty + ring.slot);
+        ring.advance(p.geo.pages);
+      }
     }
   }
 };
 
 // ---------------------------------------------------------------- units
 
-__device__ void run_qkv(Consumer& c, const Unit& u) {
+// A residual-adding product's output, rounded as the plain decoder rounds: bf16(x + bf16(dot)).
+__device__ __forceinline__ std::uint16_t residual_sum(float x, float dot) {
+  return float_to_bf16_bits(x + round_bf16(dot));
+}
+
+// Every unit's outputs are stored before finish()'s barrier; then one release-add of its phase
+// counter publishes them (and orders its reads before any later overwrite).
+__device__ void publish(Consumer& c, int counter) {
+  if (c.tid == 0) red_add_release(c.counter(counter), 1);
+}
+
+__device__ __forceinline__ void run_qkv(Consumer& c, const Unit& u) {
   const Params& p = c.p;
   const Dims& d = p.dims;
   const int l = u.layer;
   const Where where{static_cast<int>(u.kind), l, c.t};
+  NormWeights norm;
+  c.prefetch_norm(p.layers[l].input_norm, d.hidden, norm);
   if (l > 0) c.wait_counter(p.counter_index.down(l - 1), p.down_units * c.tag, where);
   c.mark(1);
-  c.load_normed_input(l, p.layers[l].input_norm, where);
+  c.load_normed_input(l, norm, where);
   c.mark(2);
   if (l == 0 && u.index == 0 && p.greedy != 0 && p.ids_out != nullptr && c.tid == 0) p.ids_out[c.t] = c.bcast[0];
-  std::uint64_t* out = p.qkv + static_cast<std::int64_t>(l) * d.qkv_size;
-  const std::uint32_t tag = c.tag;
+  std::uint16_t* out = p.qkv + static_cast<std::int64_t>(l) * d.qkv_size;
   c.matvec(
-      u, [&](int row, float v, float) { st_tagged(out + row, v, tag); }, where);
+      u, [&](int row, float v, float) { out[row] = float_to_bf16_bits(v); }, where);
   c.mark(3);
   if (!c.finish()) return;
   if (c.tid == 0) {
     for (int g = 0; g < d.kv_heads; ++g) {
-      if (qkv_rows_touch_group(u.a, u.b, g, d)) red_add_relaxed(c.counter(p.counter_index.group(l, g)), 1);
+      if (qkv_rows_touch_group(u.a, u.b, g, d)) red_add_release(c.counter(p.counter_index.group(l, g)), 1);
     }
   }
 }
@@ -656,7 +828,7 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
   const Where where{static_cast<int>(u.kind), l, c.t};
   const AttentionRange range = attention_range(u, c.position, geo, d);
   if (!range.active) {
-    if (c.finish() && c.tid == 0) red_add_relaxed(c.counter(p.counter_index.attention(l)), 1);
+    if (c.finish() && c.tid == 0) red_add_relaxed(c.counter(p.counter_index.attention(l)), 1);  // wrote nothing
     return;
   }
   const bool writer = range.holds_current;
@@ -669,6 +841,20 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
   float* head_state = warp_state + c.warps * (hd + 2);  // [group * (hd + 2)] (max, sum, output) per head
   float* weights = head_state + group * (hd + 2);       // [group * max_splits * 2] merge scratch
 
+  // This lane's q/k norm weights and RoPE angles, loaded before the wait.
+  const LayerWeights& lw = p.layers[l];
+  const float* rope = p.rope + c.position * hd;
+  float qn[E], kn[E], cs[E / 2], sn[E / 2];
+#pragma unroll
+  for (int k = 0; k < E / 2; ++k) {
+    const int i = c.lane + 32 * k;
+    qn[k] = bf16_bits_to_float(lw.q_norm[i]);
+    qn[k + E / 2] = bf16_bits_to_float(lw.q_norm[i + half]);
+    kn[k] = bf16_bits_to_float(lw.k_norm[i]);
+    kn[k + E / 2] = bf16_bits_to_float(lw.k_norm[i + half]);
+    cs[k] = rope[2 * i];
+    sn[k] = rope[2 * i + 1];
+  }
   c.wait_counter(p.counter_index.group(l, g), static_cast<std::uint32_t>(p.group_counts[g]) * c.tag, where);
   c.mark(1);
   // The arrival count when this token began (published by the previous token's merger).
@@ -677,21 +863,15 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
   const std::int64_t q0 = static_cast<std::int64_t>(g) * group * hd;
   const std::int64_t k0 = d.q_size + static_cast<std::int64_t>(g) * hd;
   const std::int64_t v0 = d.q_size + d.kv_size + static_cast<std::int64_t>(g) * hd;
-  c.gather(
-      p.qkv + static_cast<std::int64_t>(l) * d.qkv_size, (group + 2) * hd, where,
-      [&](int j) -> std::int64_t {
-        if (j < group * hd) return q0 + j;
-        if (j < (group + 1) * hd) return k0 + (j - group * hd);
-        return v0 + (j - (group + 1) * hd);
-      },
-      [&](int j, float v) { raw[j] = v; });
+  const std::uint16_t* qkv = p.qkv + static_cast<std::int64_t>(l) * d.qkv_size;
+  c.load_bf16_vector(qkv + q0, group * hd, [&](int j, float v) { raw[j] = v; });
+  c.load_bf16_vector(qkv + k0, hd, [&](int j, float v) { raw[group * hd + j] = v; });
+  c.load_bf16_vector(qkv + v0, hd, [&](int j, float v) { raw[(group + 1) * hd + j] = v; });
   consumer_sync(c.threads);
   c.mark(2);
 
   // Per-head RMSNorm and RoPE of the query heads (vectors 0..group-1) and of k (vector group).
-  const LayerWeights& lw = p.layers[l];
   const std::int64_t cache_row = ((static_cast<std::int64_t>(l) * d.kv_heads + g) * p.capacity + c.position) * hd;
-  const float* rope = p.rope + c.position * hd;
   const float q_scale = kLog2e / sqrtf(static_cast<float>(hd));
   bool wrote_cache = false;
   for (int vi = c.warp; vi <= group; vi += c.warps) {
@@ -705,18 +885,18 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
       ss += lo[k] * lo[k] + hi[k] * hi[k];
     }
     const float rstd = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(hd) + d.eps);
-    const std::uint16_t* w = vi < group ? lw.q_norm : lw.k_norm;
+    const bool is_q = vi < group;
 #pragma unroll
     for (int k = 0; k < E / 2; ++k) {
       const int i = c.lane + 32 * k;
-      const float a = lo[k] * rstd * bf16_bits_to_float(w[i]);
-      const float b = hi[k] * rstd * bf16_bits_to_float(w[i + half]);
-      const float cs = rope[2 * i], sn = rope[2 * i + 1];
-      const float first = a * cs - b * sn;
-      const float second = b * cs + a * sn;
+      // Rounded as the plain decoder rounds: the normed head, then the rotated one.
+      const float a = round_bf16(lo[k] * rstd * (is_q ? qn[k] : kn[k]));
+      const float b = round_bf16(hi[k] * rstd * (is_q ? qn[k + E / 2] : kn[k + E / 2]));
+      const float first = a * cs[k] - b * sn[k];
+      const float second = b * cs[k] + a * sn[k];
       if (vi < group) {
-        q[vi * hd + i] = first * q_scale;
-        q[vi * hd + i + half] = second * q_scale;
+        q[vi * hd + i] = round_bf16(first) * q_scale;
+        q[vi * hd + i + half] = round_bf16(second) * q_scale;
       } else {
         const std::uint16_t b0 = float_to_bf16_bits(first), b1 = float_to_bf16_bits(second);
         k_new[i] = bf16_bits_to_float(b0);
@@ -740,8 +920,8 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
   consumer_sync(c.threads);
   c.mark(3);
 
-  // Online softmax (base 2) per warp. A writer's warp 0 takes the current position, the other
-  // warps the cached ones.
+  // Online softmax (base 2) per warp: every warp takes cached positions, then a writer's warp 0
+  // adds the current one.
   // The query heads stay in shared memory (registers hold the accumulators).
   float acc[G][E], m[G], sum[G];
 #pragma unroll
@@ -816,19 +996,16 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
       }
     }
   };
-  const bool split_warps = writer && c.warps > 1;
-  const int first_warp = split_warps ? 1 : 0;
-  const int cache_warps = c.warps - first_warp;
   const int per_page = positions_per_page(geo, d);
   const int pages = unit_pages(u, c.position, geo, d);
   for (int k = 0; k < pages; ++k) {
     const unsigned char* page = c.page_wait(where);
     const int count = page_span(u, c.position, k, geo, d).count;
-    if (c.warp >= first_warp) {
+    {
       const std::uint16_t* kp = reinterpret_cast<const std::uint16_t*>(page);
       const std::uint16_t* vp = kp + per_page * hd;
       // Warp w takes positions [kPositions * w', kPositions * (w' + 1)) of every round.
-      for (int j0 = (c.warp - first_warp) * kPositions; j0 < count; j0 += cache_warps * kPositions) {
+      for (int j0 = c.warp * kPositions; j0 < count; j0 += c.warps * kPositions) {
         const int valid = min(kPositions, count - j0);
         float kf[kPositions][E], vf[kPositions][E];
 #pragma unroll
@@ -853,12 +1030,6 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
     update(kf, vf);
   }
 
-  // This thread's cache rows, for the copy engine of any block: proxy fence, gpu fence; the
-  // barrier in finish() and one release-add of the layer's cache counter follow.
-  if (wrote_cache) {
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-    __threadfence();
-  }
   // Merge the warps: (max, sum, unnormalised output) of each query head of the group.
 #pragma unroll
   for (int h = 0; h < G; ++h) {
@@ -892,36 +1063,33 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
   std::uint32_t base = 0;
   if (c.tid == 0 && c.ok) base = static_cast<std::uint32_t>(c.await_word(base_word, base_first, c.epoch, where));
   const int splits = attention_chunking(c.position, geo, d).splits;
-  std::uint64_t* merged = p.att + static_cast<std::int64_t>(l) * d.q_size + static_cast<std::int64_t>(g) * group * hd;
+  std::uint16_t* merged = p.att + static_cast<std::int64_t>(l) * d.q_size + static_cast<std::int64_t>(g) * group * hd;
   if (splits == 1) {
     // The only chunk: the normalised output, and the base count unchanged.
     for (int k = c.tid; k < group * hd; k += c.threads) {
       const int h = k / hd, i = k % hd;
-      st_tagged(merged + k, head_state[h * (hd + 2) + 2 + i] / head_state[h * (hd + 2) + 1], c.tag);
+      merged[k] = float_to_bf16_bits(head_state[h * (hd + 2) + 2 + i] / head_state[h * (hd + 2) + 1]);
     }
     if (c.tid == 0) st_tagged_u32(base_word, base, c.tag);
   } else {
-    // Publish this chunk's partials, arrive; the last of the token's chunks merges them all.
+    // Publish this chunk's partials and arrive (acquire-release: the last arrival sees every
+    // chunk's partials); the last of the token's chunks merges them all.
     const std::int64_t stride = static_cast<std::int64_t>(d.heads) * (hd + 2);  // between chunks
-    std::uint64_t* part = p.part + static_cast<std::int64_t>(l) * geo.max_splits * stride +
-                          static_cast<std::int64_t>(g) * group * (hd + 2);
-    for (int k = c.tid; k < group * (hd + 2); k += c.threads)
-      st_tagged(part + chunk * stride + k, head_state[k], c.tag);
+    float* part = p.part + static_cast<std::int64_t>(l) * geo.max_splits * stride +
+                  static_cast<std::int64_t>(g) * group * (hd + 2);
+    for (int k = c.tid; k < group * (hd + 2); k += c.threads) part[chunk * stride + k] = head_state[k];
     consumer_sync(c.threads);
     if (c.tid == 0) {
-      const std::uint32_t old = c.ok ? atom_add_relaxed(c.counter(p.counter_index.arrive(l, g)), 1) : 0;
+      const std::uint32_t old = c.ok ? atom_add_acq_rel(c.counter(p.counter_index.arrive(l, g)), 1) : 0;
       c.bcast[1] = old + 1 == base + static_cast<std::uint32_t>(splits) ? 1 : 0;
     }
     consumer_sync(c.threads);
     if (c.bcast[1] != 0) {
       // (max, sum) of every chunk and head, then each chunk's weight per head.
-      c.gather(
-          part, 2 * splits * group, where,
-          [&](int j) -> std::int64_t {
-            const int pair = j >> 1, h = pair / splits, s = pair % splits;
-            return s * stride + h * (hd + 2) + (j & 1);
-          },
-          [&](int j, float v) { weights[j] = v; });
+      for (int j = c.tid; j < 2 * splits * group; j += c.threads) {
+        const int pair = j >> 1, h = pair / splits, s = pair % splits;
+        weights[j] = __ldcg(part + s * stride + h * (hd + 2) + (j & 1));
+      }
       consumer_sync(c.threads);
       for (int h = c.tid; h < group; h += c.threads) {
         float* ml = weights + 2 * h * splits;  // (max, sum) per chunk, then the weights in place
@@ -935,36 +1103,38 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
       // Output element k: the chunks in order, loads issued kGatherBatch at a time.
       for (int k = c.tid; k < group * hd; k += c.threads) {
         const int h = k / hd, i = k % hd;
-        const std::uint64_t* src = part + h * (hd + 2) + 2 + i;
+        const float* src = part + h * (hd + 2) + 2 + i;
         const float* w = weights + 2 * h * splits;
         float v = 0.0f;
         for (int s0 = 0; s0 < splits; s0 += kGatherBatch) {
-          std::uint64_t words[kGatherBatch];
+          float x[kGatherBatch];
 #pragma unroll
-          for (int b = 0; b < kGatherBatch; ++b) words[b] = s0 + b < splits ? ld_tagged(src + (s0 + b) * stride) : 0;
+          for (int b = 0; b < kGatherBatch; ++b) x[b] = s0 + b < splits ? __ldcg(src + (s0 + b) * stride) : 0.0f;
 #pragma unroll
           for (int b = 0; b < kGatherBatch; ++b) {
-            if (s0 + b < splits) {
-              const float x = value_of(c.await_word(src + (s0 + b) * stride, words[b], c.tag, where));
-              v = fmaf(x, w[2 * (s0 + b) + 1], v);
-            }
+            if (s0 + b < splits) v = fmaf(x[b], w[2 * (s0 + b) + 1], v);
           }
         }
-        st_tagged(merged + k, v, c.tag);
+        merged[k] = float_to_bf16_bits(v);
       }
       if (c.tid == 0) st_tagged_u32(base_word, base + static_cast<std::uint32_t>(splits), c.tag);
     }
   }
   c.mark(6);
   if (!c.finish()) return;
-  if (c.tid == 0) {
-    if (writer) red_add_release(c.counter(p.counter_index.cache(l)), 1);  // after the barrier in finish()
-    red_add_relaxed(c.counter(p.counter_index.attention(l)), 1);
+  publish(c, p.counter_index.attention(l));
+  // The appended rows, for the copy engine of any block (read from the next token on, so off this
+  // token's path): each writing thread's proxy fence, a barrier, one release-add of the layer's
+  // cache counter (cumulative over the block's stores ordered before it by the barrier).
+  if (writer) {
+    if (wrote_cache) asm volatile("fence.proxy.async.global;" ::: "memory");
+    consumer_sync(c.threads);
+    if (c.tid == 0) red_add_release(c.counter(p.counter_index.cache(l)), 1);
   }
 }
 
 // o_proj rows [u.a, u.b): x_mid = x + o_proj(attention).
-__device__ void run_o_proj(Consumer& c, const Unit& u) {
+__device__ __forceinline__ void run_o_proj(Consumer& c, const Unit& u) {
   const Params& p = c.p;
   const Dims& d = p.dims;
   const int l = u.layer, n = u.b - u.a;
@@ -972,114 +1142,95 @@ __device__ void run_o_proj(Consumer& c, const Unit& u) {
   c.wait_counter(p.counter_index.attention(l), static_cast<std::uint32_t>(p.attention_slots) * c.tag, where);
   c.mark(1);
   // The attention output of every head (merged over the chunks by the attention units), and the
-  // residual rows (the embedding's at layer 0), loaded together.
-  const std::uint64_t* att = p.att + static_cast<std::int64_t>(l) * d.q_size;
-  const std::uint64_t* residual = p.x + static_cast<std::int64_t>(l) * d.hidden + u.a;
-  const int words = l == 0 ? d.q_size : d.q_size + n;
+  // residual rows (the embedding's at layer 0).
   if (l == 0) {
     const int id = c.token_id(where);
     const std::uint16_t* row = p.embed + static_cast<std::int64_t>(id) * d.hidden + u.a;
     for (int i = c.tid; i < n; i += c.threads) c.rows[i] = bf16_bits_to_float(row[i]);
+  } else {
+    c.load_bf16_rows(p.x + static_cast<std::int64_t>(l) * d.hidden + u.a, n, c.rows);
   }
-  c.gather_words(
-      words, where, [&](int j) { return j < d.q_size ? att + j : residual + (j - d.q_size); },
-      [&](int j, float v) {
-        if (j < d.q_size) {
-          c.vec_set(j, v);
-        } else {
-          c.rows[j - d.q_size] = v;
-        }
-      });
+  c.load_bf16_vector(p.att + static_cast<std::int64_t>(l) * d.q_size, d.q_size,
+                     [&](int j, float v) { c.vec_set(j, v); });
   consumer_sync(c.threads);
   c.mark(2);
-  std::uint64_t* out = p.x_mid + static_cast<std::int64_t>(l) * d.hidden;
-  const std::uint32_t tag = c.tag;
+  std::uint16_t* out = p.x_mid + static_cast<std::int64_t>(l) * d.hidden;
   const float* rows = c.rows;
   const int a = u.a;
   c.matvec(
-      u, [&](int row, float v, float) { st_tagged(out + row, rows[row - a] + v, tag); }, where);
+      u, [&](int row, float v, float) { out[row] = residual_sum(rows[row - a], v); }, where);
   c.mark(3);
   if (!c.finish()) return;
-  if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.o_proj(l)), 1);
+  publish(c, p.counter_index.o_proj(l));
 }
 
-__device__ void run_gate_up(Consumer& c, const Unit& u) {
+__device__ __forceinline__ void run_gate_up(Consumer& c, const Unit& u) {
   const Params& p = c.p;
   const Dims& d = p.dims;
   const int l = u.layer;
   const Where where{static_cast<int>(u.kind), l, c.t};
+  NormWeights norm;
+  c.prefetch_norm(p.layers[l].post_norm, d.hidden, norm);
   c.wait_counter(p.counter_index.o_proj(l), static_cast<std::uint32_t>(p.o_units) * c.tag, where);
   c.mark(1);
   float ss = 0.0f;
-  c.gather(
-      p.x_mid + static_cast<std::int64_t>(l) * d.hidden, d.hidden, where, [](int j) { return j; },
-      [&](int j, float v) {
-        c.vec_set(j, v);
-        ss += v * v;
-      });
-  c.normalise(d.hidden, ss, p.layers[l].post_norm);
+  c.load_bf16_vector(p.x_mid + static_cast<std::int64_t>(l) * d.hidden, d.hidden, [&](int j, float v) {
+    c.vec_set(j, v);
+    ss += v * v;
+  });
+  c.normalise(d.hidden, ss, norm);
   c.mark(2);
-  std::uint64_t* out = p.act + static_cast<std::int64_t>(l) * d.ffn;
-  const std::uint32_t tag = c.tag;
+  std::uint16_t* out = p.act + static_cast<std::int64_t>(l) * d.ffn;
   c.matvec(
       u,
       [&](int row, float gate, float up) {
-        const float silu = gate / (1.0f + expf(-gate));
-        st_tagged(out + row, silu * up, tag);
+        // SiLU(gate) * up on the bf16-rounded products, as the plain decoder computes it.
+        const float g = round_bf16(gate), v = round_bf16(up);
+        out[row] = float_to_bf16_bits(g * (1.0f / (1.0f + expf(-g))) * v);
       },
       where);
   c.mark(3);
   if (!c.finish()) return;
-  if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.gate_up(l)), 1);
+  publish(c, p.counter_index.gate_up(l));
 }
 
-__device__ void run_down(Consumer& c, const Unit& u) {
+__device__ __forceinline__ void run_down(Consumer& c, const Unit& u) {
   const Params& p = c.p;
   const Dims& d = p.dims;
   const int l = u.layer, n = u.b - u.a;
   const Where where{static_cast<int>(u.kind), l, c.t};
   c.wait_counter(p.counter_index.gate_up(l), static_cast<std::uint32_t>(p.gate_up_units) * c.tag, where);
   c.mark(1);
-  // act and the residual rows, loaded together.
-  const std::uint64_t* act = p.act + static_cast<std::int64_t>(l) * d.ffn;
-  const std::uint64_t* residual = p.x_mid + static_cast<std::int64_t>(l) * d.hidden + u.a;
-  c.gather_words(
-      d.ffn + n, where, [&](int j) { return j < d.ffn ? act + j : residual + (j - d.ffn); },
-      [&](int j, float v) {
-        if (j < d.ffn) {
-          c.vec_set(j, v);
-        } else {
-          c.rows[j - d.ffn] = v;
-        }
-      });
+  // act and the residual rows.
+  c.load_bf16_rows(p.x_mid + static_cast<std::int64_t>(l) * d.hidden + u.a, n, c.rows);
+  c.load_bf16_vector(p.act + static_cast<std::int64_t>(l) * d.ffn, d.ffn, [&](int j, float v) { c.vec_set(j, v); });
   consumer_sync(c.threads);
   c.mark(2);
-  std::uint64_t* out = p.x + static_cast<std::int64_t>(l + 1) * d.hidden;
-  const std::uint32_t tag = c.tag;
+  std::uint16_t* out = p.x + static_cast<std::int64_t>(l + 1) * d.hidden;
   const float* rows = c.rows;
   const int a = u.a;
   c.matvec(
-      u, [&](int row, float v, float) { st_tagged(out + row, rows[row - a] + v, tag); }, where);
+      u, [&](int row, float v, float) { out[row] = residual_sum(rows[row - a], v); }, where);
   c.mark(3);
   if (!c.finish()) return;
-  if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.down(l)), 1);
+  publish(c, p.counter_index.down(l));
 }
 
 // lm_head rows [u.a, u.b): logits and the unit's (max, first row reaching it).
-__device__ void run_lm_head(Consumer& c, const Unit& u) {
+__device__ __forceinline__ void run_lm_head(Consumer& c, const Unit& u) {
   const Params& p = c.p;
   const Dims& d = p.dims;
   const int layers = d.layers;
   const Where where{static_cast<int>(u.kind), layers, c.t};
+  NormWeights norm;
+  c.prefetch_norm(p.final_norm, d.hidden, norm);
   c.wait_counter(p.counter_index.down(layers - 1), static_cast<std::uint32_t>(p.down_units) * c.tag, where);
   float ss = 0.0f;
-  c.gather(
-      p.x + static_cast<std::int64_t>(layers) * d.hidden, d.hidden, where, [](int j) { return j; },
-      [&](int j, float v) {
-        c.vec_set(j, v);
-        ss += v * v;
-      });
-  c.normalise(d.hidden, ss, p.final_norm);
+  c.load_bf16_vector(p.x + static_cast<std::int64_t>(layers) * d.hidden, d.hidden, [&](int j, float v) {
+    c.vec_set(j, v);
+    ss += v * v;
+  });
+  c.normalise(d.hidden, ss, norm);
   float* logits =
       p.logits != nullptr && c.t >= p.logits_first ? p.logits + (c.t - p.logits_first) * p.logits_stride : nullptr;
   float best = -INFINITY;
@@ -1110,12 +1261,12 @@ __device__ void run_lm_head(Consumer& c, const Unit& u) {
     st_tagged_u32(p.lm_part + 2 * u.index + 1, static_cast<std::uint32_t>(best_row), c.tag);
   }
   if (!c.finish()) return;
-  if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.lm_head()), 1);
+  publish(c, p.counter_index.lm_head());
 }
 
 // The token's argmax over the lm_head units' partials: the next greedy id (the token word, which
 // the next token's first units wait for). The token counter counts finished tokens.
-__device__ void run_argmax(Consumer& c, const Unit& u) {
+__device__ __forceinline__ void run_argmax(Consumer& c, const Unit& u) {
   const Params& p = c.p;
   const Where where{static_cast<int>(u.kind), p.dims.layers, c.t};
   c.wait_counter(p.counter_index.lm_head(), static_cast<std::uint32_t>(p.lm_units) * c.tag, where);
@@ -1135,7 +1286,8 @@ __device__ void run_argmax(Consumer& c, const Unit& u) {
       }
     }
     if (best_row < 0 || best_row >= p.dims.vocab) best_row = 0;  // only when every logit is NaN
-    st_tagged_u32(p.token, static_cast<std::uint32_t>(best_row), c.tag);
+    // Released: every unit of this token (the argmax's ancestors) is done with its buffers.
+    st_release_u64(p.token, (static_cast<std::uint64_t>(c.tag) << 32) | static_cast<std::uint32_t>(best_row));
   }
   if (!c.finish()) return;
   if (c.tid == 0) red_add_relaxed(c.counter(p.counter_index.tokens()), 1);
@@ -1165,7 +1317,7 @@ __device__ void run_consumer(const Params& p, unsigned char* smem, std::uint64_t
         case UnitKind::lm_head: run_lm_head(c, u); break;
         case UnitKind::argmax: run_argmax(c, u); break;
       }
-      c.mark(kTraceWords - 1);
+      c.end_trace();
       if (!c.ok) return;  // finish() made every consumer agree
     }
   }

@@ -202,10 +202,12 @@ struct LayerWeights {
   const std::uint16_t* down = nullptr;
 };
 
-// Everything the kernel reads. Activations between units are "tagged": 64-bit words holding an
-// fp32 value (low half) and the epoch + 1 of the token that wrote it (high half), stored and loaded
-// as single 64-bit accesses, so a reader knows a value is this token's without any fence.
-inline constexpr int kTraceWords = 8;
+// Everything the kernel reads. Activations between units are plain bf16 words, published by a
+// release-add of their phase counter and read after acquiring it. A few small words are "tagged":
+// 64-bit words holding a value (low half) and the epoch + 1 of the token that wrote it (high half),
+// stored and loaded as single 64-bit accesses, so a reader knows a value is this token's.
+inline constexpr int kTraceWords = 9;
+inline constexpr int kTraceEnd = 7;  // word of a unit's end; the last word: ns its leader spent waiting for pages
 
 struct Params {
   Dims dims;
@@ -222,13 +224,15 @@ struct Params {
   std::int64_t capacity = 0;
   const float* rope = nullptr;  // [capacity, head_dim / 2, 2]: cos, sin
 
-  std::uint64_t* x = nullptr;        // [layers + 1, hidden] layer inputs (x[0] unused: the embedding)
-  std::uint64_t* x_mid = nullptr;    // [layers, hidden] after attention
-  std::uint64_t* qkv = nullptr;      // [layers, qkv_size] raw q, k, v
-  std::uint64_t* part = nullptr;     // [layers, max_splits, heads, head_dim + 2] (m, l, acc) per chunk
-  std::uint64_t* att = nullptr;      // [layers, q_size] attention output, merged over the chunks
+  // Activations between units: bf16, rounded where the plain CUDA decoder rounds.
+  std::uint16_t* x = nullptr;      // [layers + 1, hidden] layer inputs (x[0] unused: the embedding)
+  std::uint16_t* x_mid = nullptr;  // [layers, hidden] after attention
+  std::uint16_t* qkv = nullptr;    // [layers, qkv_size] raw q, k, v
+  float* part = nullptr;           // [layers, max_splits, heads, head_dim + 2] (m, l, acc) per chunk
+  std::uint16_t* att = nullptr;    // [layers, q_size] attention output, merged over the chunks
+  std::uint16_t* act = nullptr;    // [layers, ffn] silu(gate) * up
+  // Tagged words (see above).
   std::uint64_t* base = nullptr;     // [layers, kv_heads] arrival count when the token began
-  std::uint64_t* act = nullptr;      // [layers, ffn] silu(gate) * up
   std::uint64_t* lm_part = nullptr;  // [lm_units, 2] (max logit, its row)
   std::uint64_t* token = nullptr;    // [1] (next greedy id, epoch + 1 of the token it follows)
   std::uint32_t* counters = nullptr;
@@ -258,11 +262,10 @@ struct Params {
   float* logits = nullptr;            // token t >= logits_first: logits at logits + (t - logits_first) * stride
   int logits_first = 0;
   std::int64_t logits_stride = 0;
-  int hint_wait = 1;    // wait on the phase counter before reading tagged inputs
   int evict_first = 1;  // stream weights and cache with an L2 evict-first policy
   std::int64_t timeout_ns = 0;
   // Diagnostics (may be null): [tokens, units, kTraceWords] %globaltimer of each unit (in Schedule
-  // order), recorded by its first consumer thread: word 0 at its start, the last at its end, marks
+  // order), recorded by its first consumer thread: word 0 at its start, kTraceEnd at its end, marks
   // between (matrix units: 1 inputs' phase complete, 2 inputs loaded, 3 products stored;
   // attention: 1 q/k/v complete, 2 loaded, 3 normed and roped, 4 cache pages done, 5 warps merged,
   // 6 output stored).

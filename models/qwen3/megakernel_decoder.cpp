@@ -64,7 +64,7 @@ struct MegakernelDecoder::Impl {
   int threads = 0;
 
   core::Buffer cache;   // k then v
-  core::Buffer state;   // tagged activations, counters, abort record (zeroed together)
+  core::Buffer state;   // activations, tagged words, counters, abort record (zeroed together)
   core::Buffer tables;  // units, block starts, group counts, layer weights, rope, ids, logits
   std::size_t state_bytes = 0;
   std::uint64_t* token_word = nullptr;
@@ -203,7 +203,6 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
   p.smem_small = smem.small;
   p.merge_floats = smem.merge_floats;
   p.smem_bytes = smem.bytes;
-  p.hint_wait = settings.hint_wait ? 1 : 0;
   p.evict_first = settings.evict_first ? 1 : 0;
   p.timeout_ns = static_cast<std::int64_t>(settings.timeout_seconds * 1e9);
   m.capacity = options.max_tokens;
@@ -226,7 +225,7 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
   p.v_cache = p.k_cache + cache_elements;
   p.capacity = m.capacity;
 
-  // Zeroed state: tagged words, counters, the abort record.
+  // Zeroed state: activations, tagged words, counters, the abort record.
   std::size_t at = 0;
   auto reserve = [&](std::size_t bytes) {
     const std::size_t offset = at;
@@ -234,13 +233,13 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
     return offset;
   };
   const std::size_t L = static_cast<std::size_t>(d.layers), hd = static_cast<std::size_t>(d.head_dim);
-  const std::size_t x_at = reserve((L + 1) * d.hidden * 8);
-  const std::size_t x_mid_at = reserve(L * d.hidden * 8);
-  const std::size_t qkv_at = reserve(L * d.qkv_size * 8);
-  const std::size_t part_at = reserve(L * g.max_splits * d.heads * (hd + 2) * 8);
-  const std::size_t att_at = reserve(L * d.q_size * 8);
+  const std::size_t x_at = reserve((L + 1) * d.hidden * 2);
+  const std::size_t x_mid_at = reserve(L * d.hidden * 2);
+  const std::size_t qkv_at = reserve(L * d.qkv_size * 2);
+  const std::size_t part_at = reserve(L * g.max_splits * d.heads * (hd + 2) * 4);
+  const std::size_t att_at = reserve(L * d.q_size * 2);
   const std::size_t base_at = reserve(L * d.kv_heads * 8);
-  const std::size_t act_at = reserve(L * d.ffn * 8);
+  const std::size_t act_at = reserve(L * d.ffn * 2);
   const std::size_t lm_at = reserve(2 * static_cast<std::size_t>(p.lm_units) * 8);
   const std::size_t counters_at = reserve(static_cast<std::size_t>(p.counter_index.count()) * mk::kCounterStride * 4);
   const std::size_t abort_at = reserve(sizeof(mk::AbortRecord));
@@ -248,13 +247,13 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
   m.state_bytes = at;
   m.state = core::Buffer(context.device(), m.state_bytes);
   char* base = static_cast<char*>(m.state.data());
-  p.x = reinterpret_cast<std::uint64_t*>(base + x_at);
-  p.x_mid = reinterpret_cast<std::uint64_t*>(base + x_mid_at);
-  p.qkv = reinterpret_cast<std::uint64_t*>(base + qkv_at);
-  p.part = reinterpret_cast<std::uint64_t*>(base + part_at);
-  p.att = reinterpret_cast<std::uint64_t*>(base + att_at);
+  p.x = reinterpret_cast<std::uint16_t*>(base + x_at);
+  p.x_mid = reinterpret_cast<std::uint16_t*>(base + x_mid_at);
+  p.qkv = reinterpret_cast<std::uint16_t*>(base + qkv_at);
+  p.part = reinterpret_cast<float*>(base + part_at);
+  p.att = reinterpret_cast<std::uint16_t*>(base + att_at);
   p.base = reinterpret_cast<std::uint64_t*>(base + base_at);
-  p.act = reinterpret_cast<std::uint64_t*>(base + act_at);
+  p.act = reinterpret_cast<std::uint16_t*>(base + act_at);
   p.lm_part = reinterpret_cast<std::uint64_t*>(base + lm_at);
   p.counters = reinterpret_cast<std::uint32_t*>(base + counters_at);
   p.abort = reinterpret_cast<mk::AbortRecord*>(base + abort_at);
@@ -400,6 +399,7 @@ std::string MegakernelDecoder::profile_greedy(std::int64_t count) {
   auto kind_of_phase = [&](int ph) { return ph < layers * 5 ? ph % 5 : 5 + (ph - layers * 5); };
   std::vector<double> added(kinds, 0.0), median_after(kinds, 0.0), slowest_after(kinds, 0.0);
   std::vector<int> samples(kinds, 0), marked(kinds, 0);
+  std::vector<double> page_waits(kinds, 0.0);            // summed over active units
   std::vector<std::array<double, kWords>> steps(kinds);  // mean time between consecutive marks
   for (auto& row : steps) row.fill(0.0);
   double token_ns = 0.0;
@@ -410,7 +410,7 @@ std::string MegakernelDecoder::profile_greedy(std::int64_t count) {
     std::vector<std::uint64_t> start_min(static_cast<std::size_t>(phases), ~0ull);
     for (std::size_t i = 0; i < units.size(); ++i) {
       const auto ph = static_cast<std::size_t>(phase_of(units[i]));
-      end_max[ph] = std::max(end_max[ph], row[kWords * i + kWords - 1]);
+      end_max[ph] = std::max(end_max[ph], row[kWords * i + mk::kTraceEnd]);
       start_min[ph] = std::min(start_min[ph], row[kWords * i]);
     }
     std::vector<std::vector<double>> after(static_cast<std::size_t>(phases));
@@ -418,13 +418,14 @@ std::string MegakernelDecoder::profile_greedy(std::int64_t count) {
       const int ph = phase_of(units[i]);
       const std::uint64_t* w = row + kWords * i;
       const std::uint64_t ready = ph == 0 ? start_min[0] : end_max[static_cast<std::size_t>(ph - 1)];
-      const std::uint64_t end = w[kWords - 1], begun = std::min(std::max(ready, w[0]), end);
+      const std::uint64_t end = w[mk::kTraceEnd], begun = std::min(std::max(ready, w[0]), end);
       after[static_cast<std::size_t>(ph)].push_back(static_cast<double>(end - begun));
       // Units that set mark 1 (active ones): the time between consecutive marks they set.
       if (w[1] == 0) continue;
       auto& st = steps[static_cast<std::size_t>(kind_of_phase(ph))];
       std::uint64_t last = w[0];
-      for (int k = 1; k < kWords; ++k) {
+      page_waits[static_cast<std::size_t>(kind_of_phase(ph))] += static_cast<double>(w[kWords - 1]);
+      for (int k = 1; k <= mk::kTraceEnd; ++k) {
         if (w[k] == 0) continue;
         st[static_cast<std::size_t>(k)] += static_cast<double>(w[k] - std::min(last, w[k]));
         last = w[k];
@@ -445,11 +446,12 @@ std::string MegakernelDecoder::profile_greedy(std::int64_t count) {
     token_ns += static_cast<double>(end_max[static_cast<std::size_t>(phases - 1)] - start_min[0]);
   }
   const double tokens = static_cast<double>(count - skip);
-  char line[256];
-  std::snprintf(line, sizeof(line),
-                "per token %.1f us over %lld tokens. Per phase kind (us): time added to the token's path, median / "
-                "slowest unit once its inputs were complete; active units' mean time between marks 0>1>...>end\n",
-                token_ns / tokens / 1000.0, static_cast<long long>(tokens));
+  char line[320];
+  std::snprintf(
+      line, sizeof(line),
+      "per token %.1f us over %lld tokens. Per phase kind (us): time added to the token's path, median / "
+      "slowest unit once its inputs were complete; active units' mean time between marks 0>1>...>end | mean wait for pages\n",
+      token_ns / tokens / 1000.0, static_cast<long long>(tokens));
   std::string out = line;
   for (int k = 0; k < kinds; ++k) {
     const auto i = static_cast<std::size_t>(k);
@@ -460,10 +462,12 @@ std::string MegakernelDecoder::profile_greedy(std::int64_t count) {
                   slowest_after[i] / n / 1000.0);
     out += line;
     if (marked[i] > 0) {
-      for (int w = 1; w < kWords; ++w) {
+      for (int w = 1; w <= mk::kTraceEnd; ++w) {
         std::snprintf(line, sizeof(line), " %5.2f", steps[i][static_cast<std::size_t>(w)] / marked[i] / 1000.0);
         out += line;
       }
+      std::snprintf(line, sizeof(line), " | pages %5.2f", page_waits[i] / marked[i] / 1000.0);
+      out += line;
     }
     out += "\n";
   }
@@ -528,8 +532,7 @@ std::string MegakernelDecoder::describe() const {
   const mk::Geometry& g = impl_->base.geo;
   return std::to_string(g.blocks) + " blocks x " + std::to_string(g.consumer_warps) + "+1 warps, " +
          std::to_string(g.pages) + " pages x " + std::to_string(g.page_bytes / 1024) + " KB, splits " +
-         std::to_string(g.max_splits) + ", min chunk " + std::to_string(g.min_chunk) +
-         (impl_->settings.hint_wait ? "" : ", no counter hints");
+         std::to_string(g.max_splits) + ", min chunk " + std::to_string(g.min_chunk);
 }
 
 }  // namespace models::qwen3

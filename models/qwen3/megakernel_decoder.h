@@ -31,7 +31,6 @@ struct MegakernelSettings {
   int max_splits = 16;           // attention chunks per kv head at long contexts
   int min_chunk = 128;           // positions per attention chunk, at least
   int blocks = 0;                // persistent blocks; 0: one per multiprocessor
-  bool hint_wait = true;         // poll the phase counter before reading tagged inputs
   bool evict_first = true;       // stream weights and cache with an L2 evict-first hint
   double timeout_seconds = 5.0;  // a spin longer than this aborts the launch (core::Error)
 };

@@ -1,10 +1,10 @@
 // The Qwen3 decode megakernel (MegakernelDecoder) against the CPU decoder (fp32 on the same
 // bf16-rounded weights) and the plain CUDA decoder (Qwen3CudaDecoder), teacher-forced, at every
 // position. Tolerances, normwise relative over the vocabulary:
-//   vs the CPU decoder 1e-2: the megakernel keeps activations in fp32, so only its bf16 KV cache
-//     and the accumulation order differ;
-//   vs the plain CUDA decoder 3e-2: that one rounds every activation to bf16 (its own bound
-//     against the CPU is 2e-2) and the two errors add.
+//   vs the CPU decoder 2e-2: the megakernel rounds its activations to bf16 where the plain CUDA
+//     decoder does (the same bound as that decoder's against the CPU);
+//   vs the plain CUDA decoder 3e-2: the same rounding points, but other summation orders, RoPE
+//     from a table and a different attention split, so roundings differ here and there.
 // Shapes: the committed fixtures (their sequence, 256 positions, and transformers' fp32 logits
 // within 3e-2: its weights are not rounded to bf16), random
 // shapes with head_dim 64 and 128, 1, 2, 4 and 8 query heads per kv head, hidden sizes not a
@@ -43,7 +43,7 @@ namespace {
 
 namespace q3 = models::qwen3;
 
-constexpr double kVsCpu = 1e-2;
+constexpr double kVsCpu = 2e-2;
 constexpr double kVsPlain = 3e-2;
 
 #define REQUIRE_CUDA()                                                                         \

@@ -1,0 +1,237 @@
+// Hand-off latency between the blocks of a persistent grid: the floor under each dependent phase
+// of the decode megakernel. Every block owns a slice of an n-element vector; in each round every
+// block writes its slice, signals, waits until the whole vector of the round is visible, reads it
+// all and sums it; the next round's values depend on that sum, so rounds form a chain and
+// (total time / rounds) is one phase's hand-off with no weight work. Methods:
+//   tagged      64-bit words (fp32 value, round tag), spin per word until the tag is this round's
+//   tagged+hint the same, one thread first polls a relaxed counter (the megakernel's default)
+//   f32         fp32 words; writers barrier, one thread fence + add; readers acquire the counter,
+//               barrier, then read through L2 (ld.global.cg)
+//   bf16        the same with bf16 words (half the bytes)
+//   f32-flags   fp32 words; one release flag per writing block, readers acquire all flags in parallel
+// Each result is checked (every block sums the exact expected value every round).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#define CHECK(call)                                                                                    \
+  do {                                                                                                 \
+    const cudaError_t e_ = (call);                                                                     \
+    if (e_ != cudaSuccess) {                                                                           \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));       \
+      std::exit(1);                                                                                    \
+    }                                                                                                  \
+  } while (0)
+
+namespace {
+
+enum Method { tagged = 0, tagged_hint = 1, f32 = 2, bf16 = 3, f32_flags = 4, kMethods = 5 };
+const char* kNames[] = {"tagged", "tagged+hint", "f32", "bf16", "f32-flags"};
+
+constexpr int kThreads = 256;
+constexpr int kLineWords = 32;  // counters and flags one per 128-byte line
+
+struct Args {
+  int n = 0, rounds = 0;
+  std::uint64_t* tagged = nullptr;  // [2][n]
+  float* f32 = nullptr;             // [2][n]
+  std::uint16_t* b16 = nullptr;     // [2][n]
+  std::uint32_t* counter = nullptr;
+  std::uint32_t* flags = nullptr;  // [blocks][kLineWords]
+  int* errors = nullptr;
+};
+
+__device__ __forceinline__ std::uint32_t ld_acquire(const std::uint32_t* p) {
+  std::uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ std::uint32_t ld_relaxed(const std::uint32_t* p) {
+  std::uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ std::uint64_t ld_relaxed64(const std::uint64_t* p) {
+  std::uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed64(std::uint64_t* p, std::uint64_t v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_release(std::uint32_t* p, std::uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_release(std::uint32_t* p, std::uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_relaxed(std::uint32_t* p, std::uint32_t v) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ float block_sum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) s += red[w];
+  __syncthreads();
+  return s;
+}
+
+template <int M>
+__global__ void __launch_bounds__(kThreads, 1) handoff(Args a) {
+  __shared__ float red[kThreads / 32];
+  const int blocks = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
+  const int lo = static_cast<int>(static_cast<std::int64_t>(a.n) * b / blocks);
+  const int hi = static_cast<int>(static_cast<std::int64_t>(a.n) * (b + 1) / blocks);
+  float sum = 0.0f;
+  for (int r = 0; r < a.rounds; ++r) {
+    const int parity = r & 1;
+    const std::uint32_t tag = static_cast<std::uint32_t>(r + 1);
+    // The round's value depends on the previous round's sum (0 * sum keeps the chain).
+    const float value = static_cast<float>(r % 7 + 1) + 0.0f * sum;
+    // Write this block's slice, then signal.
+    for (int j = lo + tid; j < hi; j += kThreads) {
+      if constexpr (M == tagged || M == tagged_hint) {
+        st_relaxed64(a.tagged + parity * a.n + j, (static_cast<std::uint64_t>(tag) << 32) | __float_as_uint(value));
+      } else if constexpr (M == bf16) {
+        a.b16[parity * a.n + j] = __bfloat16_as_ushort(__float2bfloat16_rn(value));
+      } else {
+        a.f32[parity * a.n + j] = value;
+      }
+    }
+    __syncthreads();
+    if (tid == 0) {
+      if constexpr (M == tagged_hint) red_relaxed(a.counter, 1);
+      if constexpr (M == f32 || M == bf16) red_release(a.counter, 1);
+      if constexpr (M == f32_flags) st_release(a.flags + b * kLineWords, tag);
+    }
+    // Wait for the round, then read the whole vector.
+    const std::uint32_t want = static_cast<std::uint32_t>(blocks) * tag;
+    if constexpr (M == tagged_hint) {
+      if (tid == 0)
+        while (ld_relaxed(a.counter) < want) {
+        }
+      __syncthreads();
+    } else if constexpr (M == f32 || M == bf16) {
+      if (tid == 0)
+        while (ld_acquire(a.counter) < want) {
+        }
+      __syncthreads();
+    } else if constexpr (M == f32_flags) {
+      for (int i = tid; i < blocks; i += kThreads)
+        while (ld_acquire(a.flags + i * kLineWords) < tag) {
+        }
+      __syncthreads();
+    }
+    float s = 0.0f;
+    if constexpr (M == tagged || M == tagged_hint) {
+      constexpr int kBatch = 8;
+      const std::uint64_t* src = a.tagged + parity * a.n;
+      for (int j0 = tid; j0 < a.n; j0 += kBatch * kThreads) {
+        std::uint64_t v[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) v[i] = j0 + i * kThreads < a.n ? ld_relaxed64(src + j0 + i * kThreads) : 0;
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int j = j0 + i * kThreads;
+          if (j >= a.n) continue;
+          while (static_cast<std::uint32_t>(v[i] >> 32) != tag) v[i] = ld_relaxed64(src + j);
+          s += __uint_as_float(static_cast<std::uint32_t>(v[i]));
+        }
+      }
+    } else if constexpr (M == bf16) {
+      const uint4* src = reinterpret_cast<const uint4*>(a.b16 + parity * a.n);
+      for (int c = tid; c < a.n / 8; c += kThreads) {
+        const uint4 w = __ldcg(src + c);
+        s += __uint_as_float(w.x << 16) + __uint_as_float(w.x & 0xffff0000u) + __uint_as_float(w.y << 16) +
+             __uint_as_float(w.y & 0xffff0000u) + __uint_as_float(w.z << 16) + __uint_as_float(w.z & 0xffff0000u) +
+             __uint_as_float(w.w << 16) + __uint_as_float(w.w & 0xffff0000u);
+      }
+    } else {
+      const float4* src = reinterpret_cast<const float4*>(a.f32 + parity * a.n);
+      for (int c = tid; c < a.n / 4; c += kThreads) {
+        const float4 w = __ldcg(src + c);
+        s += w.x + w.y + w.z + w.w;
+      }
+    }
+    sum = block_sum(s, red);
+    if (tid == 0 && sum != static_cast<float>(a.n) * value) atomicAdd(a.errors, 1);
+  }
+}
+
+template <int M>
+double time_method(const Args& base, int blocks, int n, int rounds) {
+  Args a = base;
+  a.n = n;
+  a.rounds = rounds;
+  CHECK(cudaMemset(a.counter, 0, 4 * kLineWords));
+  CHECK(cudaMemset(a.flags, 0, 4 * kLineWords * static_cast<std::size_t>(blocks)));
+  CHECK(cudaMemset(a.tagged, 0, 16 * static_cast<std::size_t>(n)));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  void* args[] = {&a};
+  CHECK(cudaEventRecord(start));
+  CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(handoff<M>), blocks, kThreads, args, 0, nullptr));
+  CHECK(cudaEventRecord(stop));
+  CHECK(cudaEventSynchronize(stop));
+  CHECK(cudaGetLastError());
+  float ms = 0.0f;
+  CHECK(cudaEventElapsedTime(&ms, start, stop));
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  return 1000.0 * ms / rounds;
+}
+
+using TimeFn = double (*)(const Args&, int, int, int);
+const TimeFn kTimers[] = {time_method<tagged>, time_method<tagged_hint>, time_method<f32>, time_method<bf16>,
+                          time_method<f32_flags>};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 4000;
+  int device = 0, sms = 0;
+  CHECK(cudaGetDevice(&device));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, device));
+  const int sizes[] = {256, 1024, 2048, 3072, 8192};
+  const int max_n = 8192;
+  Args a;
+  CHECK(cudaMalloc(&a.tagged, 16 * static_cast<std::size_t>(max_n)));
+  CHECK(cudaMalloc(&a.f32, 8 * static_cast<std::size_t>(max_n)));
+  CHECK(cudaMalloc(&a.b16, 4 * static_cast<std::size_t>(max_n)));
+  CHECK(cudaMalloc(&a.counter, 4 * kLineWords));
+  CHECK(cudaMalloc(&a.flags, 4 * kLineWords * static_cast<std::size_t>(sms)));
+  CHECK(cudaMalloc(&a.errors, 4));
+  CHECK(cudaMemset(a.errors, 0, 4));
+  std::printf("%s, %d blocks x %d threads, %d rounds: microseconds per round (median of 5)\n", prop.name, sms,
+              kThreads, rounds);
+  std::printf("%-12s", "n");
+  for (int n : sizes) std::printf(" %8d", n);
+  std::printf("\n");
+  for (int m = 0; m < kMethods; ++m) {
+    std::printf("%-12s", kNames[m]);
+    for (int n : sizes) {
+      kTimers[m](a, sms, n, 200);  // warm-up
+      std::vector<double> t;
+      for (int i = 0; i < 5; ++i) t.push_back(kTimers[m](a, sms, n, rounds));
+      std::sort(t.begin(), t.end());
+      std::printf(" %8.3f", t[2]);
+    }
+    std::printf("\n");
+  }
+  int errors = 0;
+  CHECK(cudaMemcpy(&errors, a.errors, 4, cudaMemcpyDeviceToHost));
+  std::printf("wrong sums: %d\n", errors);
+  return errors == 0 ? 0 : 1;
+}
