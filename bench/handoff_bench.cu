@@ -19,13 +19,13 @@
 #include <string>
 #include <vector>
 
-#define CHECK(call)                                                                                    \
-  do {                                                                                                 \
-    const cudaError_t e_ = (call);                                                                     \
-    if (e_ != cudaSuccess) {                                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));       \
-      std::exit(1);                                                                                    \
-    }                                                                                                  \
+#define CHECK(call)                                                                              \
+  do {                                                                                           \
+    const cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
 
 namespace {
@@ -214,8 +214,8 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&a.flags, 4 * kLineWords * static_cast<std::size_t>(sms)));
   CHECK(cudaMalloc(&a.errors, 4));
   CHECK(cudaMemset(a.errors, 0, 4));
-  std::printf("%s, %d blocks x %d threads, %d rounds: microseconds per round (median of 5)\n", prop.name, sms,
-              kThreads, rounds);
+  std::printf("%s, %d blocks x %d threads, %d rounds: microseconds per round (median of 5)\n", prop.name, sms, kThreads,
+              rounds);
   std::printf("%-12s", "n");
   for (int n : sizes) std::printf(" %8d", n);
   std::printf("\n");

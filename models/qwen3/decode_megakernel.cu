@@ -700,12 +700,10 @@ struct Consumer {
     if (u.kind == UnitKind::gate_up) {
       if (per_warp <= 1) return matvec_rows<true, 1>(u, epi, where);
       if (per_warp == 2) return matvec_rows<true, 2>(u, epi, where);
-      if (per_warp == 3) return matvec_rows<true, 3>(u, epi, where);
       return matvec_rows<true, kRowsPerPass>(u, epi, where);
     }
     if (per_warp <= 1) return matvec_rows<false, 1>(u, epi, where);
     if (per_warp == 2) return matvec_rows<false, 2>(u, epi, where);
-    if (per_warp == 3) return matvec_rows<false, 3>(u, epi, where);
     return matvec_rows<false, kRowsPerPass>(u, epi, where);
   }
 
@@ -920,8 +918,8 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
   consumer_sync(c.threads);
   c.mark(3);
 
-  // Online softmax (base 2) per warp: every warp takes cached positions, then a writer's warp 0
-  // adds the current one.
+  // Online softmax (base 2) per warp. A writer's warp 0 takes the current position, the other
+  // warps the cached ones.
   // The query heads stay in shared memory (registers hold the accumulators).
   float acc[G][E], m[G], sum[G];
 #pragma unroll
@@ -996,16 +994,19 @@ __device__ void run_attention(Consumer& c, const Unit& u) {
       }
     }
   };
+  const bool split_warps = writer && c.warps > 1;
+  const int first_warp = split_warps ? 1 : 0;
+  const int cache_warps = c.warps - first_warp;
   const int per_page = positions_per_page(geo, d);
   const int pages = unit_pages(u, c.position, geo, d);
   for (int k = 0; k < pages; ++k) {
     const unsigned char* page = c.page_wait(where);
     const int count = page_span(u, c.position, k, geo, d).count;
-    {
+    if (c.warp >= first_warp) {
       const std::uint16_t* kp = reinterpret_cast<const std::uint16_t*>(page);
       const std::uint16_t* vp = kp + per_page * hd;
       // Warp w takes positions [kPositions * w', kPositions * (w' + 1)) of every round.
-      for (int j0 = c.warp * kPositions; j0 < count; j0 += c.warps * kPositions) {
+      for (int j0 = (c.warp - first_warp) * kPositions; j0 < count; j0 += cache_warps * kPositions) {
         const int valid = min(kPositions, count - j0);
         float kf[kPositions][E], vf[kPositions][E];
 #pragma unroll
