@@ -207,17 +207,18 @@ __device__ __forceinline__ void unpack8(const uint4& w, float (&v)[8]) {
   v[7] = __uint_as_float(w.w & 0xffff0000u);
 }
 
-// 8 bf16 weights (one 16-byte word) times 8 fp32 inputs, accumulated in order.
-__device__ __forceinline__ float fma8(const uint4& w, const float4& x0, const float4& x1, float s) {
-  s = fmaf(__uint_as_float(w.x << 16), x0.x, s);
-  s = fmaf(__uint_as_float(w.x & 0xffff0000u), x0.y, s);
-  s = fmaf(__uint_as_float(w.y << 16), x0.z, s);
-  s = fmaf(__uint_as_float(w.y & 0xffff0000u), x0.w, s);
-  s = fmaf(__uint_as_float(w.z << 16), x1.x, s);
-  s = fmaf(__uint_as_float(w.z & 0xffff0000u), x1.y, s);
-  s = fmaf(__uint_as_float(w.w << 16), x1.z, s);
-  s = fmaf(__uint_as_float(w.w & 0xffff0000u), x1.w, s);
-  return s;
+// 8 bf16 weights (one 16-byte word) times 8 fp32 inputs into 4 independent accumulators
+// (elements k and k + 4 into a[k]): four dependency chains instead of one, so a warp keeps the
+// FMA pipe busy (one chain per row left the products latency-bound at about 1 FMA a cycle).
+__device__ __forceinline__ void fma8(const uint4& w, const float4& x0, const float4& x1, float (&a)[4]) {
+  a[0] = fmaf(__uint_as_float(w.x << 16), x0.x, a[0]);
+  a[1] = fmaf(__uint_as_float(w.x & 0xffff0000u), x0.y, a[1]);
+  a[2] = fmaf(__uint_as_float(w.y << 16), x0.z, a[2]);
+  a[3] = fmaf(__uint_as_float(w.y & 0xffff0000u), x0.w, a[3]);
+  a[0] = fmaf(__uint_as_float(w.z << 16), x1.x, a[0]);
+  a[1] = fmaf(__uint_as_float(w.z & 0xffff0000u), x1.y, a[1]);
+  a[2] = fmaf(__uint_as_float(w.w << 16), x1.z, a[2]);
+  a[3] = fmaf(__uint_as_float(w.w & 0xffff0000u), x1.w, a[3]);
 }
 
 // E consecutive bf16 values (8 or 4 aligned bytes) as floats.
@@ -256,8 +257,13 @@ struct Waiter {
 
   __device__ Waiter(const Params& params, Where w, int what_) : p(params), where(w), what(what_) {}
 
-  __device__ bool again(std::uint32_t want, std::uint32_t seen) {
+  __device__ __forceinline__ bool again(std::uint32_t want, std::uint32_t seen) {
     if ((++spins & 255u) != 0) return true;
+    return check(want, seen);
+  }
+
+  // Out of line: one copy of the deadline and abort bookkeeping instead of one per spin site.
+  __device__ __noinline__ bool check(std::uint32_t want, std::uint32_t seen) {
     if (ld_relaxed_u32(reinterpret_cast<const std::uint32_t*>(&p.abort->flag)) != 0) return false;
     const std::uint64_t now = globaltimer();
     if (deadline == 0) {
@@ -694,16 +700,13 @@ struct Consumer {
   // whatever the window (lane partition, then the xor butterfly).
   template <class Epi>
   __device__ void matvec(const Unit& u, Epi epi, Where where) {
-    // Rows per pass: as many as the unit gives each warp, up to kRowsPerPass (no wasted products
-    // on small units).
+    // Rows per pass: one on units of one row a warp (o_proj, down), else kRowsPerPass. The code is
+    // kept small on purpose: one token runs every unit kind once per layer, and a larger body
+    // (more instances, unrolled loops) measured slower (instruction fetch, not arithmetic, bounds
+    // these short units).
     const int per_warp = (u.b - u.a + warps - 1) / warps;
-    if (u.kind == UnitKind::gate_up) {
-      if (per_warp <= 1) return matvec_rows<true, 1>(u, epi, where);
-      if (per_warp == 2) return matvec_rows<true, 2>(u, epi, where);
-      return matvec_rows<true, kRowsPerPass>(u, epi, where);
-    }
+    if (u.kind == UnitKind::gate_up) return matvec_rows<true, kRowsPerPass>(u, epi, where);
     if (per_warp <= 1) return matvec_rows<false, 1>(u, epi, where);
-    if (per_warp == 2) return matvec_rows<false, 2>(u, epi, where);
     return matvec_rows<false, kRowsPerPass>(u, epi, where);
   }
 
@@ -739,17 +742,26 @@ struct Consumer {
           rows[r] = row_ptr(i, false);
           ups[r] = Pairs ? row_ptr(i, true) : rows[r];
         }
-        float s[R], t[R];
+        float sa[R][4], ta[R][4];
 #pragma unroll
-        for (int r = 0; r < R; ++r) s[r] = t[r] = 0.0f;
-#pragma unroll 2
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) sa[r][k] = ta[r][k] = 0.0f;
+        }
+#pragma unroll 1
         for (int c = lane; c < chunks; c += 32) {
           const float4 x0 = xa[c], x1 = xb[c];
 #pragma unroll
           for (int r = 0; r < R; ++r) {
-            s[r] = fma8(rows[r][c], x0, x1, s[r]);
-            if constexpr (Pairs) t[r] = fma8(ups[r][c], x0, x1, t[r]);
+            fma8(rows[r][c], x0, x1, sa[r]);
+            if constexpr (Pairs) fma8(ups[r][c], x0, x1, ta[r]);
           }
+        }
+        float s[R], t[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          s[r] = (sa[r][0] + sa[r][1]) + (sa[r][2] + sa[r][3]);
+          t[r] = (ta[r][0] + ta[r][1]) + (ta[r][2] + ta[r][3]);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
@@ -816,7 +828,7 @@ __device__ __forceinline__ void run_qkv(Consumer& c, const Unit& u) {
 // over its positions, merged across warps into (max, sum, unnormalised output) per head. G: the
 // most query heads per kv head it handles (registers hold G accumulators).
 template <int E, int G>
-__device__ void run_attention(Consumer& c, const Unit& u) {
+__device__ __forceinline__ void run_attention(Consumer& c, const Unit& u) {
   constexpr int hd = 32 * E;
   constexpr int half = hd / 2;
   const Params& p = c.p;
@@ -1295,7 +1307,8 @@ __device__ __forceinline__ void run_argmax(Consumer& c, const Unit& u) {
 }
 
 template <int E, int G>
-__device__ void run_consumer(const Params& p, unsigned char* smem, std::uint64_t* full, std::uint64_t* empty) {
+__device__ __forceinline__ void run_consumer(const Params& p, unsigned char* smem, std::uint64_t* full,
+                                             std::uint64_t* empty) {
   Consumer c(p, smem, full, empty);
   const Unit* units = p.units + p.block_begin[blockIdx.x];
   const int unit_count = p.block_begin[blockIdx.x + 1] - p.block_begin[blockIdx.x];

@@ -18,8 +18,8 @@
 
 namespace models::qwen3::megakernel {
 
-constexpr int kMaxConsumerWarps = 12;
-constexpr int kMaxGroup = 8;  // query heads per kv head
+constexpr int kMaxConsumerWarps = 11;  // with the producer, 12 warps: 3 per SM sub-partition, 168 registers each
+constexpr int kMaxGroup = 8;           // query heads per kv head
 
 // The phases of one token, in dependency order. A unit of a phase reads only what units of
 // earlier phases (of this token or an earlier one) wrote.
