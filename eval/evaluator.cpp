@@ -20,22 +20,6 @@ std::string where(const Task& task, std::int64_t line) { return task.path + ":" 
 
 }  // namespace
 
-DecoderChoice parse_decoder_choice(const std::string& name) {
-  if (name == "auto") return DecoderChoice::automatic;
-  if (name == "megakernel") return DecoderChoice::megakernel;
-  if (name == "plain") return DecoderChoice::plain;
-  throw core::InputError("decoder: expected auto, megakernel or plain, got '" + name + "'");
-}
-
-const char* decoder_choice_name(DecoderChoice choice) {
-  switch (choice) {
-    case DecoderChoice::automatic: return "auto";
-    case DecoderChoice::megakernel: return "megakernel";
-    case DecoderChoice::plain: return "plain";
-  }
-  return "?";
-}
-
 struct Evaluator::Prepared {
   Task task;
   std::vector<Ids> contexts;                    // multiple choice: per item
@@ -209,22 +193,17 @@ void Evaluator::ensure_decoder(const ModelAccess& model, std::int64_t capacity) 
   if (decoder_ && decoder_slab_ == model.slab && decoder_->capacity() >= capacity) return;
   decoder_.reset();
   decoder_slab_ = model.slab;
-  models::DecoderOptions options;
-  options.max_tokens = capacity;
-  options.full_weights = model.full_weights;
-  options.kind =
-      options_.decoder == DecoderChoice::plain ? models::DecoderKind::plain : models::DecoderKind::megakernel;
-  std::string reason;
-  options.fallback_reason = &reason;
-  decoder_ = spec_.decoder(*model.slab, *model.context, options);
+  std::string note;
+  decoder_ =
+      models::choose_decoder(spec_, *model.slab, *model.context,
+                             {.max_tokens = capacity, .full_weights = model.full_weights}, options_.decoder, &note);
   if (!decoder_) {
     throw core::InputError(spec_.family() + " has no decoder on " + (model.context->is_cuda() ? "cuda" : "cpu") +
                            " for the generative tasks");
   }
   const std::string kind = decoder_->kind();
-  if (options.kind == models::DecoderKind::megakernel && kind != "megakernel") {
-    if (reason.empty()) reason = spec_.family() + " has no megakernel";
-    const std::string message = "evaluation decodes with the " + kind + " decoder: " + reason;
+  if (options_.decoder != DecoderChoice::plain && kind != "megakernel") {
+    const std::string message = "evaluation decodes with the " + note;
     if (options_.decoder == DecoderChoice::megakernel) {
       spdlog::warn("{} (eval decoder 'megakernel' asked for it)", message);
     } else if (decoder_kind_.empty()) {

@@ -24,18 +24,17 @@
 #include "core/device.h"
 #include "eval/metrics.h"
 #include "eval/task.h"
+#include "models/generation.h"
 #include "models/model.h"
 #include "optim/slab.h"
 #include "text/tokenizer.h"
 
 namespace eval {
 
-// eval.decoder / --decoder: automatic takes the megakernel where the family has one that can run
-// (Qwen3 on a Hopper GPU) and the plain decoder otherwise; megakernel asks for it and says why
-// when the plain decoder runs instead; plain never uses it.
-enum class DecoderChoice { automatic, megakernel, plain };
-DecoderChoice parse_decoder_choice(const std::string& name);  // "auto", "megakernel", "plain"
-const char* decoder_choice_name(DecoderChoice choice);
+// eval.decoder / --decoder (models/generation.h).
+using DecoderChoice = models::DecoderChoice;
+using models::decoder_choice_name;
+using models::parse_decoder_choice;
 
 // The model an evaluation runs: its spec, slab and backend, the trainable model that scores
 // continuations (forward_loss + token_losses), and how many tokens one of its forwards takes.

@@ -84,6 +84,38 @@ GenerationResult generate(Decoder& decoder, const core::DeviceContext& context, 
   return result;
 }
 
+DecoderChoice parse_decoder_choice(const std::string& name) {
+  if (name == "auto") return DecoderChoice::automatic;
+  if (name == "megakernel") return DecoderChoice::megakernel;
+  if (name == "plain") return DecoderChoice::plain;
+  throw core::InputError("decoder: expected auto, megakernel or plain, got '" + name + "'");
+}
+
+const char* decoder_choice_name(DecoderChoice choice) {
+  switch (choice) {
+    case DecoderChoice::automatic: return "auto";
+    case DecoderChoice::megakernel: return "megakernel";
+    case DecoderChoice::plain: return "plain";
+  }
+  return "?";
+}
+
+std::unique_ptr<Decoder> choose_decoder(const ModelSpec& spec, optim::Slab& slab, const core::DeviceContext& context,
+                                        DecoderOptions options, DecoderChoice choice, std::string* note) {
+  options.kind = choice == DecoderChoice::plain ? DecoderKind::plain : DecoderKind::megakernel;
+  std::string reason;
+  options.fallback_reason = &reason;
+  std::unique_ptr<Decoder> decoder = spec.decoder(slab, context, options);
+  if (decoder && note != nullptr) {
+    const std::string kind = decoder->kind();
+    *note = kind + " decoder";
+    if (options.kind == DecoderKind::megakernel && kind != "megakernel") {
+      *note += " (" + (reason.empty() ? spec.family() + " has no megakernel" : reason) + ")";
+    }
+  }
+  return decoder;
+}
+
 void check_decoder_room(std::int64_t position, std::int64_t tokens, std::int64_t capacity) {
   if (position + tokens > capacity) {
     throw core::InputError("decoder: " + std::to_string(position + tokens) + " tokens exceed its capacity of " +

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/device.h"
@@ -27,6 +29,20 @@ struct GenerationResult {
   double decode_seconds = 0.0;    // the rest: every sampled token and every step
   bool stopped = false;           // ended on a stop id
 };
+
+// The decoder a user asks for (eval.decoder, sample.decoder, generate --decoder). automatic: the
+// family's megakernel where it can take the model and the GPU (Qwen3 on a Hopper GPU), else the
+// plain decoder; megakernel: the same, but running the plain one is worth a warning; plain: never
+// the megakernel.
+enum class DecoderChoice { automatic, megakernel, plain };
+DecoderChoice parse_decoder_choice(const std::string& name);  // "auto", "megakernel", "plain"
+const char* decoder_choice_name(DecoderChoice choice);
+
+// spec.decoder() for `choice` (options.kind set from it). `note` (may be null) gets what was built
+// and, when the megakernel was asked for and the plain decoder runs, why. nullptr when the family
+// has no decoder on this backend.
+std::unique_ptr<Decoder> choose_decoder(const ModelSpec& spec, optim::Slab& slab, const core::DeviceContext& context,
+                                        DecoderOptions options, DecoderChoice choice, std::string* note);
 
 // Resets `decoder`, prefills `prompt` (non-empty) and generates up to max_new_tokens tokens (the
 // decoder's capacity must hold prompt + max_new_tokens, else core::InputError before any work).

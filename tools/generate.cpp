@@ -2,11 +2,13 @@
 // PATH is a Hugging Face folder (config.json + safetensors) or a training checkpoint (a step
 // directory, or a run directory meaning its newest complete step). The prompt is prefilled in one
 // pass and the new tokens come one at a time from the family's decoder (KV cache), chosen on the
-// backend (greedy by default; temperature, top-k, top-p and a seed otherwise). Text goes through
-// the model's tokenizer: the folder's tokenizer.json, the run's data.tokenizer for a checkpoint,
-// else bytes; --tokenizer overrides it. stdout gets the prompt and its continuation as text (or,
-// with --ids, every id comma-separated); stderr gets the prefill and decode speeds. Generation
-// ends early at an end-of-sequence id of config.json / generation_config.json (--ignore-eos: never).
+// backend (greedy by default; temperature, top-k, top-p and a seed otherwise). --decoder auto (the
+// default) decodes with the family's megakernel where it can take the model (Qwen3 on a Hopper
+// GPU), else the plain decoder. Text goes through the model's tokenizer: the folder's
+// tokenizer.json, the run's data.tokenizer for a checkpoint, else bytes; --tokenizer overrides it.
+// stdout gets the prompt and its continuation as text (or, with --ids, every id comma-separated);
+// stderr gets the prefill and decode speeds and the decoder. Generation ends early at an
+// end-of-sequence id of config.json / generation_config.json (--ignore-eos: never).
 // Exit status: 0, 2 for bad input (named), 1 otherwise.
 #include <algorithm>
 #include <charconv>
@@ -60,7 +62,7 @@ std::vector<std::int32_t> parse_ids(const std::string& list) {
 int main(int argc, char** argv) {
   const core::ClosedStreams closed = core::guard_standard_streams();
   CLI::App app{"Generate text from a Hugging Face folder or a training checkpoint (batch 1, KV cache)"};
-  std::string path, prompt, prompt_ids, device, tokenizer_spec;
+  std::string path, prompt, prompt_ids, device, tokenizer_spec, decoder_name = "auto";
   bool have_prompt = false;
   models::GenerationOptions options;
   options.max_new_tokens = 128;
@@ -76,6 +78,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", options.seed, "seed of the sampling draws (default 0)");
   app.add_option("--device", device, "cpu or cuda (default: cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--decoder", decoder_name,
+                 "auto (default: the megakernel where it can take the model, e.g. Qwen3 on a Hopper GPU), "
+                 "megakernel or plain")
+      ->check(CLI::IsMember({"auto", "megakernel", "plain"}));
   app.add_option("--tokenizer", tokenizer_spec, "byte or a tokenizer.json, instead of the model's own");
   app.add_flag("--ids", print_ids, "print the ids (prompt and new, comma-separated) instead of text");
   app.add_flag("--skip-special-tokens,!--keep-special-tokens", skip_special,
@@ -125,8 +131,13 @@ int main(int argc, char** argv) {
     if (!ignore_eos) options.stop_ids = source.eos_ids;
     const core::DeviceContext& context = *source.context;
     optim::Slab& slab = *source.slab;
-    const auto decoder = spec.decoder(slab, context, {.max_tokens = needed});
+    const models::DecoderChoice choice = models::parse_decoder_choice(decoder_name);
+    std::string decoder_note;
+    const auto decoder = models::choose_decoder(spec, slab, context, {.max_tokens = needed}, choice, &decoder_note);
     if (!decoder) throw core::InputError(spec.family() + " has no decoder on " + device);
+    if (choice == models::DecoderChoice::megakernel && decoder->kind() != std::string("megakernel")) {
+      std::fprintf(stderr, "generate: warning: --decoder megakernel, running the %s\n", decoder_note.c_str());
+    }
 
     models::GenerationResult result;
     if (options.max_new_tokens > 0) {
@@ -149,10 +160,10 @@ int main(int argc, char** argv) {
     core::finish_standard_output();
     const double new_tokens = static_cast<double>(result.ids.size());
     std::fprintf(
-        stderr, "prefill: %zu tokens in %.2f ms (%.0f tok/s) | decode: %zu tokens in %.3f s (%.1f tok/s)%s | %s\n",
+        stderr, "prefill: %zu tokens in %.2f ms (%.0f tok/s) | decode: %zu tokens in %.3f s (%.1f tok/s)%s | %s, %s\n",
         ids.size(), result.prefill_seconds * 1e3, static_cast<double>(ids.size()) / result.prefill_seconds,
         result.ids.size(), result.decode_seconds, result.decode_seconds > 0 ? new_tokens / result.decode_seconds : 0.0,
-        result.stopped ? ", stopped at an end-of-sequence id" : "", device.c_str());
+        result.stopped ? ", stopped at an end-of-sequence id" : "", device.c_str(), decoder_note.c_str());
     return 0;
   } catch (const core::InputError& e) {
     std::fprintf(stderr, "generate: %s\n", e.what());

@@ -508,6 +508,11 @@ Check<double> in_unit_interval() {
   };
 }
 
+// eval.decoder, sample.decoder: models::DecoderChoice by name.
+void decoder_choice_check(const Section& s, const std::string& key, const std::string& v, const RunConfig&) {
+  s.check(v == "auto" || v == "megakernel" || v == "plain", key, "auto, megakernel or plain", "'" + v + "'");
+}
+
 // A key bound to a member of a section of RunConfig: read with its type, checked, written back.
 template <typename S, typename T>
 KeySchema entry(const std::string& key, S RunConfig::*section, T S::*member,
@@ -762,47 +767,43 @@ const std::vector<SectionSchema>& schema() {
                           require_existing_path(s, key, v, "checkpoint (resume: auto, never or a path)");
                         }
                       })}});
-    s.push_back({"eval",
-                 false,
-                 {{"every",
-                   [](const Section& s, RunConfig& c) {
-                     if (!c.data.val.empty()) c.eval.every = 200;
-                     s.integer("every", c.eval.every);
-                     s.at_least(c.eval.every, 0, "every");
-                     if (c.eval.every > 0 && c.data.val.empty()) {
-                       s.fail("every", "eval.every > 0 needs data.val (or set eval.every: 0)");
-                     }
-                   },
-                   [](YAML::Emitter& out, const RunConfig& c) { emit(out, "every", c.eval.every); }},
-                  entry("batches", &RunConfig::eval, &EvalConfig::batches, at_least(1)),
-                  {"tasks",
-                   [](const Section& s, RunConfig& c) {
-                     if (!s.has("tasks")) return;
-                     const YAML::Node list = s.value("tasks");
-                     if (!list.IsSequence()) s.fail("tasks", "expected a list of task files, got " + describe(list));
-                     for (const auto& item : list) {
-                       if (!item.IsScalar() || item.Scalar().empty()) {
-                         s.fail("tasks", "expected task file paths, got " + describe(item));
-                       }
-                       if (!std::filesystem::is_regular_file(item.Scalar())) {
-                         s.fail("tasks", "task file '" + item.Scalar() + "' does not exist");
-                       }
-                       c.eval.tasks.push_back(item.Scalar());
-                     }
-                   },
-                   [](YAML::Emitter& out, const RunConfig& c) {
-                     out << YAML::Key << "tasks" << YAML::Value << YAML::Flow << YAML::BeginSeq;
-                     for (const std::string& task : c.eval.tasks) out << task;
-                     out << YAML::EndSeq;
-                   }},
-                  entry("tasks_every", &RunConfig::eval, &EvalConfig::tasks_every, at_least(0)),
-                  entry("tasks_limit", &RunConfig::eval, &EvalConfig::tasks_limit, at_least(0)),
-                  entry<EvalConfig, std::string>(
-                      "decoder", &RunConfig::eval, &EvalConfig::decoder,
-                      [](const Section& s, const std::string& key, const std::string& v, const RunConfig&) {
-                        s.check(v == "auto" || v == "megakernel" || v == "plain", key, "auto, megakernel or plain",
-                                "'" + v + "'");
-                      })}});
+    s.push_back(
+        {"eval",
+         false,
+         {{"every",
+           [](const Section& s, RunConfig& c) {
+             if (!c.data.val.empty()) c.eval.every = 200;
+             s.integer("every", c.eval.every);
+             s.at_least(c.eval.every, 0, "every");
+             if (c.eval.every > 0 && c.data.val.empty()) {
+               s.fail("every", "eval.every > 0 needs data.val (or set eval.every: 0)");
+             }
+           },
+           [](YAML::Emitter& out, const RunConfig& c) { emit(out, "every", c.eval.every); }},
+          entry("batches", &RunConfig::eval, &EvalConfig::batches, at_least(1)),
+          {"tasks",
+           [](const Section& s, RunConfig& c) {
+             if (!s.has("tasks")) return;
+             const YAML::Node list = s.value("tasks");
+             if (!list.IsSequence()) s.fail("tasks", "expected a list of task files, got " + describe(list));
+             for (const auto& item : list) {
+               if (!item.IsScalar() || item.Scalar().empty()) {
+                 s.fail("tasks", "expected task file paths, got " + describe(item));
+               }
+               if (!std::filesystem::is_regular_file(item.Scalar())) {
+                 s.fail("tasks", "task file '" + item.Scalar() + "' does not exist");
+               }
+               c.eval.tasks.push_back(item.Scalar());
+             }
+           },
+           [](YAML::Emitter& out, const RunConfig& c) {
+             out << YAML::Key << "tasks" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+             for (const std::string& task : c.eval.tasks) out << task;
+             out << YAML::EndSeq;
+           }},
+          entry("tasks_every", &RunConfig::eval, &EvalConfig::tasks_every, at_least(0)),
+          entry("tasks_limit", &RunConfig::eval, &EvalConfig::tasks_limit, at_least(0)),
+          entry<EvalConfig, std::string>("decoder", &RunConfig::eval, &EvalConfig::decoder, decoder_choice_check)}});
     s.push_back({"logging",
                  false,
                  {entry("every", &RunConfig::logging, &LoggingConfig::every, at_least(1)),
@@ -811,7 +812,9 @@ const std::vector<SectionSchema>& schema() {
                  false,
                  {entry("every", &RunConfig::sample, &SampleConfig::every, at_least(0)),
                   entry("tokens", &RunConfig::sample, &SampleConfig::tokens, at_least(1)),
-                  entry("prompt", &RunConfig::sample, &SampleConfig::prompt)}});
+                  entry("prompt", &RunConfig::sample, &SampleConfig::prompt),
+                  entry<SampleConfig, std::string>("decoder", &RunConfig::sample, &SampleConfig::decoder,
+                                                   decoder_choice_check)}});
     return s;
   }();
   return sections;

@@ -20,7 +20,7 @@
 //               allow_schedule_change
 //   eval:       every, batches
 //   logging:    every, tensorboard
-//   sample:     every, tokens, prompt
+//   sample:     every, tokens, prompt, decoder (auto | megakernel | plain)
 // Paths (data files, tokenizer, init_from, resume) are relative to the working directory and
 // must exist when the config is loaded; run.output_dir is created by the trainer.
 #pragma once
@@ -134,6 +134,7 @@ struct SampleConfig {
   std::int64_t every = 0;     // steps between generated samples (0: never)
   std::int64_t tokens = 128;  // tokens generated per sample
   std::string prompt = "Once upon a time";
+  std::string decoder = "auto";  // auto, megakernel or plain (models::DecoderChoice)
 
   bool operator==(const SampleConfig&) const = default;
 };

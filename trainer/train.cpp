@@ -181,15 +181,17 @@ double validation_loss(ModelRunner& runner, const text::TokenShard& val, std::in
   return sums[0] / sums[1];
 }
 
-// A generated continuation of `prompt` through the model's decoder (KV cache) and the run's
-// tokenizer: temperature 0.8, seeded, ids chosen on the backend; it ends at "<|endoftext|>" when
+// A generated continuation of sample.prompt through the decoder sample.decoder picks (`note` gets
+// which) and the run's tokenizer: temperature 0.8, seeded, ids chosen on the backend; it ends at "<|endoftext|>" when
 // the tokenizer has one. The continuation as text (special tokens left out; ids the tokenizer
 // does not know as U+FFFD), or nothing when the family has no decoder on this backend
 // or the prompt leaves no room.
 std::optional<std::string> sample_text(const models::ModelSpec& spec, optim::Slab& slab,
                                        const core::DeviceContext& context, const float* full_weights,
-                                       text::Tokenizer& tokenizer, const std::string& prompt, std::int64_t tokens,
-                                       std::uint64_t seed) {
+                                       text::Tokenizer& tokenizer, const SampleConfig& sample, std::uint64_t seed,
+                                       std::string& note) {
+  const std::string& prompt = sample.prompt;
+  const std::int64_t tokens = sample.tokens;
   std::vector<std::int32_t> ids;
   for (const std::uint32_t id : tokenizer.encode(prompt.empty() ? std::string("\n") : prompt)) {
     ids.push_back(static_cast<std::int32_t>(id));
@@ -197,8 +199,13 @@ std::optional<std::string> sample_text(const models::ModelSpec& spec, optim::Sla
   const std::int64_t capacity =
       std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()) + tokens, spec.max_sequence_length());
   if (ids.empty() || static_cast<std::int64_t>(ids.size()) >= capacity) return std::nullopt;
-  auto decoder = spec.decoder(slab, context, {.max_tokens = capacity, .full_weights = full_weights});
+  const models::DecoderChoice choice = models::parse_decoder_choice(sample.decoder);
+  auto decoder = models::choose_decoder(spec, slab, context, {.max_tokens = capacity, .full_weights = full_weights},
+                                        choice, &note);
   if (!decoder) return std::nullopt;
+  if (choice == models::DecoderChoice::megakernel && decoder->kind() != std::string("megakernel")) {
+    spdlog::warn("sample.decoder megakernel: the sample decodes with the {}", note);
+  }
   models::GenerationOptions options;
   options.max_new_tokens = capacity - static_cast<std::int64_t>(ids.size());
   options.sampling.temperature = 0.8f;
@@ -574,10 +581,13 @@ class TrainLoop {
 
   // A generated sample, logged and recorded (rank 0).
   void sample(std::int64_t step) {
+    std::string decoder;
     const auto continuation = sample_text(*spec_, *slab_, *context_, weight_sync_->full_weights(), sample_tokenizer(),
-                                          config_.sample.prompt, config_.sample.tokens, config_.run.seed + step);
+                                          config_.sample, config_.run.seed + step, decoder);
     if (continuation) {
       const std::string text = config_.sample.prompt + *continuation;
+      if (sample_decoder_.empty()) spdlog::info("samples decode with the {}", decoder);
+      sample_decoder_ = decoder;
       spdlog::info("sample at step {}: {}", step, text);
       record({{"step", step}, {"sample", text}});
     }
@@ -625,9 +635,13 @@ class TrainLoop {
                  summary_.final_loss,
                  summary_.final_val_loss >= 0 ? fmt::format(", validation loss {:.4f}", summary_.final_val_loss) : "");
     if (lead_) {
+      std::string decoder;
       const auto text = sample_text(*spec_, *slab_, *context_, weight_sync_->full_weights(), sample_tokenizer(),
-                                    config_.sample.prompt, config_.sample.tokens, config_.run.seed);
-      if (text) std::printf("\n--- sample ---\n%s%s\n--------------\n", config_.sample.prompt.c_str(), text->c_str());
+                                    config_.sample, config_.run.seed, decoder);
+      if (text) {
+        if (sample_decoder_.empty()) spdlog::info("samples decode with the {}", decoder);
+        std::printf("\n--- sample ---\n%s%s\n--------------\n", config_.sample.prompt.c_str(), text->c_str());
+      }
     }
     communicator_->barrier("end of training");
     return summary_;
@@ -695,6 +709,7 @@ class TrainLoop {
   std::optional<TensorBoardWriter> tensorboard_;
   std::ofstream metrics_;
   TrainSummary summary_;
+  std::string sample_decoder_;  // the decoder samples use (logged once)
   Batch batch_;
   std::chrono::steady_clock::time_point start_, interval_start_;
   double elapsed_before_ = 0;  // elapsed_s of the run before this process (a resume)

@@ -12,7 +12,9 @@
 // boundaries, several geometries (1 to 11 consumer warps, a 2-page ring, 3 blocks), one launch for
 // a whole sequence and one launch per token; a random Qwen3-0.6B shape over 1,024 positions.
 // Greedy ids equal the plain decoder's wherever its top-2 margin exceeds twice the logits'
-// difference; device sampling equals sample_cpu on the same logits and draws; a wait that never
+// difference; a stress run (four shapes and geometries, 1,500 greedy tokens each) gives the same
+// ids and logits bit for bit in one launch and in launches of random lengths, each id the argmax
+// of the teacher-forced logits; device sampling equals sample_cpu on the same logits and draws; a wait that never
 // ends aborts at the deadline with an error. Suite MegakernelGpu needs only the megakernel and the
 // CPU decoder; MegakernelGpuPlain also runs the plain CUDA decoder and models::generate.
 #include <algorithm>
@@ -304,6 +306,74 @@ TEST(MegakernelGpu, Qwen3_06BShapeOneLaunchEqualsSteps) {
   std::printf(
       "[ mega     ] qwen3-0.6b shape: 1024 positions, one launch vs per step: %zu differ; 48 positions %.3g vs cpu\n",
       differ, vs_cpu);
+}
+
+// The cross-block protocol under load (racecheck sees only shared memory): random shapes, seeds,
+// geometries and prompts; 1,500 greedy tokens in one launch and again in launches of random
+// lengths must agree bit for bit (ids and the last logits: a lost or early hand-off would change
+// some value), and every id must be the argmax of the same sequence's teacher-forced logits.
+TEST(MegakernelGpu, StressLaunchPartitionsAgreeBitForBit) {
+  REQUIRE_CUDA();
+  std::mt19937_64 rng(test::fresh_seed());
+  struct Case {
+    std::int64_t hidden, inter, heads, kv_heads, head_dim;
+    q3::MegakernelSettings geometry;
+  };
+  const std::vector<Case> cases = {
+      {128, 192, 4, 2, 64, geometry(2, 8, 3, 4, 8, 3)},      // 3 blocks: many units each, a 3-page ring
+      {256, 384, 8, 2, 128, geometry(8, 32, 0, 16, 16)},     // the default ring, splits from 16 positions
+      {128, 256, 4, 4, 64, geometry(4, 8, 0, 32, 1)},        // a chunk per page: merges every token
+      {256, 512, 8, 1, 128, geometry(11, 16, 0, 8, 64, 17)}  // 8 query heads per kv head, 11 warps
+  };
+  constexpr std::int64_t kNew = 1500;
+  for (const Case& c : cases) {
+    const q3::Qwen3Config config =
+        small_config(301, c.hidden, c.inter, 3, c.heads, c.kv_heads, c.head_dim, (rng() & 1) != 0);
+    Model m = Model::random_model(config, rng());
+    const std::int64_t vocab = m.config.vocab_size;
+    const auto v = static_cast<std::size_t>(vocab);
+    const auto prompt = random_ids(rng, 1 + rng() % 40, vocab);
+    const std::int64_t total = static_cast<std::int64_t>(prompt.size()) + kNew;
+    core::Buffer one_d(core::Device::cuda(), kNew * 4), parts_d(core::Device::cuda(), kNew * 4);
+
+    q3::MegakernelDecoder one(m.config, *m.device, m.gpu, {.max_tokens = total}, c.geometry);
+    one.prefill(prompt);
+    one.greedy(kNew - 1, one_d.as<std::int32_t>());
+    one.check();
+    const auto one_last = download(one.logits(), v);
+
+    q3::MegakernelDecoder parts(m.config, *m.device, m.gpu, {.max_tokens = total}, c.geometry);
+    parts.prefill(prompt);
+    int launches = 0;
+    for (std::int64_t fed = 0; fed < kNew - 1; ++launches) {
+      const std::int64_t k = std::min<std::int64_t>(kNew - 1 - fed, 1 + static_cast<std::int64_t>(rng() % 200));
+      parts.greedy(k, parts_d.as<std::int32_t>() + fed);
+      parts.check();
+      fed += k;
+    }
+    const auto parts_last = download(parts.logits(), v);
+    std::vector<std::int32_t> ids_one(kNew - 1), ids_parts(kNew - 1);
+    CUDA_CHECK(cudaMemcpy(ids_one.data(), one_d.data(), ids_one.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(ids_parts.data(), parts_d.data(), ids_parts.size() * 4, cudaMemcpyDeviceToHost));
+    const std::string what = "hidden " + std::to_string(c.hidden) + " heads " + std::to_string(c.heads) + "/" +
+                             std::to_string(c.kv_heads) + " [" + one.describe() + "]";
+    EXPECT_EQ(ids_one, ids_parts) << what << ": one launch vs " << launches << " launches";
+    EXPECT_EQ(one_last, parts_last) << what << ": last logits, one launch vs " << launches << " launches";
+
+    // Teacher forcing the same sequence: its logits pick every greedy id.
+    std::vector<std::int32_t> sequence = prompt;
+    sequence.insert(sequence.end(), ids_one.begin(), ids_one.end());
+    q3::MegakernelDecoder forced(m.config, *m.device, m.gpu, {.max_tokens = total}, c.geometry);
+    const auto rows = mega_logits(forced, sequence, Drive::one_launch, vocab);
+    std::int64_t wrong = 0;
+    for (std::size_t t = 0; t < ids_one.size(); ++t) {
+      const float* row = &rows[(prompt.size() - 1 + t) * v];
+      if (models::ops::sample_cpu({row, v}, {}, 0.0f) != ids_one[t]) ++wrong;
+    }
+    EXPECT_EQ(wrong, 0) << what << ": greedy ids that are not the argmax of the teacher-forced logits";
+    std::printf("[ mega     ] stress %s: %lld greedy tokens, one launch = %d launches bit for bit, %lld ids off\n",
+                what.c_str(), static_cast<long long>(kNew), launches, static_cast<long long>(wrong));
+  }
 }
 
 // MegakernelGpuPlain: the checks that run other components too (the plain CUDA decoder,
