@@ -88,21 +88,17 @@ std::vector<StateBuffer> Adafactor::state_buffers() {
 AdafactorStepParams Adafactor::step_params(double lr) const {
   const AdafactorConfig& a = config_.adafactor;
   AdafactorStepParams p;
-  p.lr = lr;
   p.eps1 = a.eps1;
   p.eps2 = a.eps2;
   p.clip_threshold = a.clip_threshold;
   p.decay_rate = a.decay_rate;
   p.beta1 = a.beta1 ? *a.beta1 : -1.0;
-  p.weight_decay = config_.weight_decay;
-  p.max_norm = config_.grad_clip;
   p.relative_step = a.relative_step;
   p.scale_parameter = a.scale_parameter;
   p.warmup_init = a.warmup_init;
   p.eps1_mode = a.eps1_mode;
   p.decay_scale = a.decay_scale;
-  p.policy = config_.nonfinite;
-  return p;
+  return with_shared_step_fields(p, config_, lr);
 }
 
 AdafactorDeviceView Adafactor::device_view() {

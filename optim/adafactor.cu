@@ -459,38 +459,33 @@ __global__ void __launch_bounds__(kThreads) update_kernel(AdafactorDeviceView v,
   finish_update(v.scalars, st.skip);
 }
 
-unsigned int grid_of(std::int64_t count) { return static_cast<unsigned int>(count > 0 ? count : 1); }
+// One block per entry of a table of `count` (an item, a reduction, an EMA row); nothing when the
+// table is empty.
+template <typename... Params, typename... Args>
+void launch_per_entry(void (*kernel)(Params...), std::int64_t count, const char* what, cudaStream_t stream,
+                      const Args&... args) {
+  if (count <= 0) return;
+  kernel<<<static_cast<unsigned int>(count), kThreads, 0, stream>>>(args...);
+  CUDA_CHECK_LAUNCH(what);
+}
 
 }  // namespace
 
 void launch_adafactor_statistics(const AdafactorDeviceView& v, const AdafactorStepParams& p, cudaStream_t stream) {
-  if (v.item_count > 0) {
-    statistics_kernel<<<grid_of(v.item_count), kThreads, 0, stream>>>(v, p);
-    CUDA_CHECK_LAUNCH("adafactor statistics_kernel");
-  }
-  if (v.reduce_stats_count > 0) {
-    reduce_kernel<<<grid_of(v.reduce_stats_count), kThreads, 0, stream>>>(v, v.reduce_stats, v.u_stats);
-    CUDA_CHECK_LAUNCH("adafactor reduce_kernel (statistics)");
-  }
+  launch_per_entry(statistics_kernel, v.item_count, "adafactor statistics_kernel", stream, v, p);
+  launch_per_entry(reduce_kernel, v.reduce_stats_count, "adafactor reduce_kernel (statistics)", stream, v,
+                   v.reduce_stats, v.u_stats);
 }
 
 void launch_adafactor_second_moments(const AdafactorDeviceView& v, const AdafactorStepParams& p, cudaStream_t stream) {
-  if (v.ema_count > 0) {
-    ema_kernel<<<grid_of(v.ema_count), kThreads, 0, stream>>>(v, p);
-    CUDA_CHECK_LAUNCH("adafactor ema_kernel");
-  }
-  if (v.item_count > 0) {
-    u_statistics_kernel<<<grid_of(v.item_count), kThreads, 0, stream>>>(v, p);
-    CUDA_CHECK_LAUNCH("adafactor u_statistics_kernel");
-  }
-  if (v.reduce_u_count > 0) {
-    reduce_kernel<<<grid_of(v.reduce_u_count), kThreads, 0, stream>>>(v, v.reduce_u, v.u_stats);
-    CUDA_CHECK_LAUNCH("adafactor reduce_kernel (U)");
-  }
+  launch_per_entry(ema_kernel, v.ema_count, "adafactor ema_kernel", stream, v, p);
+  launch_per_entry(u_statistics_kernel, v.item_count, "adafactor u_statistics_kernel", stream, v, p);
+  launch_per_entry(reduce_kernel, v.reduce_u_count, "adafactor reduce_kernel (U)", stream, v, v.reduce_u, v.u_stats);
 }
 
 void launch_adafactor_update(const AdafactorDeviceView& v, const AdafactorStepParams& p, cudaStream_t stream) {
-  update_kernel<<<grid_of(v.item_count), kThreads, 0, stream>>>(v, p);
+  // Even a slab without items launches one block: it advances the step counter.
+  update_kernel<<<static_cast<unsigned int>(v.item_count > 0 ? v.item_count : 1), kThreads, 0, stream>>>(v, p);
   CUDA_CHECK_LAUNCH("adafactor update_kernel");
 }
 
