@@ -312,31 +312,27 @@ __device__ __forceinline__ void encode_group(const float* m, const float* v, con
                                              std::uint32_t& out_v) {
   using Codec = MomentCodec<Q>;
   if constexpr (Q == Quantization::companded) {
-    bool bad = false;
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const std::uint64_t bits = bits_of_pair(p);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int k = 2 * p + h;
-        const RoundingDraws u = rounding_draws_from(static_cast<std::uint32_t>(bits >> (32 * h)));
-        out_m = put_byte(out_m, fast_encode_m(m[k], code_m.factor, u.m, bad), k);
-        out_v = put_byte(out_v, fast_encode_v(v[k], code_v.factor, u.v, bad), k);
-      }
-    }
-    out_m = signed_m_codes(out_m, m);
-    if (bad) {
+    // encode(k, u) for the group's elements k = 0..3 with their draws u.
+    auto for_each_element = [&](auto encode) {
 #pragma unroll
       for (int p = 0; p < 2; ++p) {
         const std::uint64_t bits = bits_of_pair(p);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int k = 2 * p + h;
-          const RoundingDraws u = rounding_draws_from(static_cast<std::uint32_t>(bits >> (32 * h)));
-          out_m = put_byte(out_m, Codec::encode_m(m[k], code_m, u.m), k);
-          out_v = put_byte(out_v, Codec::encode_v(v[k], code_v, u.v), k);
-        }
+        for (int h = 0; h < 2; ++h)
+          encode(2 * p + h, rounding_draws_from(static_cast<std::uint32_t>(bits >> (32 * h))));
       }
+    };
+    bool bad = false;
+    for_each_element([&](int k, const RoundingDraws& u) {
+      out_m = put_byte(out_m, fast_encode_m(m[k], code_m.factor, u.m, bad), k);
+      out_v = put_byte(out_v, fast_encode_v(v[k], code_v.factor, u.v, bad), k);
+    });
+    out_m = signed_m_codes(out_m, m);
+    if (bad) {
+      for_each_element([&](int k, const RoundingDraws& u) {
+        out_m = put_byte(out_m, Codec::encode_m(m[k], code_m, u.m), k);
+        out_v = put_byte(out_v, Codec::encode_v(v[k], code_v, u.v), k);
+      });
     }
   } else {
 #pragma unroll
