@@ -116,6 +116,26 @@ std::unique_ptr<Decoder> choose_decoder(const ModelSpec& spec, optim::Slab& slab
   return decoder;
 }
 
+void check_decoder_capacity(std::int64_t max_tokens) {
+  if (max_tokens <= 0) {
+    throw core::InputError("decoder: max_tokens (prompt + new tokens) must be positive, got " +
+                           std::to_string(max_tokens));
+  }
+}
+
+void check_cuda_slab(const optim::Slab& slab, const core::DeviceContext& context, const std::string& what) {
+  if (!context.is_cuda() || !(slab.device() == context.device())) {
+    throw core::Error(what + ": needs a cuda slab and context");
+  }
+  if (slab.mirror_dtype() != core::DType::bf16) throw core::Error(what + ": the slab's mirror must be bf16");
+}
+
+void check_decoder_prompt(std::span<const std::int32_t> tokens, std::int64_t position, std::int64_t capacity,
+                          std::int64_t vocab) {
+  check_decoder_room(position, static_cast<std::int64_t>(tokens.size()), capacity);
+  check_decoder_ids(tokens, vocab);
+}
+
 void check_decoder_room(std::int64_t position, std::int64_t tokens, std::int64_t capacity) {
   if (position + tokens > capacity) {
     throw core::InputError("decoder: " + std::to_string(position + tokens) + " tokens exceed its capacity of " +

@@ -158,6 +158,28 @@ void check_decoder_room(std::int64_t position, std::int64_t tokens, std::int64_t
 // (host: MemAvailable; cuda: free device memory); else core::InputError with the bytes.
 void check_decoder_state_fits(double bytes, std::int64_t positions, const core::Device& device);
 void check_decoder_ids(std::span<const std::int32_t> ids, std::int64_t vocab);
+// check_decoder_room and check_decoder_ids for a prompt of `tokens` appended at `position`.
+void check_decoder_prompt(std::span<const std::int32_t> tokens, std::int64_t position, std::int64_t capacity,
+                          std::int64_t vocab);
+// A decoder's max_tokens must be positive (core::InputError).
+void check_decoder_capacity(std::int64_t max_tokens);
+// A CUDA model's or decoder's slab (`what` names it in the core::Error): on the context's cuda
+// device, with a bf16 mirror.
+void check_cuda_slab(const optim::Slab& slab, const core::DeviceContext& context, const std::string& what);
+
+// What the CPU decoders share: the position and capacity, and the next-token logits in a host
+// vector (sized by the decoder).
+class HostDecoder : public Decoder {
+ public:
+  void reset() override { position_ = 0; }
+  const float* logits() const override { return logits_.data(); }
+  std::int64_t position() const override { return position_; }
+  std::int64_t capacity() const override { return capacity_; }
+
+ protected:
+  std::int64_t capacity_ = 0, position_ = 0;
+  std::vector<float> logits_;  // [vocab]
+};
 
 // One shape of a family.
 class ModelSpec {

@@ -24,6 +24,32 @@ core::Buffer zeroed(const core::DeviceContext& context, std::size_t bytes) {
   return b;
 }
 
+// Runs visit(i, item, seg, info) for every item i of the plan (its segment and the segment's
+// plan), the items in parallel: each writes only what belongs to it.
+template <typename Visit>
+void for_each_item(const AdafactorPlan& plan, const std::vector<Segment>& segments, Visit visit) {
+  const auto item_count = static_cast<std::int64_t>(plan.items.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t i = 0; i < item_count; ++i) {
+    const AdafactorItem& item = plan.items[static_cast<std::size_t>(i)];
+    visit(i, item, segments[static_cast<std::size_t>(item.segment)],
+          plan.segments[static_cast<std::size_t>(item.segment)]);
+  }
+}
+
+// Runs visit(el, r, c) for the elements of a tile item that lie in its segment, column by column
+// (el = item.first + r * cols + c, r the item's row).
+template <typename Visit>
+void for_each_tile_element(const AdafactorItem& item, const Segment& seg, Visit visit) {
+  for (std::int64_t c = 0; c < seg.cols; ++c) {
+    for (std::int32_t r = 0; r < item.count; ++r) {
+      const std::int64_t el = item.first + r * seg.cols + c;
+      if (el < seg.offset || el >= seg.offset + seg.length) continue;
+      visit(el, r, c);
+    }
+  }
+}
+
 }  // namespace
 
 Adafactor::Adafactor(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context,
@@ -88,21 +114,17 @@ std::vector<StateBuffer> Adafactor::state_buffers() {
 AdafactorStepParams Adafactor::step_params(double lr) const {
   const AdafactorConfig& a = config_.adafactor;
   AdafactorStepParams p;
-  p.lr = lr;
   p.eps1 = a.eps1;
   p.eps2 = a.eps2;
   p.clip_threshold = a.clip_threshold;
   p.decay_rate = a.decay_rate;
   p.beta1 = a.beta1 ? *a.beta1 : -1.0;
-  p.weight_decay = config_.weight_decay;
-  p.max_norm = config_.grad_clip;
   p.relative_step = a.relative_step;
   p.scale_parameter = a.scale_parameter;
   p.warmup_init = a.warmup_init;
   p.eps1_mode = a.eps1_mode;
   p.decay_scale = a.decay_scale;
-  p.policy = config_.nonfinite;
-  return p;
+  return with_shared_step_fields(p, config_, lr);
 }
 
 AdafactorDeviceView Adafactor::device_view() {
@@ -181,53 +203,50 @@ void Adafactor::statistics_cpu(const AdafactorStepParams& p) {
   std::memset(stats, 0, stats_.bytes());
 
   const auto item_count = static_cast<std::int64_t>(plan_.items.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t i = 0; i < item_count; ++i) {
-    const AdafactorItem& item = plan_.items[static_cast<std::size_t>(i)];
-    const Segment& seg = segments[static_cast<std::size_t>(item.segment)];
-    const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(item.segment)];
-    const std::int64_t lo = seg.offset, hi = seg.offset + seg.length;
-    double weight_sq = 0, grad_sq = 0;
-    unsigned long long nonfinite = 0;
-    // Statistics of the unclipped gradient; a non-finite element counts as 0 (and is counted).
-    auto squared_grad = [&](std::int64_t e) {
-      if (p.scale_parameter) {
-        const double w = master[e - owned_begin];
-        weight_sq += w * w;
-      }
-      const float g = grad[e];
-      if (!fp::finite(g)) {
-        ++nonfinite;
-        return 0.0f;
-      }
-      const float g2 = fp::mul(g, g);
-      grad_sq += g2;
-      return g2;
-    };
-    if (item.kind == kTileItem) {
-      const std::int64_t cols = seg.cols;
-      std::vector<double> col_sum(static_cast<std::size_t>(cols), 0.0);
-      for (std::int32_t r = 0; r < item.count; ++r) {
-        double row_sum = 0;
-        for (std::int64_t c = 0; c < cols; ++c) {
-          const std::int64_t e = item.first + r * cols + c;
-          if (e < lo || e >= hi) continue;
-          const double g2 = squared_grad(e);
-          row_sum += g2;
-          col_sum[static_cast<std::size_t>(c)] += g2;
-        }
-        stats[info.row_stats + item.row0 + r] = row_sum;
-      }
-      for (std::int64_t c = 0; c < cols; ++c) {
-        col_partials[item.col_partials + c] = static_cast<float>(col_sum[static_cast<std::size_t>(c)]);
-      }
-    } else {
-      for (std::int64_t e = item.first; e < item.first + item.count; ++e) squared_grad(e);
-    }
-    partials[i] = weight_sq;
-    grad_partials[i] = grad_sq;
-    nonfinite_partials[i] = nonfinite;
-  }
+  for_each_item(plan_, segments,
+                [&](std::int64_t i, const AdafactorItem& item, const Segment& seg, const AdafactorSegment& info) {
+                  const std::int64_t lo = seg.offset, hi = seg.offset + seg.length;
+                  double weight_sq = 0, grad_sq = 0;
+                  unsigned long long nonfinite = 0;
+                  // Statistics of the unclipped gradient; a non-finite element counts as 0 (and is counted).
+                  auto squared_grad = [&](std::int64_t e) {
+                    if (p.scale_parameter) {
+                      const double w = master[e - owned_begin];
+                      weight_sq += w * w;
+                    }
+                    const float g = grad[e];
+                    if (!fp::finite(g)) {
+                      ++nonfinite;
+                      return 0.0f;
+                    }
+                    const float g2 = fp::mul(g, g);
+                    grad_sq += g2;
+                    return g2;
+                  };
+                  if (item.kind == kTileItem) {
+                    const std::int64_t cols = seg.cols;
+                    std::vector<double> col_sum(static_cast<std::size_t>(cols), 0.0);
+                    for (std::int32_t r = 0; r < item.count; ++r) {
+                      double row_sum = 0;
+                      for (std::int64_t c = 0; c < cols; ++c) {
+                        const std::int64_t e = item.first + r * cols + c;
+                        if (e < lo || e >= hi) continue;
+                        const double g2 = squared_grad(e);
+                        row_sum += g2;
+                        col_sum[static_cast<std::size_t>(c)] += g2;
+                      }
+                      stats[info.row_stats + item.row0 + r] = row_sum;
+                    }
+                    for (std::int64_t c = 0; c < cols; ++c) {
+                      col_partials[item.col_partials + c] = static_cast<float>(col_sum[static_cast<std::size_t>(c)]);
+                    }
+                  } else {
+                    for (std::int64_t e = item.first; e < item.first + item.count; ++e) squared_grad(e);
+                  }
+                  partials[i] = weight_sq;
+                  grad_partials[i] = grad_sq;
+                  nonfinite_partials[i] = nonfinite;
+                });
 
   const auto reduce_count = static_cast<std::int64_t>(plan_.reduce_stats.size());
 #pragma omp parallel for schedule(dynamic, 1)
@@ -303,35 +322,29 @@ void Adafactor::second_moments_cpu(const AdafactorStepParams& p, double lr) {
   const float* grad = slab_.grad_origin();
   float* v_state = v_state_.as<float>();
   double* partials = item_partials_.as<double>();
-  const auto item_count = static_cast<std::int64_t>(plan_.items.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t i = 0; i < item_count; ++i) {
-    const AdafactorItem& item = plan_.items[static_cast<std::size_t>(i)];
-    const Segment& seg = segments[static_cast<std::size_t>(item.segment)];
-    const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(item.segment)];
-    const AdafactorElementParams e = adafactor_element_params(
-        p, t, clip, lr * seg.lr_scale, seg.decay, stats[info.weight_stats], 0.0, info.numel, row_mean(info, seg));
-    double u_sq = 0;
-    if (item.kind == kTileItem) {
-      const float* R = row_col + info.row_state;
-      const float* C = R + seg.rows;
-      for (std::int64_t c = 0; c < seg.cols; ++c) {
-        for (std::int32_t r = 0; r < item.count; ++r) {
-          const std::int64_t el = item.first + r * seg.cols + c;
-          if (el < seg.offset || el >= seg.offset + seg.length) continue;
-          const float u = adafactor_u(adafactor_grad(grad[el], clip), adafactor_factored_v(e, R[item.row0 + r], C[c]));
-          u_sq += static_cast<double>(u) * u;
-        }
-      }
-    } else {
-      for (std::int64_t el = item.first; el < item.first + item.count; ++el) {
-        const float g = adafactor_grad(grad[el], clip);
-        const float u = adafactor_u(g, adafactor_full_v(e, v_state[info.v_state + (el - seg.offset)], g));
-        u_sq += static_cast<double>(u) * u;
-      }
-    }
-    partials[i] = u_sq;
-  }
+  for_each_item(plan_, segments,
+                [&](std::int64_t i, const AdafactorItem& item, const Segment& seg, const AdafactorSegment& info) {
+                  const AdafactorElementParams e =
+                      adafactor_element_params(p, t, clip, lr * seg.lr_scale, seg.decay, stats[info.weight_stats], 0.0,
+                                               info.numel, row_mean(info, seg));
+                  double u_sq = 0;
+                  if (item.kind == kTileItem) {
+                    const float* R = row_col + info.row_state;
+                    const float* C = R + seg.rows;
+                    for_each_tile_element(item, seg, [&](std::int64_t el, std::int32_t r, std::int64_t c) {
+                      const float u =
+                          adafactor_u(adafactor_grad(grad[el], clip), adafactor_factored_v(e, R[item.row0 + r], C[c]));
+                      u_sq += static_cast<double>(u) * u;
+                    });
+                  } else {
+                    for (std::int64_t el = item.first; el < item.first + item.count; ++el) {
+                      const float g = adafactor_grad(grad[el], clip);
+                      const float u = adafactor_u(g, adafactor_full_v(e, v_state[info.v_state + (el - seg.offset)], g));
+                      u_sq += static_cast<double>(u) * u;
+                    }
+                  }
+                  partials[i] = u_sq;
+                });
 
   // E: per-tensor sums of U*U.
   for (const AdafactorReduceItem& r : plan_.reduce_u) {
@@ -364,37 +377,29 @@ void Adafactor::update_cpu(const AdafactorStepParams& p, double lr) {
   const bool bf16 = slab_.mirror_dtype() == core::DType::bf16;
   const std::int64_t owned_begin = slab_.owned().begin;
 
-  const auto item_count = static_cast<std::int64_t>(plan_.items.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t i = 0; i < item_count; ++i) {
-    const AdafactorItem& item = plan_.items[static_cast<std::size_t>(i)];
-    const Segment& seg = segments[static_cast<std::size_t>(item.segment)];
-    const AdafactorSegment& info = plan_.segments[static_cast<std::size_t>(item.segment)];
-    const AdafactorElementParams e =
-        adafactor_element_params(p, t, clip, lr * seg.lr_scale, seg.decay, stats[info.weight_stats],
-                                 u_stats[info.u_stats], info.numel, row_mean(info, seg));
-    auto apply = [&](std::int64_t el, float v) {
-      const std::int64_t local = el - owned_begin;
-      const float u = adafactor_u(adafactor_grad(grad[el], clip), v);
-      adafactor_apply(e, master[local], e.use_beta1 ? exp_avg + local : nullptr, u);
-      write_back(master[local], grad[el], mirror[el], bf16);
-    };
-    if (item.kind == kTileItem) {
-      const float* R = row_col + info.row_state;
-      const float* C = R + seg.rows;
-      for (std::int64_t c = 0; c < seg.cols; ++c) {
-        for (std::int32_t r = 0; r < item.count; ++r) {
-          const std::int64_t el = item.first + r * seg.cols + c;
-          if (el < seg.offset || el >= seg.offset + seg.length) continue;
-          apply(el, adafactor_factored_v(e, R[item.row0 + r], C[c]));
-        }
-      }
-    } else {
-      for (std::int64_t el = item.first; el < item.first + item.count; ++el) {
-        apply(el, adafactor_full_v_read(e, v_state[info.v_state + (el - seg.offset)]));
-      }
-    }
-  }
+  for_each_item(plan_, segments,
+                [&](std::int64_t, const AdafactorItem& item, const Segment& seg, const AdafactorSegment& info) {
+                  const AdafactorElementParams e =
+                      adafactor_element_params(p, t, clip, lr * seg.lr_scale, seg.decay, stats[info.weight_stats],
+                                               u_stats[info.u_stats], info.numel, row_mean(info, seg));
+                  auto apply = [&](std::int64_t el, float v) {
+                    const std::int64_t local = el - owned_begin;
+                    const float u = adafactor_u(adafactor_grad(grad[el], clip), v);
+                    adafactor_apply(e, master[local], e.use_beta1 ? exp_avg + local : nullptr, u);
+                    write_back(master[local], grad[el], mirror[el], bf16);
+                  };
+                  if (item.kind == kTileItem) {
+                    const float* R = row_col + info.row_state;
+                    const float* C = R + seg.rows;
+                    for_each_tile_element(item, seg, [&](std::int64_t el, std::int32_t r, std::int64_t c) {
+                      apply(el, adafactor_factored_v(e, R[item.row0 + r], C[c]));
+                    });
+                  } else {
+                    for (std::int64_t el = item.first; el < item.first + item.count; ++el) {
+                      apply(el, adafactor_full_v_read(e, v_state[info.v_state + (el - seg.offset)]));
+                    }
+                  }
+                });
   finish_update(s, false);
 }
 

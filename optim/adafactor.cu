@@ -57,6 +57,25 @@ __device__ __forceinline__ float squared_grad(float g, unsigned int& nonfinite, 
   return g2;
 }
 
+// The float4 groups at column group c of tile rows r0 .. r0 + kRowBatch4 - 1, every load issued
+// before any is used (many in flight): ok[k] whether row r0 + k's group lies in the item (and
+// `in_columns`) and in its segment; g its gradients (streaming loads), w its weights when
+// `with_weights` (kStreamWeights: streaming too, the update's last read of them); zeros elsewhere.
+template <bool kStreamWeights>
+__device__ __forceinline__ void load_row_batch(const AdafactorItem& item, const Segment& seg, const float4* g4,
+                                               const float4* w4, std::int64_t cols4, std::int64_t c, int r0,
+                                               bool in_columns, bool with_weights, float4 (&g)[kRowBatch4],
+                                               float4 (&w)[kRowBatch4], bool (&ok)[kRowBatch4]) {
+  const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int k = 0; k < kRowBatch4; ++k) {
+    const std::int64_t i4 = (r0 + k) * cols4 + c;
+    ok[k] = in_columns && r0 + k < item.count && in_segment(seg, item.first + 4 * i4);
+    g[k] = ok[k] ? __ldcs(g4 + i4) : zero4;
+    w[k] = ok[k] && with_weights ? (kStreamWeights ? __ldcs(w4 + i4) : w4[i4]) : zero4;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) statistics_kernel(AdafactorDeviceView v, AdafactorStepParams p) {
   __shared__ float row_part[kWarps][kAdafactorTileRows];  // per-warp row sums, lane 0 writes
   __shared__ double scratch[kWarps];
@@ -75,20 +94,13 @@ __global__ void __launch_bounds__(kThreads) statistics_kernel(AdafactorDeviceVie
       const std::int64_t cols4 = seg.cols / 4;
       const float4* g4 = reinterpret_cast<const float4*>(v.grad + item.first);
       const float4* w4 = reinterpret_cast<const float4*>(v.master + (item.first - v.owned_begin));
-      const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
       for (std::int64_t base = 0; base < cols4; base += kThreads) {  // uniform trip count: shuffles below
         const std::int64_t c = base + threadIdx.x;
         double col0 = 0, col1 = 0, col2 = 0, col3 = 0;
         for (int r0 = 0; r0 < item.count; r0 += kRowBatch4) {
           float4 g[kRowBatch4], w[kRowBatch4];
           bool ok[kRowBatch4];
-#pragma unroll
-          for (int k = 0; k < kRowBatch4; ++k) {  // all loads of the batch first: many in flight
-            const std::int64_t i4 = (r0 + k) * cols4 + c;
-            ok[k] = c < cols4 && r0 + k < item.count && in_segment(seg, item.first + 4 * i4);
-            g[k] = ok[k] ? __ldcs(g4 + i4) : zero4;
-            w[k] = ok[k] && p.scale_parameter ? w4[i4] : zero4;
-          }
+          load_row_batch<false>(item, seg, g4, w4, cols4, c, r0, c < cols4, p.scale_parameter, g, w, ok);
 #pragma unroll
           for (int k = 0; k < kRowBatch4; ++k) {
             const float a = squared_grad(g[k].x, nonfinite, grad_sq);
@@ -382,13 +394,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(AdafactorDeviceView v,
         for (int r0 = 0; r0 < item.count; r0 += kRowBatch4) {
           float4 g[kRowBatch4], w[kRowBatch4];
           bool ok[kRowBatch4];
-#pragma unroll
-          for (int k = 0; k < kRowBatch4; ++k) {  // all loads of the batch first: many in flight
-            const std::int64_t i4 = (r0 + k) * cols4 + c;
-            ok[k] = r0 + k < item.count && in_segment(seg, item.first + 4 * i4);
-            g[k] = ok[k] ? __ldcs(g4 + i4) : zero4;
-            w[k] = ok[k] ? __ldcs(w4 + i4) : zero4;
-          }
+          load_row_batch<true>(item, seg, g4, w4, cols4, c, r0, true, true, g, w, ok);
 #pragma unroll
           for (int k = 0; k < kRowBatch4; ++k) {
             if (!ok[k]) continue;
@@ -459,38 +465,33 @@ __global__ void __launch_bounds__(kThreads) update_kernel(AdafactorDeviceView v,
   finish_update(v.scalars, st.skip);
 }
 
-unsigned int grid_of(std::int64_t count) { return static_cast<unsigned int>(count > 0 ? count : 1); }
+// One block per entry of a table of `count` (an item, a reduction, an EMA row); nothing when the
+// table is empty.
+template <typename... Params, typename... Args>
+void launch_per_entry(void (*kernel)(Params...), std::int64_t count, const char* what, cudaStream_t stream,
+                      const Args&... args) {
+  if (count <= 0) return;
+  kernel<<<static_cast<unsigned int>(count), kThreads, 0, stream>>>(args...);
+  CUDA_CHECK_LAUNCH(what);
+}
 
 }  // namespace
 
 void launch_adafactor_statistics(const AdafactorDeviceView& v, const AdafactorStepParams& p, cudaStream_t stream) {
-  if (v.item_count > 0) {
-    statistics_kernel<<<grid_of(v.item_count), kThreads, 0, stream>>>(v, p);
-    CUDA_CHECK_LAUNCH("adafactor statistics_kernel");
-  }
-  if (v.reduce_stats_count > 0) {
-    reduce_kernel<<<grid_of(v.reduce_stats_count), kThreads, 0, stream>>>(v, v.reduce_stats, v.u_stats);
-    CUDA_CHECK_LAUNCH("adafactor reduce_kernel (statistics)");
-  }
+  launch_per_entry(statistics_kernel, v.item_count, "adafactor statistics_kernel", stream, v, p);
+  launch_per_entry(reduce_kernel, v.reduce_stats_count, "adafactor reduce_kernel (statistics)", stream, v,
+                   v.reduce_stats, v.u_stats);
 }
 
 void launch_adafactor_second_moments(const AdafactorDeviceView& v, const AdafactorStepParams& p, cudaStream_t stream) {
-  if (v.ema_count > 0) {
-    ema_kernel<<<grid_of(v.ema_count), kThreads, 0, stream>>>(v, p);
-    CUDA_CHECK_LAUNCH("adafactor ema_kernel");
-  }
-  if (v.item_count > 0) {
-    u_statistics_kernel<<<grid_of(v.item_count), kThreads, 0, stream>>>(v, p);
-    CUDA_CHECK_LAUNCH("adafactor u_statistics_kernel");
-  }
-  if (v.reduce_u_count > 0) {
-    reduce_kernel<<<grid_of(v.reduce_u_count), kThreads, 0, stream>>>(v, v.reduce_u, v.u_stats);
-    CUDA_CHECK_LAUNCH("adafactor reduce_kernel (U)");
-  }
+  launch_per_entry(ema_kernel, v.ema_count, "adafactor ema_kernel", stream, v, p);
+  launch_per_entry(u_statistics_kernel, v.item_count, "adafactor u_statistics_kernel", stream, v, p);
+  launch_per_entry(reduce_kernel, v.reduce_u_count, "adafactor reduce_kernel (U)", stream, v, v.reduce_u, v.u_stats);
 }
 
 void launch_adafactor_update(const AdafactorDeviceView& v, const AdafactorStepParams& p, cudaStream_t stream) {
-  update_kernel<<<grid_of(v.item_count), kThreads, 0, stream>>>(v, p);
+  // Even a slab without items launches one block: it advances the step counter.
+  update_kernel<<<static_cast<unsigned int>(v.item_count > 0 ? v.item_count : 1), kThreads, 0, stream>>>(v, p);
   CUDA_CHECK_LAUNCH("adafactor update_kernel");
 }
 

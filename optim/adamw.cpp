@@ -16,14 +16,24 @@ std::vector<StateBuffer> AdamW::state_buffers() {
 
 AdamWStepParams adamw_step_params(const OptimizerConfig& config, double lr) {
   AdamWStepParams params;
-  params.lr = lr;
   params.beta1 = config.beta1;
   params.beta2 = config.beta2;
   params.eps = config.eps;
-  params.weight_decay = config.weight_decay;
-  params.max_norm = config.grad_clip;
-  params.policy = config.nonfinite;
-  return params;
+  return with_shared_step_fields(params, config, lr);
+}
+
+void adamw_update_span_cpu(const AdamWSpanCpu& span, std::int64_t offset, std::int64_t length,
+                           const AdamWElementParams& e, bool skip) {
+  for (std::int64_t k = 0; k < length; ++k) {
+    const std::int64_t i = offset + k;
+    if (!skip) {
+      const std::int64_t local = i - span.owned_begin;
+      adamw_element(span.master[local], span.m[k], span.v[k], span.grad[i], e);
+      write_back(span.master[local], span.grad[i], span.mirror[i], span.bf16);
+    } else {
+      span.grad[i] = 0.0f;
+    }
+  }
 }
 
 void AdamW::update(double lr) {
@@ -44,13 +54,14 @@ void AdamW::update_cpu(const AdamWStepParams& params) {
   const bool skip = skips_step(params.policy, s.nonfinite);
   const float clip = clip_coefficient(s.grad_sq_sum, params.max_norm);
   const long long t = s.step + 1;
-  float* master = slab_.master().as<float>();
-  float* m = exp_avg_.as<float>();
-  float* v = exp_avg_sq_.as<float>();
-  float* grad = slab_.grad_origin();
-  auto* mirror = slab_.mirror().as<std::uint16_t>();
-  const bool bf16 = slab_.mirror_dtype() == core::DType::bf16;
-  const std::int64_t owned_begin = slab_.owned().begin;
+  // The moments cover the owned range, like master.
+  const AdamWSpanCpu owned{slab_.master().as<float>(),
+                           exp_avg_.as<float>(),
+                           exp_avg_sq_.as<float>(),
+                           slab_.grad_origin(),
+                           slab_.mirror().as<std::uint16_t>(),
+                           slab_.mirror_dtype() == core::DType::bf16,
+                           slab_.owned().begin};
   const auto& segments = slab_.segments();
   const auto& work = chunks();
   const auto count = static_cast<std::int64_t>(work.size());
@@ -60,15 +71,10 @@ void AdamW::update_cpu(const AdamWStepParams& params) {
     const WorkChunk& chunk = work[static_cast<std::size_t>(c)];
     const Segment& seg = segments[static_cast<std::size_t>(chunk.segment)];
     const AdamWElementParams e = adamw_element_params(params, clip, t, seg.lr_scale, seg.decay);
-    for (std::int64_t i = chunk.offset; i < chunk.offset + chunk.length; ++i) {
-      if (!skip) {
-        const std::int64_t local = i - owned_begin;
-        adamw_element(master[local], m[local], v[local], grad[i], e);
-        write_back(master[local], grad[i], mirror[i], bf16);
-      } else {
-        grad[i] = 0.0f;
-      }
-    }
+    AdamWSpanCpu span = owned;
+    span.m += chunk.offset - owned.owned_begin;
+    span.v += chunk.offset - owned.owned_begin;
+    adamw_update_span_cpu(span, chunk.offset, chunk.length, e, skip);
   }
   finish_update(s, skip);
 }

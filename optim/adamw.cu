@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "optim/adamw.h"
-#include "optim/update_epilogue.cuh"
+#include "optim/adamw_span.cuh"
 
 namespace optim {
 
@@ -48,33 +48,10 @@ __global__ void __launch_bounds__(kUpdateThreads)
     float* m = exp_avg + local;
     float* v = exp_avg_sq + local;
     float* g = grad + chunk.offset;
-    Half* out = mirror + chunk.offset;
-    const int vectors = chunk.length >> 2;
-    float4* g4 = reinterpret_cast<float4*>(g);
     if (shared_skip) {
       zero_gradients(g, chunk.length, kUpdateThreads);
     } else {
-      float4* w4 = reinterpret_cast<float4*>(w);
-      float4* m4 = reinterpret_cast<float4*>(m);
-      float4* v4 = reinterpret_cast<float4*>(v);
-      for (int i = threadIdx.x; i < vectors; i += kUpdateThreads) {
-        const float4 gi = __ldcs(g4 + i);
-        float4 wi = __ldcs(w4 + i);
-        float4 mi = __ldcs(m4 + i);
-        float4 vi = __ldcs(v4 + i);
-        adamw_element(wi.x, mi.x, vi.x, gi.x, e);
-        adamw_element(wi.y, mi.y, vi.y, gi.y, e);
-        adamw_element(wi.z, mi.z, vi.z, gi.z, e);
-        adamw_element(wi.w, mi.w, vi.w, gi.w, e);
-        __stcs(m4 + i, mi);
-        __stcs(v4 + i, vi);
-        write_back4(w4 + i, g4 + i, out + 4 * i, wi);
-      }
-      for (int i = (vectors << 2) + threadIdx.x; i < chunk.length; i += kUpdateThreads) {
-        float wi = w[i];
-        adamw_element(wi, m[i], v[i], g[i], e);
-        write_back(w + i, g + i, out + i, wi);
-      }
+      adamw_update_span<true>(w, m, v, g, mirror + chunk.offset, chunk.length, e, kUpdateThreads);
     }
   }
 

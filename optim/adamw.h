@@ -28,6 +28,22 @@ class AdamW final : public Optimizer {
 // The step's hyper-parameters from the optimizer config (AdamW and 8-bit AdamW share them).
 AdamWStepParams adamw_step_params(const OptimizerConfig& config, double lr);
 
+// The CPU reference of adamw_update_span (adamw_span.cuh), shared by AdamW and adamw8bit's fp32
+// chunks: elements [offset, offset + length) by global index, their moments at m[0, length) and
+// v[0, length); master by the index relative to `owned_begin`. A skipped step only zeroes the
+// gradients.
+struct AdamWSpanCpu {
+  float* master;
+  float* m;
+  float* v;
+  float* grad;
+  std::uint16_t* mirror;
+  bool bf16;
+  std::int64_t owned_begin;
+};
+void adamw_update_span_cpu(const AdamWSpanCpu& span, std::int64_t offset, std::int64_t length,
+                           const AdamWElementParams& e, bool skip);
+
 // Arguments of the update launch: buffers by their base pointers; master and state cover the
 // owned range starting at global index `owned_begin`, the mirror the whole slab; grad is
 // Slab::grad_origin() (indexed by global element, covering Slab::grad_covers()).

@@ -258,18 +258,14 @@ void AdamW8bit::update_cpu(const AdamWStepParams& params) {
     if (chunk.kind == ChunkKind::fp32) {
       const Segment& seg = segments[static_cast<std::size_t>(chunk.first_segment)];
       const AdamWElementParams e = adamw_element_params(params, clip, t, seg.lr_scale, seg.decay);
-      float* m = small_m_.as<float>() + chunk.state_offset;
-      float* v = small_v_.as<float>() + chunk.state_offset;
-      for (std::int32_t k = 0; k < chunk.length; ++k) {
-        const std::int64_t i = chunk.offset + k;
-        if (!skip) {
-          const std::int64_t local = i - owned_begin;
-          adamw_element(master[local], m[k], v[k], grad[i], e);
-          write_back(master[local], grad[i], mirror[i], bf16);
-        } else {
-          grad[i] = 0.0f;
-        }
-      }
+      const AdamWSpanCpu span{master,
+                              small_m_.as<float>() + chunk.state_offset,
+                              small_v_.as<float>() + chunk.state_offset,
+                              grad,
+                              mirror,
+                              bf16,
+                              owned_begin};
+      adamw_update_span_cpu(span, chunk.offset, chunk.length, e, skip);
       continue;
     }
     AdamWElementParams seg_params[kMaxChunkSegments];

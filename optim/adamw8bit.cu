@@ -16,7 +16,7 @@
 
 #include "core/error.h"
 #include "optim/adamw8bit.h"
-#include "optim/update_epilogue.cuh"
+#include "optim/adamw_span.cuh"
 #include "optim/quantization.h"
 
 namespace optim {
@@ -102,11 +102,10 @@ __device__ __forceinline__ AdamWElementParams element_params(const AdamWElementP
   return e;
 }
 
-// The buffers as the quantised path addresses them: every array by the index relative to the
-// owned range (grad and mirror shifted by owned_begin on the host; grad comes in as
-// Slab::grad_origin(), indexed by global element), the scales by block.
+// The arrays the quantised path reads and writes: weights, gradients, mirror, the moments' codes
+// and their per-block scales.
 template <typename Half>
-struct LocalBuffers {
+struct QuantisedArrays {
   float* master;
   float* grad;
   Half* mirror;
@@ -114,21 +113,20 @@ struct LocalBuffers {
   std::uint8_t* q_v;
   float* scale_m;
   float* scale_v;
+};
+
+// The buffers as the quantised path addresses them: every array by the index relative to the
+// owned range (grad and mirror shifted by owned_begin on the host; grad comes in as
+// Slab::grad_origin(), indexed by global element), the scales by block.
+template <typename Half>
+struct LocalBuffers : QuantisedArrays<Half> {
   std::int64_t owned_begin;
 };
 
 // Where a lane's elements of one block lie: its first group (the second is 128 elements on) and the
 // block's scales.
 template <typename Half>
-struct LanePointers {
-  float* master;
-  float* grad;
-  Half* mirror;
-  std::uint8_t* q_m;
-  std::uint8_t* q_v;
-  float* scale_m;
-  float* scale_v;
-};
+using LanePointers = QuantisedArrays<Half>;
 
 // The lane's pointers into the block at local index `local` (a multiple of 256).
 template <typename Half>
@@ -314,31 +312,27 @@ __device__ __forceinline__ void encode_group(const float* m, const float* v, con
                                              std::uint32_t& out_v) {
   using Codec = MomentCodec<Q>;
   if constexpr (Q == Quantization::companded) {
-    bool bad = false;
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const std::uint64_t bits = bits_of_pair(p);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int k = 2 * p + h;
-        const RoundingDraws u = rounding_draws_from(static_cast<std::uint32_t>(bits >> (32 * h)));
-        out_m = put_byte(out_m, fast_encode_m(m[k], code_m.factor, u.m, bad), k);
-        out_v = put_byte(out_v, fast_encode_v(v[k], code_v.factor, u.v, bad), k);
-      }
-    }
-    out_m = signed_m_codes(out_m, m);
-    if (bad) {
+    // encode(k, u) for the group's elements k = 0..3 with their draws u.
+    auto for_each_element = [&](auto encode) {
 #pragma unroll
       for (int p = 0; p < 2; ++p) {
         const std::uint64_t bits = bits_of_pair(p);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int k = 2 * p + h;
-          const RoundingDraws u = rounding_draws_from(static_cast<std::uint32_t>(bits >> (32 * h)));
-          out_m = put_byte(out_m, Codec::encode_m(m[k], code_m, u.m), k);
-          out_v = put_byte(out_v, Codec::encode_v(v[k], code_v, u.v), k);
-        }
+        for (int h = 0; h < 2; ++h)
+          encode(2 * p + h, rounding_draws_from(static_cast<std::uint32_t>(bits >> (32 * h))));
       }
+    };
+    bool bad = false;
+    for_each_element([&](int k, const RoundingDraws& u) {
+      out_m = put_byte(out_m, fast_encode_m(m[k], code_m.factor, u.m, bad), k);
+      out_v = put_byte(out_v, fast_encode_v(v[k], code_v.factor, u.v, bad), k);
+    });
+    out_m = signed_m_codes(out_m, m);
+    if (bad) {
+      for_each_element([&](int k, const RoundingDraws& u) {
+        out_m = put_byte(out_m, Codec::encode_m(m[k], code_m, u.m), k);
+        out_v = put_byte(out_v, Codec::encode_v(v[k], code_v, u.v), k);
+      });
     }
   } else {
 #pragma unroll
@@ -538,39 +532,13 @@ __device__ __forceinline__ void update_quantised_chunk(const LocalBuffers<Half>&
 template <typename Half>
 __device__ __forceinline__ void update_fp32_chunk(const AdamW8bitBuffers& b, Half* mirror, const AdamW8bitChunk& chunk,
                                                   const AdamWElementParams& e, bool skip) {
-  const int n = chunk.length;
-  const int vectors = n >> 2;
   float* g = b.grad + chunk.offset;
-  float4* g4 = reinterpret_cast<float4*>(g);
   if (skip) {
-    zero_gradients(g, n, kUpdateThreads);
+    zero_gradients(g, chunk.length, kUpdateThreads);
     return;
   }
-  float* w = b.master + (chunk.offset - b.owned_begin);
-  float* m = b.small_m + chunk.state_offset;
-  float* v = b.small_v + chunk.state_offset;
-  Half* out = mirror + chunk.offset;
-  float4* w4 = reinterpret_cast<float4*>(w);
-  float4* m4 = reinterpret_cast<float4*>(m);
-  float4* v4 = reinterpret_cast<float4*>(v);
-  for (int i = threadIdx.x; i < vectors; i += kUpdateThreads) {
-    const float4 gi = __ldcs(g4 + i);
-    float4 wi = __ldcs(w4 + i);
-    float4 mi = m4[i];
-    float4 vi = v4[i];
-    adamw_element(wi.x, mi.x, vi.x, gi.x, e);
-    adamw_element(wi.y, mi.y, vi.y, gi.y, e);
-    adamw_element(wi.z, mi.z, vi.z, gi.z, e);
-    adamw_element(wi.w, mi.w, vi.w, gi.w, e);
-    m4[i] = mi;
-    v4[i] = vi;
-    write_back4(w4 + i, g4 + i, out + 4 * i, wi);
-  }
-  for (int i = (vectors << 2) + threadIdx.x; i < n; i += kUpdateThreads) {
-    float wi = w[i];
-    adamw_element(wi, m[i], v[i], g[i], e);
-    write_back(w + i, g + i, out + i, wi);
-  }
+  adamw_update_span<false>(b.master + (chunk.offset - b.owned_begin), b.small_m + chunk.state_offset,
+                           b.small_v + chunk.state_offset, g, mirror + chunk.offset, chunk.length, e, kUpdateThreads);
 }
 
 // `uniform`: the fields of AdamWElementParams that are the same for every segment and step
@@ -633,7 +601,7 @@ void launch_for_code(const AdamW8bitBuffers& b, const AdamW8bitChunk* chunks, st
   const AdamWElementParams uniform = adamw_element_params(params, 1.0f, 1, 1.0f, 1.0f);
   auto local = [&](auto* mirror) {
     return LocalBuffers<std::remove_pointer_t<decltype(mirror)>>{
-        b.master, b.grad + b.owned_begin, mirror + b.owned_begin, b.q_m, b.q_v, b.scale_m, b.scale_v, b.owned_begin};
+        {b.master, b.grad + b.owned_begin, mirror + b.owned_begin, b.q_m, b.q_v, b.scale_m, b.scale_v}, b.owned_begin};
   };
   if (b.mirror_dtype == core::DType::bf16) {
     adamw8bit_update_kernel<Q, __nv_bfloat16>

@@ -11,55 +11,22 @@
 #define OPTIM_HD inline
 #endif
 
+// The device spelling of an expression in device code, the host spelling elsewhere: the two
+// sides of a formula that must give the same bits on both.
+#if defined(__CUDA_ARCH__)
+#define OPTIM_DEVICE_OR_HOST(device, host) (device)
+#else
+#define OPTIM_DEVICE_OR_HOST(device, host) (host)
+#endif
+
 namespace optim::fp {
 
-OPTIM_HD float mul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-OPTIM_HD float add(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-OPTIM_HD float div(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-OPTIM_HD float sqrt(float a) {
-#if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(a);
-#else
-  return std::sqrt(a);
-#endif
-}
-
+OPTIM_HD float mul(float a, float b) { return OPTIM_DEVICE_OR_HOST(__fmul_rn(a, b), a * b); }
+OPTIM_HD float add(float a, float b) { return OPTIM_DEVICE_OR_HOST(__fadd_rn(a, b), a + b); }
+OPTIM_HD float div(float a, float b) { return OPTIM_DEVICE_OR_HOST(__fdiv_rn(a, b), a / b); }
+OPTIM_HD float sqrt(float a) { return OPTIM_DEVICE_OR_HOST(__fsqrt_rn(a), std::sqrt(a)); }
 // a * b + c with a single rounding.
-OPTIM_HD float fma(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
-
-OPTIM_HD bool finite(float a) {
-#if defined(__CUDA_ARCH__)
-  return isfinite(a);
-#else
-  return std::isfinite(a);
-#endif
-}
+OPTIM_HD float fma(float a, float b, float c) { return OPTIM_DEVICE_OR_HOST(__fmaf_rn(a, b, c), std::fma(a, b, c)); }
+OPTIM_HD bool finite(float a) { return OPTIM_DEVICE_OR_HOST(isfinite(a), std::isfinite(a)); }
 
 }  // namespace optim::fp

@@ -136,6 +136,17 @@ class Optimizer {
   PartialsReducer reducer_;
 };
 
+// `p` with the fields every optimizer's step parameters take from the config alike: the step's
+// learning rate, the decoupled weight decay, the global clip threshold and the non-finite policy.
+template <typename StepParams>
+StepParams with_shared_step_fields(StepParams p, const OptimizerConfig& config, double lr) {
+  p.lr = lr;
+  p.weight_decay = config.weight_decay;
+  p.max_norm = config.grad_clip;
+  p.policy = config.nonfinite;
+  return p;
+}
+
 // Builds the optimizer named by config.type over `slab`. Throws core::InputError for an unknown type.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context,
                                           std::int64_t chunk_elements = Optimizer::kDefaultChunkElements);

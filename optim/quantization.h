@@ -48,19 +48,11 @@ inline constexpr float k255ToThe4 = 4228250625.0f;  // 255^4 (fp32: 4228250624)
 // use the 2^23 bias trick (full-rate ALU instead of the conversion unit); the results are exact,
 // hence the same bits as the host's casts.
 OPTIM_HD float small_int_to_float(std::uint32_t x) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(0x4B000000u | x) - 0x1p23f;
-#else
-  return static_cast<float>(x);
-#endif
+  return OPTIM_DEVICE_OR_HOST(__uint_as_float(0x4B000000u | x) - 0x1p23f, static_cast<float>(x));
 }
 
 OPTIM_HD int small_float_to_int(float x) {
-#if defined(__CUDA_ARCH__)
-  return static_cast<int>(__float_as_uint(x + 0x1p23f) - 0x4B000000u);
-#else
-  return static_cast<int>(x);
-#endif
+  return OPTIM_DEVICE_OR_HOST(static_cast<int>(__float_as_uint(x + 0x1p23f) - 0x4B000000u), static_cast<int>(x));
 }
 
 // (k/127)^2 for k in [0, 127] (k^2 is exact); exactly 1 at the top code, so the block maximum
@@ -105,20 +97,9 @@ __device__ __forceinline__ float sqrt_approx(float x) {
 // denormal t reads as 0, a guess of 0, which is right for any t below the first code. (The
 // square root used to be t * rsqrt(t), which is +inf for a denormal t: such a t -- |m| below
 // ~2^-140 of its block maximum -- got code 125 on the GPU against 0 or 1 on the CPU.)
-OPTIM_HD float sqrt_guess(float t) {
-#if defined(__CUDA_ARCH__)
-  return sqrt_approx(t);
-#else
-  return std::sqrt(t);
-#endif
-}
-
+OPTIM_HD float sqrt_guess(float t) { return OPTIM_DEVICE_OR_HOST(sqrt_approx(t), std::sqrt(t)); }
 OPTIM_HD float fourth_root_guess(float t) {
-#if defined(__CUDA_ARCH__)
-  return rsqrt_approx(rsqrt_approx(t));
-#else
-  return std::sqrt(std::sqrt(t));
-#endif
+  return OPTIM_DEVICE_OR_HOST(rsqrt_approx(rsqrt_approx(t)), std::sqrt(std::sqrt(t)));
 }
 
 // The code in [0, top] of position t >= 0 on an axis whose codes sit at position(k) (increasing,

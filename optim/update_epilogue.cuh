@@ -17,22 +17,19 @@ namespace optim {
 
 // ---- the mirror: four elements as one 8-byte streaming store, or one element
 
-__device__ __forceinline__ void store_mirror4(__nv_bfloat16* dst, float4 w) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(w.x, w.y);
-  const __nv_bfloat162 hi = __floats2bfloat162_rn(w.z, w.w);
-  uint2 packed;
-  packed.x = *reinterpret_cast<const unsigned int*>(&lo);
-  packed.y = *reinterpret_cast<const unsigned int*>(&hi);
-  __stcs(reinterpret_cast<uint2*>(dst), packed);
+// Two values rounded to nearest as one 32-bit pair of the mirror's type.
+__device__ __forceinline__ unsigned int mirror_pair(const __nv_bfloat16*, float a, float b) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const unsigned int*>(&pair);
+}
+__device__ __forceinline__ unsigned int mirror_pair(const __half*, float a, float b) {
+  const __half2 pair = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const unsigned int*>(&pair);
 }
 
-__device__ __forceinline__ void store_mirror4(__half* dst, float4 w) {
-  const __half2 lo = __floats2half2_rn(w.x, w.y);
-  const __half2 hi = __floats2half2_rn(w.z, w.w);
-  uint2 packed;
-  packed.x = *reinterpret_cast<const unsigned int*>(&lo);
-  packed.y = *reinterpret_cast<const unsigned int*>(&hi);
-  __stcs(reinterpret_cast<uint2*>(dst), packed);
+template <typename Half>
+__device__ __forceinline__ void store_mirror4(Half* dst, float4 w) {
+  __stcs(reinterpret_cast<uint2*>(dst), make_uint2(mirror_pair(dst, w.x, w.y), mirror_pair(dst, w.z, w.w)));
 }
 
 __device__ __forceinline__ void store_mirror(__nv_bfloat16* dst, float w) { *dst = __float2bfloat16_rn(w); }

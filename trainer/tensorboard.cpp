@@ -161,28 +161,40 @@ void read_repeated(Reader& r, int wire_type, std::vector<double>& out) {
   }
 }
 
-void read_tensor(std::string_view bytes, const std::string& where, TensorBoardValue& value) {
+// A field's key as one number (what the wire format writes: number << 3 | wire type), for switch.
+constexpr std::uint64_t key_of(int field, int wire) { return static_cast<std::uint64_t>(field) << 3 | wire; }
+
+// Calls take(r, field, wire) for each field of the message `bytes`, `r` at the field's value; a
+// field it does not take (returns false) is skipped.
+template <typename Take>
+void for_each_field(std::string_view bytes, const std::string& where, Take take) {
   Reader r(bytes, where);
-  std::string_view content;
   while (!r.done()) {
     const auto [field, wire] = r.key();
-    if (field == 1 && wire == kVarint)
-      value.tensor_dtype = static_cast<int>(r.varint());
-    else if (field == 4 && wire == kLengthDelimited)
-      content = r.bytes();
-    else if (field == 5 && (wire == kFixed32 || wire == kLengthDelimited))
-      read_repeated<float>(r, wire, value.tensor_numbers);
-    else if (field == 6 && (wire == kFixed64 || wire == kLengthDelimited))
-      read_repeated<double>(r, wire, value.tensor_numbers);
-    else if (field == 8 && wire == kLengthDelimited)
-      value.tensor_strings.emplace_back(r.bytes());
-    else
-      r.skip(wire);
+    if (!take(r, field, wire)) r.skip(wire);
   }
+}
+
+void read_tensor(std::string_view bytes, const std::string& where, TensorBoardValue& value) {
+  std::string_view content;
+  for_each_field(bytes, where, [&](Reader& r, int field, int wire) {
+    switch (key_of(field, wire)) {
+      case key_of(1, kVarint): value.tensor_dtype = static_cast<int>(r.varint()); return true;
+      case key_of(4, kLengthDelimited): content = r.bytes(); return true;
+      case key_of(5, kFixed32):
+      case key_of(5, kLengthDelimited): read_repeated<float>(r, wire, value.tensor_numbers); return true;
+      case key_of(6, kFixed64):
+      case key_of(6, kLengthDelimited): read_repeated<double>(r, wire, value.tensor_numbers); return true;
+      case key_of(8, kLengthDelimited): value.tensor_strings.emplace_back(r.bytes()); return true;
+      default: return false;
+    }
+  });
   if (!content.empty()) {
     const std::size_t width = value.tensor_dtype == kDtFloat ? 4 : value.tensor_dtype == kDtDouble ? 8 : 0;
     if (width == 0) return;  // other dtypes: not decoded
-    if (content.size() % width != 0) r.fail("tensor_content of " + std::to_string(content.size()) + " bytes");
+    if (content.size() % width != 0) {
+      Reader(bytes, where).fail("tensor_content of " + std::to_string(content.size()) + " bytes");
+    }
     for (std::size_t i = 0; i < content.size(); i += width) {
       if (width == 4) {
         float v;
@@ -197,79 +209,59 @@ void read_tensor(std::string_view bytes, const std::string& where, TensorBoardVa
   }
 }
 
+// SummaryMetadata: the plugin's name (PluginData.plugin_name).
 std::string read_plugin_name(std::string_view metadata, const std::string& where) {
-  Reader r(metadata, where);
   std::string name;
-  while (!r.done()) {
-    const auto [field, wire] = r.key();
-    if (field == 1 && wire == kLengthDelimited) {
-      Reader plugin(r.bytes(), where);
-      while (!plugin.done()) {
-        const auto [pf, pw] = plugin.key();
-        if (pf == 1 && pw == kLengthDelimited)
-          name = plugin.bytes();
-        else
-          plugin.skip(pw);
-      }
-    } else {
-      r.skip(wire);
-    }
-  }
+  for_each_field(metadata, where, [&](Reader& r, int field, int wire) {
+    if (key_of(field, wire) != key_of(1, kLengthDelimited)) return false;
+    for_each_field(r.bytes(), where, [&](Reader& plugin, int plugin_field, int plugin_wire) {
+      if (key_of(plugin_field, plugin_wire) != key_of(1, kLengthDelimited)) return false;
+      name = plugin.bytes();
+      return true;
+    });
+    return true;
+  });
   return name;
 }
 
 TensorBoardValue read_value(std::string_view bytes, const std::string& where) {
-  Reader r(bytes, where);
   TensorBoardValue value;
-  while (!r.done()) {
-    const auto [field, wire] = r.key();
-    if (field == 1 && wire == kLengthDelimited)
-      value.tag = r.bytes();
-    else if (field == 2 && wire == kFixed32)
-      value.simple_value = r.fixed<float>();
-    else if (field == 8 && wire == kLengthDelimited)
-      read_tensor(r.bytes(), where, value);
-    else if (field == 9 && wire == kLengthDelimited)
-      value.plugin = read_plugin_name(r.bytes(), where);
-    else
-      r.skip(wire);
-  }
+  for_each_field(bytes, where, [&](Reader& r, int field, int wire) {
+    switch (key_of(field, wire)) {
+      case key_of(1, kLengthDelimited): value.tag = r.bytes(); return true;
+      case key_of(2, kFixed32): value.simple_value = r.fixed<float>(); return true;
+      case key_of(8, kLengthDelimited): read_tensor(r.bytes(), where, value); return true;
+      case key_of(9, kLengthDelimited): value.plugin = read_plugin_name(r.bytes(), where); return true;
+      default: return false;
+    }
+  });
   return value;
 }
 
 TensorBoardEvent read_event(std::string_view bytes, const std::string& where) {
-  Reader r(bytes, where);
   TensorBoardEvent event;
-  while (!r.done()) {
-    const auto [field, wire] = r.key();
-    if (field == 1 && wire == kFixed64) {
-      event.wall_time = r.fixed<double>();
-    } else if (field == 2 && wire == kVarint) {
-      event.step = static_cast<std::int64_t>(r.varint());
-    } else if (field == 3 && wire == kLengthDelimited) {
-      event.file_version = r.bytes();
-    } else if (field == 5 && wire == kLengthDelimited) {
-      Reader summary(r.bytes(), where);
-      while (!summary.done()) {
-        const auto [sf, sw] = summary.key();
-        if (sf == 1 && sw == kLengthDelimited)
+  for_each_field(bytes, where, [&](Reader& r, int field, int wire) {
+    switch (key_of(field, wire)) {
+      case key_of(1, kFixed64): event.wall_time = r.fixed<double>(); return true;
+      case key_of(2, kVarint): event.step = static_cast<std::int64_t>(r.varint()); return true;
+      case key_of(3, kLengthDelimited): event.file_version = r.bytes(); return true;
+      case key_of(5, kLengthDelimited):  // Summary: its values
+        for_each_field(r.bytes(), where, [&](Reader& summary, int summary_field, int summary_wire) {
+          if (key_of(summary_field, summary_wire) != key_of(1, kLengthDelimited)) return false;
           event.values.push_back(read_value(summary.bytes(), where));
-        else
-          summary.skip(sw);
-      }
-    } else if (field == 7 && wire == kLengthDelimited) {
-      Reader log(r.bytes(), where);
-      while (!log.done()) {
-        const auto [lf, lw] = log.key();
-        if (lf == 1 && lw == kVarint)
+          return true;
+        });
+        return true;
+      case key_of(7, kLengthDelimited):  // LogMessage: the session status
+        for_each_field(r.bytes(), where, [&](Reader& log, int log_field, int log_wire) {
+          if (key_of(log_field, log_wire) != key_of(1, kVarint)) return false;
           event.session_status = static_cast<int>(log.varint());
-        else
-          log.skip(lw);
-      }
-    } else {
-      r.skip(wire);
+          return true;
+        });
+        return true;
+      default: return false;
     }
-  }
+  });
   return event;
 }
 

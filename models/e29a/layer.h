@@ -36,24 +36,21 @@ struct LayerShape {
   std::int64_t slots = 0;
 };
 
-template <typename Scalar>
-struct LayerWeights {
-  std::span<const Scalar> w_xz;     // [2D, D]
-  std::span<const Scalar> w_h;      // [D, D]
-  std::span<const Scalar> b_h;      // [D]
-  std::span<const Scalar> w_write;  // [D, D]
-  std::span<const Scalar> tape0;    // [N, D]
+// One span per weight of the layer: the weights themselves, or their gradients.
+template <typename Span>
+struct LayerSpans {
+  Span w_xz;     // [2D, D]
+  Span w_h;      // [D, D]
+  Span b_h;      // [D]
+  Span w_write;  // [D, D]
+  Span tape0;    // [N, D]
 };
 
+template <typename Scalar>
+using LayerWeights = LayerSpans<std::span<const Scalar>>;
 // Gradients of the weights, accumulated (+=).
 template <typename Scalar>
-struct LayerGradients {
-  std::span<Scalar> w_xz;
-  std::span<Scalar> w_h;
-  std::span<Scalar> b_h;
-  std::span<Scalar> w_write;
-  std::span<Scalar> tape0;
-};
+using LayerGradients = LayerSpans<std::span<Scalar>>;
 
 // The recurrent state of a batch: h [batch, D] and H [batch, N, D].
 template <typename Scalar>

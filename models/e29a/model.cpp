@@ -138,17 +138,11 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
 
 E29aCpuDecoder::E29aCpuDecoder(const E29aConfig& config, optim::Slab& slab, const core::DeviceContext& context,
                                const DecoderOptions& options)
-    : config_(config),
-      slab_(slab),
-      full_weights_(options.full_weights),
-      index_(config, slab.layout()),
-      capacity_(options.max_tokens) {
+    : config_(config), slab_(slab), full_weights_(options.full_weights), index_(config, slab.layout()) {
+  capacity_ = options.max_tokens;
   if (context.is_cuda()) throw core::Error("E29aCpuDecoder: needs a cpu context");
   check_cpu(slab, full_weights_, "E29aCpuDecoder");
-  if (capacity_ <= 0) {
-    throw core::InputError("decoder: max_tokens (prompt + new tokens) must be positive, got " +
-                           std::to_string(capacity_));
-  }
+  check_decoder_capacity(capacity_);
   state_.resize(index_.layers.size());
   logits_.assign(static_cast<std::size_t>(config.vocab_size), 0.0f);
 }
@@ -159,8 +153,7 @@ void E29aCpuDecoder::prefill(std::span<const std::int32_t> tokens, float* all_lo
   const E29aConfig& c = config_;
   const auto count = static_cast<std::int64_t>(tokens.size());
   if (count == 0) return;
-  check_decoder_room(position_, count, capacity_);
-  check_decoder_ids(tokens, c.vocab_size);
+  check_decoder_prompt(tokens, position_, capacity_, c.vocab_size);
   const std::int64_t d = c.hidden_size;
   const LayerShape shape{1, count, d, c.n_slots};
   Vec x(static_cast<std::size_t>(count * d)), normed(x.size()), rstd(static_cast<std::size_t>(count)), y(x.size());

@@ -54,17 +54,13 @@ class E29aCpu final : public TrainableModel {
   std::vector<float> token_losses_;  // of the last forward_loss
 };
 
-class E29aCpuDecoder final : public Decoder {
+class E29aCpuDecoder final : public HostDecoder {
  public:
   E29aCpuDecoder(const E29aConfig& config, optim::Slab& slab, const core::DeviceContext& context,
                  const DecoderOptions& options);
 
-  void reset() override { position_ = 0; }
   void prefill(std::span<const std::int32_t> tokens, float* all_logits = nullptr) override;
   void step(std::int32_t token, const std::int32_t* device_token = nullptr) override;
-  const float* logits() const override { return logits_.data(); }
-  std::int64_t position() const override { return position_; }
-  std::int64_t capacity() const override { return capacity_; }
 
  private:
   std::span<const float> weight(int tensor) const;
@@ -73,9 +69,7 @@ class E29aCpuDecoder final : public Decoder {
   optim::Slab& slab_;
   const float* full_weights_;
   TensorIndex index_;
-  std::int64_t capacity_ = 0, position_ = 0;
   std::vector<LayerState<float>> state_;  // per layer: h [D], tape [N, D]
-  std::vector<float> logits_;
 };
 
 }  // namespace models::e29a

@@ -24,18 +24,6 @@ namespace models::e29a {
 
 using bf16 = __nv_bfloat16;
 
-namespace {
-
-void check_cuda_slab(const optim::Slab& slab, const core::DeviceContext& context, const char* what) {
-  if (!context.is_cuda() || !(slab.device() == context.device())) {
-    throw core::Error(std::string(what) + ": needs a cuda slab and context");
-  }
-  if (slab.mirror_dtype() != core::DType::bf16)
-    throw core::Error(std::string(what) + ": the slab's mirror must be bf16");
-}
-
-}  // namespace
-
 struct E29aCuda::Impl {
   struct LayerSlots {
     std::size_t x_in, normed, rstd;
@@ -277,10 +265,7 @@ struct E29aCudaDecoder::Impl {
 E29aCudaDecoder::E29aCudaDecoder(const E29aConfig& config, optim::Slab& slab, const core::DeviceContext& context,
                                  const DecoderOptions& options) {
   check_cuda_slab(slab, context, "E29aCudaDecoder");
-  if (options.max_tokens <= 0) {
-    throw core::InputError("decoder: max_tokens (prompt + new tokens) must be positive, got " +
-                           std::to_string(options.max_tokens));
-  }
+  check_decoder_capacity(options.max_tokens);
   impl_ = std::make_unique<Impl>(config, slab, context, options.max_tokens);
   Impl& m = *impl_;
   DeviceArena a;
@@ -308,8 +293,7 @@ void E29aCudaDecoder::prefill(std::span<const std::int32_t> tokens, float* all_l
   Impl& m = *impl_;
   const auto count = static_cast<std::int64_t>(tokens.size());
   if (count == 0) return;
-  check_decoder_room(m.position, count, m.capacity);
-  check_decoder_ids(tokens, m.c.vocab_size);
+  check_decoder_prompt(tokens, m.position, m.capacity, m.c.vocab_size);
   CUDA_CHECK(
       cudaMemcpyAsync(m.at<std::int32_t>(m.ids), tokens.data(), tokens.size_bytes(), cudaMemcpyHostToDevice, m.stream));
   m.run(count, all_logits);

@@ -26,6 +26,11 @@ struct Index {
     return ((b * s.seq + t) * s.kv_heads + h) * s.head_dim;
   }
   std::int64_t row(std::int64_t b, std::int64_t h, std::int64_t t) const { return (b * s.q_heads + h) * s.seq + t; }
+  // The inverse of row(): the (batch, head, position) of query row r.
+  struct QueryRow {
+    std::int64_t b, h, t;
+  };
+  QueryRow query_row(std::int64_t r) const { return {r / (s.seq * s.q_heads), (r / s.seq) % s.q_heads, r % s.seq}; }
 };
 
 void check_shape(std::string_view op, const AttentionShape& s) {
@@ -51,6 +56,26 @@ void check_sizes(std::string_view op, const AttentionShape& s, std::span<const S
 }  // namespace
 
 template <typename Scalar>
+double attention_row_cpu(const Scalar* q, const Scalar* k, const Scalar* v, std::int64_t kv_stride, std::int64_t last,
+                         std::int64_t dim, double scale, double* weights, double* acc, Scalar* out) {
+  double max_score = -std::numeric_limits<double>::infinity();
+  for (std::int64_t j = 0; j <= last; ++j) {
+    weights[j] = scale * dot_double(q, k + j * kv_stride, dim);
+    max_score = std::max(max_score, weights[j]);
+  }
+  double sum = 0.0;
+  std::fill(acc, acc + dim, 0.0);
+  for (std::int64_t j = 0; j <= last; ++j) {
+    const double p = std::exp(weights[j] - max_score);
+    sum += p;
+    const Scalar* v_j = v + j * kv_stride;
+    for (std::int64_t d = 0; d < dim; ++d) acc[d] += p * static_cast<double>(v_j[d]);
+  }
+  for (std::int64_t d = 0; d < dim; ++d) out[d] = static_cast<Scalar>(acc[d] / sum);
+  return max_score + std::log(sum);
+}
+
+template <typename Scalar>
 void attention_forward_cpu(const AttentionShape& shape, std::span<const Scalar> q, std::span<const Scalar> k,
                            std::span<const Scalar> v, std::span<Scalar> out, std::span<Scalar> lse) {
   constexpr std::string_view op = "attention_forward";
@@ -66,6 +91,7 @@ void attention_forward_cpu(const AttentionShape& shape, std::span<const Scalar> 
   const std::int64_t group = shape.q_heads / shape.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
   const std::int64_t rows = shape.batch * shape.q_heads * seq;
+  const std::int64_t kv_stride = shape.kv_heads * dim;
 
 #pragma omp parallel
   {
@@ -73,25 +99,11 @@ void attention_forward_cpu(const AttentionShape& shape, std::span<const Scalar> 
     std::vector<double> acc(static_cast<std::size_t>(dim));
 #pragma omp for schedule(dynamic, 8)
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t i = r % seq, h = (r / seq) % shape.q_heads, b = r / (seq * shape.q_heads);
-      const std::int64_t kv_head = h / group;
-      const Scalar* q_i = q.data() + at.q(b, i, h);
-      double max_score = -std::numeric_limits<double>::infinity();
-      for (std::int64_t j = 0; j <= i; ++j) {
-        weights[j] = scale * dot_double(q_i, k.data() + at.kv(b, j, kv_head), dim);
-        max_score = std::max(max_score, weights[j]);
-      }
-      double sum = 0.0;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (std::int64_t j = 0; j <= i; ++j) {
-        const double p = std::exp(weights[j] - max_score);
-        sum += p;
-        const Scalar* v_j = v.data() + at.kv(b, j, kv_head);
-        for (std::int64_t d = 0; d < dim; ++d) acc[d] += p * static_cast<double>(v_j[d]);
-      }
-      Scalar* out_i = out.data() + at.q(b, i, h);
-      for (std::int64_t d = 0; d < dim; ++d) out_i[d] = static_cast<Scalar>(acc[d] / sum);
-      lse[static_cast<std::size_t>(at.row(b, h, i))] = static_cast<Scalar>(max_score + std::log(sum));
+      const auto [b, h, i] = at.query_row(r);
+      const std::int64_t kv_first = at.kv(b, 0, h / group);  // key j of the head at kv_first + j * kv_stride
+      lse[static_cast<std::size_t>(r)] = static_cast<Scalar>(
+          attention_row_cpu(q.data() + at.q(b, i, h), k.data() + kv_first, v.data() + kv_first, kv_stride, i, dim,
+                            scale, weights.data(), acc.data(), out.data() + at.q(b, i, h)));
     }
   }
 }
@@ -126,7 +138,7 @@ void attention_backward_cpu(const AttentionShape& shape, std::span<const Scalar>
   std::vector<double> row_dot(static_cast<std::size_t>(rows));
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t i = r % seq, h = (r / seq) % shape.q_heads, b = r / (seq * shape.q_heads);
+    const auto [b, h, i] = at.query_row(r);
     row_dot[r] = dot_double(dout.data() + at.q(b, i, h), out.data() + at.q(b, i, h), dim);
   }
 
@@ -136,7 +148,7 @@ void attention_backward_cpu(const AttentionShape& shape, std::span<const Scalar>
     std::vector<double> acc(static_cast<std::size_t>(dim));
 #pragma omp for schedule(dynamic, 8)
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t i = r % seq, h = (r / seq) % shape.q_heads, b = r / (seq * shape.q_heads);
+      const auto [b, h, i] = at.query_row(r);
       const std::int64_t kv_head = h / group;
       const Scalar* q_i = q.data() + at.q(b, i, h);
       const Scalar* dout_i = dout.data() + at.q(b, i, h);
@@ -189,6 +201,10 @@ void attention_backward_cpu(const AttentionShape& shape, std::span<const Scalar>
   }
 }
 
+template double attention_row_cpu<float>(const float*, const float*, const float*, std::int64_t, std::int64_t,
+                                         std::int64_t, double, double*, double*, float*);
+template double attention_row_cpu<double>(const double*, const double*, const double*, std::int64_t, std::int64_t,
+                                          std::int64_t, double, double*, double*, double*);
 template void attention_forward_cpu<float>(const AttentionShape&, std::span<const float>, std::span<const float>,
                                            std::span<const float>, std::span<float>, std::span<float>);
 template void attention_forward_cpu<double>(const AttentionShape&, std::span<const double>, std::span<const double>,

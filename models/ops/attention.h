@@ -34,6 +34,14 @@ template <typename Scalar>
 void attention_forward_cpu(const AttentionShape& shape, std::span<const Scalar> q, std::span<const Scalar> k,
                            std::span<const Scalar> v, std::span<Scalar> out, std::span<Scalar> lse);
 
+// One query row of attention_forward_cpu, for the CPU decoders too: the scores scale * q . k_j in
+// double for keys j = 0..last (key j at k + j * kv_stride, its value at v + j * kv_stride), their
+// softmax, and the weighted sum of the values into out[0, dim). `weights` (last + 1 doubles) and
+// `acc` (dim) are scratch. Returns the row's log-sum-exp of the scores.
+template <typename Scalar>
+double attention_row_cpu(const Scalar* q, const Scalar* k, const Scalar* v, std::int64_t kv_stride, std::int64_t last,
+                         std::int64_t dim, double scale, double* weights, double* acc, Scalar* out);
+
 // From dout and the forward's out and lse: with D_i = dout_i . out_i, dP[i, j] = dout_i . v_j and
 // dS = P * (dP - D_i):  dq_i = scale * sum_j dS[i, j] k_j,  dk_j = scale * sum_i dS[i, j] q_i,
 // dv_j = sum_i P[i, j] dout_i, the key/value sums running over every query head of the group.

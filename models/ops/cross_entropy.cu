@@ -27,6 +27,18 @@ constexpr std::size_t kWorkspaceAlignment = 256;
 
 std::size_t round_up(std::size_t bytes, std::size_t multiple) { return (bytes + multiple - 1) / multiple * multiple; }
 
+// The sizes every pass checks: tokens, dim, vocab and its tile size (`tile`, 0: automatic); the
+// ids and the count are int32, so vocab and tokens must fit.
+void check_sizes(std::string_view op, std::int64_t tokens, std::int64_t dim, std::int64_t vocab, const char* tile,
+                 std::int64_t tile_tokens) {
+  checks::require_non_negative(op, "tokens", tokens);
+  checks::require_positive(op, "dim", dim);
+  checks::require_positive(op, "vocab", vocab);
+  checks::require_non_negative(op, tile, tile_tokens);
+  if (vocab > INT32_MAX) checks::fail(op, "vocab must fit in int32, got " + std::to_string(vocab));
+  if (tokens > INT32_MAX) checks::fail(op, "tokens must fit in int32 (the count), got " + std::to_string(tokens));
+}
+
 // Running maximum and sum of exp(x - max) over part of a row.
 struct MaxSum {
   float max;
@@ -328,12 +340,7 @@ void CrossEntropyPlan::run(std::string_view op, const __nv_bfloat16* hidden, con
     if (dhidden == nullptr && tokens > 0) checks::fail(op, "dhidden is null");
     if (!std::isfinite(grad_scale)) checks::fail(op, "grad_scale must be finite, got " + std::to_string(grad_scale));
   }
-  checks::require_non_negative(op, "tokens", tokens);
-  checks::require_positive(op, "dim", dim);
-  checks::require_positive(op, "vocab", vocab);
-  checks::require_non_negative(op, "chunk_tokens", chunk_tokens);
-  if (vocab > INT32_MAX) checks::fail(op, "vocab must fit in int32, got " + std::to_string(vocab));
-  if (tokens > INT32_MAX) checks::fail(op, "tokens must fit in int32 (the count), got " + std::to_string(tokens));
+  check_sizes(op, tokens, dim, vocab, "chunk_tokens", chunk_tokens);
   const std::size_t needed = cross_entropy_workspace_bytes(tokens, vocab, chunk_tokens);
   if (workspace.data == nullptr || workspace.bytes < needed) {
     checks::fail(op, "needs a workspace of cross_entropy_workspace_bytes(" + std::to_string(tokens) + ", " +
@@ -418,12 +425,7 @@ void CrossEntropyPlan::backward_weight_rows(const __nv_bfloat16* hidden, const _
                                             float* dweight_rows, float grad_scale, DeviceWorkspace workspace,
                                             std::int64_t tile_tokens) {
   constexpr std::string_view op = "cross_entropy_backward_weight_rows (cuda)";
-  checks::require_non_negative(op, "tokens", tokens);
-  checks::require_positive(op, "dim", dim);
-  checks::require_positive(op, "vocab", vocab);
-  checks::require_non_negative(op, "tile_tokens", tile_tokens);
-  if (vocab > INT32_MAX) checks::fail(op, "vocab must fit in int32, got " + std::to_string(vocab));
-  if (tokens > INT32_MAX) checks::fail(op, "tokens must fit in int32 (the count), got " + std::to_string(tokens));
+  check_sizes(op, tokens, dim, vocab, "tile_tokens", tile_tokens);
   if (row_begin < 0 || row_begin >= row_end || row_end > vocab) {
     checks::fail(op, "rows [" + std::to_string(row_begin) + ", " + std::to_string(row_end) +
                          ") must be a non-empty range within the vocabulary [0, " + std::to_string(vocab) + ")");

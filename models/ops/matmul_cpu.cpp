@@ -85,17 +85,15 @@ void matmul_tn_cpu(const Scalar* a, const Scalar* b, std::int64_t m, std::int64_
   matmul_rows_cpu(a, 1, m, b, m, n, k, c, mode);
 }
 
-template void matmul_nt_cpu<float>(const float*, const float*, std::int64_t, std::int64_t, std::int64_t, float*,
-                                   Accumulate);
-template void matmul_nt_cpu<double>(const double*, const double*, std::int64_t, std::int64_t, std::int64_t, double*,
-                                    Accumulate);
-template void matmul_nn_cpu<float>(const float*, const float*, std::int64_t, std::int64_t, std::int64_t, float*,
-                                   Accumulate);
-template void matmul_nn_cpu<double>(const double*, const double*, std::int64_t, std::int64_t, std::int64_t, double*,
-                                    Accumulate);
-template void matmul_tn_cpu<float>(const float*, const float*, std::int64_t, std::int64_t, std::int64_t, float*,
-                                   Accumulate);
-template void matmul_tn_cpu<double>(const double*, const double*, std::int64_t, std::int64_t, std::int64_t, double*,
-                                    Accumulate);
+// The three forms share one signature; each is instantiated for float (the models) and double
+// (the finite-difference tests).
+template <typename Scalar>
+using MatmulForm = void(const Scalar*, const Scalar*, std::int64_t, std::int64_t, std::int64_t, Scalar*, Accumulate);
+template MatmulForm<float> matmul_nt_cpu<float>;
+template MatmulForm<double> matmul_nt_cpu<double>;
+template MatmulForm<float> matmul_nn_cpu<float>;
+template MatmulForm<double> matmul_nn_cpu<double>;
+template MatmulForm<float> matmul_tn_cpu<float>;
+template MatmulForm<double> matmul_tn_cpu<double>;
 
 }  // namespace models::ops

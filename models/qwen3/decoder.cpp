@@ -29,8 +29,8 @@ void copy_columns(const float* src, std::int64_t src_stride, float* dst, std::in
 }
 
 // Causal GQA attention of `queries` new positions [start, start + queries) against the cache
-// rows [0, start + queries): the loop of attention_forward_cpu (the same double-precision scores,
-// softmax and sums in the same order), with the query at position start + i seeing keys 0..start + i.
+// rows [0, start + queries): the rows of attention_forward_cpu (ops::attention_row_cpu), with the
+// query at position start + i seeing keys 0..start + i.
 void cached_attention(const float* q, const float* k_cache, const float* v_cache, std::int64_t start,
                       std::int64_t queries, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t dim, float* att) {
   const std::int64_t group = q_heads / kv_heads, kv_stride = kv_heads * dim;
@@ -43,23 +43,8 @@ void cached_attention(const float* q, const float* k_cache, const float* v_cache
 #pragma omp for schedule(dynamic, 4)
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t i = r / q_heads, h = r % q_heads, kv_head = h / group;
-      const std::int64_t last = start + i;
-      const float* q_i = q + (i * q_heads + h) * dim;
-      double max_score = -std::numeric_limits<double>::infinity();
-      for (std::int64_t j = 0; j <= last; ++j) {
-        weights[j] = scale * ops::dot_double(q_i, k_cache + j * kv_stride + kv_head * dim, dim);
-        max_score = std::max(max_score, weights[j]);
-      }
-      double sum = 0.0;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (std::int64_t j = 0; j <= last; ++j) {
-        const double p = std::exp(weights[j] - max_score);
-        sum += p;
-        const float* v_j = v_cache + j * kv_stride + kv_head * dim;
-        for (std::int64_t d = 0; d < dim; ++d) acc[d] += p * static_cast<double>(v_j[d]);
-      }
-      float* out_i = att + (i * q_heads + h) * dim;
-      for (std::int64_t d = 0; d < dim; ++d) out_i[d] = static_cast<float>(acc[d] / sum);
+      ops::attention_row_cpu(q + (i * q_heads + h) * dim, k_cache + kv_head * dim, v_cache + kv_head * dim, kv_stride,
+                             start + i, dim, scale, weights.data(), acc.data(), att + (i * q_heads + h) * dim);
     }
   }
 }
@@ -68,17 +53,15 @@ void cached_attention(const float* q, const float* k_cache, const float* v_cache
 
 Qwen3CpuDecoder::Qwen3CpuDecoder(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
                                  const DecoderOptions& options)
-    : config_(config), slab_(slab), full_weights_(options.full_weights), capacity_(options.max_tokens) {
+    : config_(config), slab_(slab), full_weights_(options.full_weights) {
+  capacity_ = options.max_tokens;
   validate(config_, "qwen3 decoder");
   if (context.is_cuda() || slab.device().is_cuda()) throw core::Error("Qwen3CpuDecoder: needs a cpu slab and context");
   if (full_weights_ == nullptr && !(slab.owned() == slab.full())) {
     throw core::Error(
         "Qwen3CpuDecoder: the slab's master weights must cover the whole model, or full_weights be given");
   }
-  if (capacity_ <= 0) {
-    throw core::InputError("decoder: max_tokens (prompt + new tokens) must be positive, got " +
-                           std::to_string(capacity_));
-  }
+  check_decoder_capacity(capacity_);
   const Qwen3TensorIndex index(config_, slab.layout(), "Qwen3CpuDecoder");
   embed_ = index.embed;
   final_norm_ = index.final_norm;
@@ -103,8 +86,7 @@ void Qwen3CpuDecoder::prefill(std::span<const std::int32_t> tokens, float* all_l
   const Qwen3Config& c = config_;
   const auto n = static_cast<std::int64_t>(tokens.size());
   if (n == 0) throw core::InputError("decoder: prefill needs at least one token");
-  check_decoder_room(position_, n, capacity_);
-  check_decoder_ids(tokens, c.vocab_size);
+  check_decoder_prompt(tokens, position_, capacity_, c.vocab_size);
   const std::int64_t start = position_, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), f = c.intermediate_size;
   std::vector<std::int32_t> positions(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) positions[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(start + i);

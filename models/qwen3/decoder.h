@@ -18,19 +18,15 @@
 
 namespace models::qwen3 {
 
-class Qwen3CpuDecoder final : public Decoder {
+class Qwen3CpuDecoder final : public HostDecoder {
  public:
   // `slab`: laid out from parameter_specs(config), on the cpu; the weights are its master (which
   // must cover the whole model) or options.full_weights. core::Error otherwise.
   Qwen3CpuDecoder(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
                   const DecoderOptions& options);
 
-  void reset() override { position_ = 0; }
   void prefill(std::span<const std::int32_t> tokens, float* all_logits = nullptr) override;
   void step(std::int32_t token, const std::int32_t* device_token = nullptr) override;
-  const float* logits() const override { return logits_.data(); }
-  std::int64_t position() const override { return position_; }
-  std::int64_t capacity() const override { return capacity_; }
   // Bytes of the KV cache.
   std::size_t cache_bytes() const { return (k_cache_.size() + v_cache_.size()) * sizeof(float); }
 
@@ -44,12 +40,9 @@ class Qwen3CpuDecoder final : public Decoder {
   Qwen3Config config_;
   optim::Slab& slab_;
   const float* full_weights_ = nullptr;
-  std::int64_t capacity_ = 0;
-  std::int64_t position_ = 0;
   int embed_ = 0, final_norm_ = 0, head_ = 0;
   std::vector<LayerWeights> layers_;
   std::vector<float> k_cache_, v_cache_;  // [layers, capacity, kv_heads, head_dim]
-  std::vector<float> logits_;             // [vocab]
 };
 
 }  // namespace models::qwen3

@@ -123,16 +123,21 @@ struct Qwen3CudaDecoder::Impl {
     const std::int64_t d = c.hidden_size, qs = c.q_size(), f = c.intermediate_size;
     const float eps = static_cast<float>(c.rms_norm_eps);
     const std::int32_t* pos = at<std::int32_t>(device_position);
-    for (std::size_t l = 0; l < layers.size(); ++l) {
-      const LayerWeights& lw = layers[l];
-      decode::matvec({.weight = w(lw.qkv),
-                      .rows = c.qkv_size(),
+    // A branch's first product: the residual row x, RMS-normalised with `norm`, times `weight`
+    // [rows, d], into `out` through `epilogue`.
+    auto normed_matvec = [&](int weight, std::int64_t rows, int norm, bf16* out, decode::Epilogue epilogue) {
+      decode::matvec({.weight = w(weight),
+                      .rows = rows,
                       .in = d,
                       .x = at<bf16>(x),
-                      .norm_weight = w(lw.input_norm),
+                      .norm_weight = w(norm),
                       .eps = eps,
-                      .out = at<bf16>(qkv)},
-                     decode::Epilogue::store_bf16, matvec_blocks, stream);
+                      .out = out},
+                     epilogue, matvec_blocks, stream);
+    };
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const LayerWeights& lw = layers[l];
+      normed_matvec(lw.qkv, c.qkv_size(), lw.input_norm, at<bf16>(qkv), decode::Epilogue::store_bf16);
       decode::qk_norm_rope_append(at<bf16>(qkv), w(lw.q_norm), w(lw.k_norm), static_cast<int>(c.num_heads),
                                   static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim), eps,
                                   at<double>(inv_freq), pos, at<bf16>(q), k_cache(l), v_cache(l), stream);
@@ -141,14 +146,7 @@ struct Qwen3CudaDecoder::Impl {
                                at<float>(partial), at<bf16>(att), stream);
       decode::matvec({.weight = w(lw.o_proj), .rows = d, .in = qs, .x = at<bf16>(att), .out = at<bf16>(x)},
                      decode::Epilogue::add_bf16, matvec_blocks, stream);
-      decode::matvec({.weight = w(lw.gate_up),
-                      .rows = f,
-                      .in = d,
-                      .x = at<bf16>(x),
-                      .norm_weight = w(lw.post_norm),
-                      .eps = eps,
-                      .out = at<bf16>(act)},
-                     decode::Epilogue::swiglu_bf16, matvec_blocks, stream);
+      normed_matvec(lw.gate_up, f, lw.post_norm, at<bf16>(act), decode::Epilogue::swiglu_bf16);
       decode::matvec({.weight = w(lw.down), .rows = d, .in = f, .x = at<bf16>(act), .out = at<bf16>(x)},
                      decode::Epilogue::add_bf16, matvec_blocks, stream);
     }
@@ -180,14 +178,8 @@ Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab,
     : impl_(std::make_unique<Impl>(config, slab, context, settings)) {
   Impl& m = *impl_;
   validate(config, "qwen3 decoder");
-  if (!context.is_cuda() || !(slab.device() == context.device())) {
-    throw core::Error("Qwen3CudaDecoder: needs a cuda slab and context");
-  }
-  if (slab.mirror_dtype() != core::DType::bf16) throw core::Error("Qwen3CudaDecoder: the slab's mirror must be bf16");
-  if (options.max_tokens <= 0) {
-    throw core::InputError("decoder: max_tokens (prompt + new tokens) must be positive, got " +
-                           std::to_string(options.max_tokens));
-  }
+  check_cuda_slab(slab, context, "Qwen3CudaDecoder");
+  check_decoder_capacity(options.max_tokens);
   if (config.head_dim != 64 && config.head_dim != 128) {
     throw core::InputError("qwen3 decoder: head_dim " + std::to_string(config.head_dim) +
                            " not supported on cuda (64 or 128)");
@@ -261,8 +253,7 @@ void Qwen3CudaDecoder::prefill(std::span<const std::int32_t> tokens, float* all_
   Impl& m = *impl_;
   const auto total = static_cast<std::int64_t>(tokens.size());
   if (total == 0) throw core::InputError("decoder: prefill needs at least one token");
-  m.check_room(total);
-  check_decoder_ids(tokens, m.c.vocab_size);
+  check_decoder_prompt(tokens, m.position, m.capacity, m.c.vocab_size);
   const std::int64_t d = m.c.hidden_size, vocab = m.c.vocab_size;
   core::Buffer chunk_logits;  // bf16 lm_head rows for all_logits
   if (all_logits != nullptr) chunk_logits = core::Buffer(m.ctx.device(), static_cast<std::size_t>(m.chunk * vocab) * 2);

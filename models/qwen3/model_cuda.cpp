@@ -214,6 +214,16 @@ struct Qwen3Cuda::Impl {
     bf16* dx = ends->dx();
     const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
     const std::int32_t* pos = at<std::int32_t>(positions);
+    // The end of a residual branch's backward (from the gradient at its norm's output, dh): the
+    // norm's backward into dtmp and its weight's gradient, the branch's range released, dtmp added
+    // to the residual gradient dx.
+    auto branch_norm_backward = [&](const bf16* x, int norm_weight, const float* rstd, float* range_grad,
+                                    const optim::Range& range) {
+      ops::rmsnorm_backward_cuda(at<bf16>(dh), x, w(norm_weight), rstd, n, d, at<bf16>(dtmp),
+                                 grad_in(range_grad, range, norm_weight), at<char>(workspace), workspace_bytes, stream);
+      out.release(range);
+      add_bf16(dx, at<bf16>(dtmp), dx, n * d, stream);
+    };
     for (std::size_t l = layers.size(); l-- > 0;) {
       const LayerWeights& lw = layers[l];
       const LayerSlots s = slots_for_backward(l, batch, seq);
@@ -224,11 +234,7 @@ struct Qwen3Cuda::Impl {
       ops::swiglu_backward_cuda(at<bf16>(dact), at<bf16>(s.gate_up), n, f, at<bf16>(dgate_up), stream);
       linear.backward(at<bf16>(dgate_up), at<bf16>(s.h2), w(lw.gate_up), n, d, 2 * f, at<bf16>(dh),
                       grad_in(mlp_grad, mlp, lw.gate_up), ws());
-      ops::rmsnorm_backward_cuda(at<bf16>(dh), at<bf16>(s.x_mid), w(lw.post_norm), at<float>(s.rstd_post), n, d,
-                                 at<bf16>(dtmp), grad_in(mlp_grad, mlp, lw.post_norm), at<char>(workspace),
-                                 workspace_bytes, stream);
-      out.release(mlp);
-      add_bf16(dx, at<bf16>(dtmp), dx, n * d, stream);
+      branch_norm_backward(at<bf16>(s.x_mid), lw.post_norm, at<float>(s.rstd_post), mlp_grad, mlp);
       // Attention: x_mid = x_in + o_proj(attention(rope(norm(q)), rope(norm(k)), v)).
       const optim::Range attention = groups[l].attention;
       float* att_grad = out.acquire(attention);
@@ -252,11 +258,7 @@ struct Qwen3Cuda::Impl {
                                       stream);
       linear.backward(at<bf16>(dqkv), at<bf16>(s.h), w(lw.qkv), n, d, qkv, at<bf16>(dh),
                       grad_in(att_grad, attention, lw.qkv), ws());
-      ops::rmsnorm_backward_cuda(at<bf16>(dh), at<bf16>(s.x_in), w(lw.input_norm), at<float>(s.rstd_in), n, d,
-                                 at<bf16>(dtmp), grad_in(att_grad, attention, lw.input_norm), at<char>(workspace),
-                                 workspace_bytes, stream);
-      out.release(attention);
-      add_bf16(dx, at<bf16>(dtmp), dx, n * d, stream);
+      branch_norm_backward(at<bf16>(s.x_in), lw.input_norm, at<float>(s.rstd_in), att_grad, attention);
     }
     ends->backward_embedding(out, ids, targets, n, grad_scale, ws());
   }
@@ -275,9 +277,7 @@ Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::D
     : impl_(std::make_unique<Impl>(config, slab, context, max_tokens, recompute)) {
   Impl& m = *impl_;
   validate(config, "qwen3 model");
-  if (!context.is_cuda() || !(slab.device() == context.device()))
-    throw core::Error("Qwen3Cuda: needs a cuda slab and context");
-  if (slab.mirror_dtype() != core::DType::bf16) throw core::Error("Qwen3Cuda: the slab's mirror must be bf16");
+  check_cuda_slab(slab, context, "Qwen3Cuda");
   if (max_tokens <= 0) throw core::Error("Qwen3Cuda: max_tokens must be > 0");
   if (config.head_dim != 64 && config.head_dim != 128) {
     throw core::InputError("Qwen3Cuda: head_dim " + std::to_string(config.head_dim) +
