@@ -29,7 +29,8 @@ CONTEXT_CHARS = 40      # the end of the previous verse in a next-verse item
 ENDING_CHARS = 40       # the start of each candidate verse
 PROMPT_CHARS = 60       # the verse before its last words, in a completion item
 ANSWER_WORDS = 3
-ITEMS = 250
+ITEMS = 250             # verse completion
+NEXT_VERSE_ITEMS = 1000  # four-way choice: a 1.4-point standard error, so a few points above chance show
 SEED = 20240527
 
 VERSE = re.compile(r"^  (\d+) (.*)$")
@@ -131,7 +132,7 @@ def completion_items(verses):
 def next_verse_items(verses, rng):
     pairs = [(verses[i - 1], verses[i]) for i in range(1, len(verses))
              if verses[i - 1][0] == verses[i][0] and verses[i][1] == verses[i - 1][1] + 1]
-    pairs = spread(pairs, ITEMS)
+    pairs = spread(pairs, NEXT_VERSE_ITEMS)
     items = []
     for previous, current in pairs:
         whole = f"  {previous[1]} {previous[2]}"
