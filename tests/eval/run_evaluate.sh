@@ -31,7 +31,7 @@ grep -q "^kjv_next_verse  *multiple_choice  *6  *acc " "$work/table.txt" || fail
 grep -q "acc_norm" "$work/table.txt" || fail "no acc_norm row"
 grep -q "^kjv_verse_completion  *generative  *6  *exact_match" "$work/table.txt" || fail "no verse-completion row"
 grep -q "prefix_share" "$work/table.txt" || fail "no prefix_share row"
-grep -q "plain decoder: the megakernel runs on cuda only" "$work/log.txt" || fail "no fallback reason: $(cat "$work/log.txt")"
+grep -q "plain decoder (the megakernel runs on cuda only)" "$work/log.txt" || fail "no fallback reason: $(cat "$work/log.txt")"
 python_check='
 import json, sys
 j = json.load(open(sys.argv[1]))

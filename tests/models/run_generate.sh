@@ -32,6 +32,8 @@ for name in tied untied; do
   got:      $got
   expected: $expected"
   grep -q "decode: $((length - count)) tokens" "$work/stats.txt" || fail "$name: no decode figures: $(cat "$work/stats.txt")"
+  grep -q "cpu, plain decoder (the megakernel runs on cuda only)" "$work/stats.txt" ||
+    fail "$name: stderr does not name the decoder: $(cat "$work/stats.txt")"
   echo "$name: $length greedy ids equal transformers' ($(cat "$work/stats.txt"))"
 done
 
@@ -56,6 +58,7 @@ expect_exit2 "temperature" "$tied" --prompt-ids 1 --temperature -1 --device cpu
 expect_exit2 "top_p" "$tied" --prompt-ids 1 --top-p 1.5 --device cpu
 expect_exit2 "the prompt is empty" "$tied" --prompt "" --device cpu
 expect_exit2 "excludes" "$tied" --prompt a --prompt-ids 1 --device cpu
+expect_exit2 "decoder" "$tied" --prompt-ids 1 --decoder fastest --device cpu
 echo "bad input: exit 2 with a reason"
 
 # A byte-level run: samples in the log and metrics.jsonl, then generate from the run.
