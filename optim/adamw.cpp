@@ -33,7 +33,7 @@ void AdamW::update(double lr) {
     return;
   }
   const AdamWBuffers buffers{slab_.master().as<float>(), exp_avg_.as<float>(),  exp_avg_sq_.as<float>(),
-                             slab_.grad_origin(),        slab_.mirror().data(), slab_.mirror_dtype(),
+                             slab_.grad_origin(),        slab_.mirror_origin(), slab_.mirror_dtype(),
                              slab_.owned().begin};
   launch_adamw_update(buffers, chunk_table(), num_chunks(), slab_.segment_table(), scalars(), params,
                       context().stream());
@@ -48,7 +48,7 @@ void AdamW::update_cpu(const AdamWStepParams& params) {
   float* m = exp_avg_.as<float>();
   float* v = exp_avg_sq_.as<float>();
   float* grad = slab_.grad_origin();
-  auto* mirror = slab_.mirror().as<std::uint16_t>();
+  auto* mirror = static_cast<std::uint16_t*>(slab_.mirror_origin());
   const bool bf16 = slab_.mirror_dtype() == core::DType::bf16;
   const std::int64_t owned_begin = slab_.owned().begin;
   const auto& segments = slab_.segments();
