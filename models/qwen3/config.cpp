@@ -1,5 +1,7 @@
 #include "models/qwen3/config.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace models::qwen3 {
@@ -85,6 +87,42 @@ Qwen3TensorIndex::Qwen3TensorIndex(const Qwen3Config& config, const optim::SlabL
     layers.push_back({find(p + "input_norm"), find(p + "qkv"), find(p + "q_norm"), find(p + "k_norm"),
                       find(p + "o_proj"), find(p + "post_norm"), find(p + "gate_up"), find(p + "down")});
   }
+}
+
+namespace {
+optim::Range range_of(const optim::SlabLayout& layout, int tensor) {
+  return layout.tensors()[static_cast<std::size_t>(tensor)].range();
+}
+}  // namespace
+
+optim::Range Qwen3TensorIndex::embed_range(const optim::SlabLayout& layout) const { return range_of(layout, embed); }
+
+optim::Range Qwen3TensorIndex::layer_range(const optim::SlabLayout& layout, std::size_t layer) const {
+  const Qwen3LayerTensors& t = layers[layer];
+  return {range_of(layout, t.input_norm).begin, range_of(layout, t.down).end};
+}
+
+optim::Range Qwen3TensorIndex::tail_range(const optim::SlabLayout& layout) const {
+  const optim::Range norm = range_of(layout, final_norm);
+  return head == embed ? norm : optim::Range{norm.begin, range_of(layout, head).end};
+}
+
+optim::Range Qwen3TensorIndex::mlp_range(const optim::SlabLayout& layout, std::size_t layer) const {
+  const Qwen3LayerTensors& t = layers[layer];
+  return {range_of(layout, t.post_norm).begin, range_of(layout, t.down).end};
+}
+
+optim::Range Qwen3TensorIndex::attention_range(const optim::SlabLayout& layout, std::size_t layer) const {
+  const Qwen3LayerTensors& t = layers[layer];
+  return {range_of(layout, t.input_norm).begin, range_of(layout, t.o_proj).end};
+}
+
+std::int64_t Qwen3TensorIndex::largest_gradient_range(const optim::SlabLayout& layout, std::int64_t hidden) const {
+  std::int64_t largest = std::max(range_of(layout, final_norm).size(), hidden);
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    largest = std::max({largest, mlp_range(layout, l).size(), attention_range(layout, l).size()});
+  }
+  return largest;
 }
 
 }  // namespace models::qwen3

@@ -56,6 +56,8 @@ class Qwen3Cuda final : public TrainableModel {
   // Device flag set when an input id was outside the vocabulary (checked lazily by callers).
   const std::int32_t* invalid_id_flag() const override;
   std::size_t activation_bytes() const override { return activation_bytes_; }
+  // What activation_bytes() will be for these arguments, computed without a GPU (memory plans).
+  static std::size_t planned_activation_bytes(const Qwen3Config& config, std::int64_t max_tokens, Recompute recompute);
 
  private:
   struct Impl;
