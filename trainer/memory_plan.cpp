@@ -34,7 +34,8 @@ void check_zero_stage(const RunConfig& config, const models::ModelSpec& spec) {
   if (config.parallel.zero_stage != 3) return;
   if (!spec.consumes_weights_by_layer() || spec.weight_ranges(optim::SlabLayout(spec.parameters(), 1)).empty()) {
     throw core::InputError("parallel.zero_stage: 3 needs a model that reads its weights layer by layer; " +
-                           spec.family() + " reads them whole (ZeRO-3 supports qwen3; use zero_stage 0, 1 or 2)");
+                           spec.family() +
+                           " reads them whole (ZeRO-3 supports qwen3 and e29a; use zero_stage 0, 1 or 2)");
   }
 }
 
@@ -71,8 +72,8 @@ MemoryPlan plan_memory(const RunConfig& config, const models::ModelSpec& spec, i
   const bool cpu_full_copy = !cuda && sharded_weights && stage < 3;
   const std::int64_t weights = 2 * cover.mirror.size() + 4 * cover.owned.size() + (cpu_full_copy ? 4 * P : 0);
   plan.terms.push_back({"weights", weights,
-                        std::string(stage >= 3 ? "2S mirror" : "2P mirror") + (stage >= 1 ? " + 4S master" : " + 4P master") +
-                            (cpu_full_copy ? " + 4P cpu copy" : "")});
+                        std::string(stage >= 3 ? "2S mirror" : "2P mirror") +
+                            (stage >= 1 ? " + 4S master" : " + 4P master") + (cpu_full_copy ? " + 4P cpu copy" : "")});
   plan.terms.push_back({"gradients", 4 * cover.grad.size(), shard_grads ? "4S" : "4P"});
   plan.terms.push_back({"optimizer state", optim::optimizer_state_bytes(config.optimizer, layout, cover.owned),
                         config.optimizer.type + " over " + (stage >= 1 ? "S" : "P")});
@@ -93,10 +94,12 @@ MemoryPlan plan_memory(const RunConfig& config, const models::ModelSpec& spec, i
 
   std::optional<std::int64_t> activations;
   if (cuda) {
-    if (const auto bytes = spec.cuda_activation_bytes(plan.micro_tokens)) activations = static_cast<std::int64_t>(*bytes);
+    if (const auto bytes = spec.cuda_activation_bytes(plan.micro_tokens))
+      activations = static_cast<std::int64_t>(*bytes);
   }
-  plan.terms.push_back({"activations", activations,
-                        activations ? "micro_batch_size x seq_len tokens" : "not estimated for this family or backend"});
+  plan.terms.push_back(
+      {"activations", activations,
+       activations ? "micro_batch_size x seq_len tokens" : "not estimated for this family or backend"});
   return plan;
 }
 
@@ -121,8 +124,9 @@ void check_plan_fits(const MemoryPlan& plan, std::int64_t free_bytes, int gpu) {
   if (need <= free_bytes) return;
   std::string change;
   if (plan.zero_stage < 3) change += fmt::format("a higher parallel.zero_stage (now {}), ", plan.zero_stage);
-  change += "more ranks, a smaller training.micro_batch_size or data.seq_len, model.recompute: full, or optimizer.type: "
-            "adamw8bit";
+  change +=
+      "more ranks, a smaller training.micro_batch_size or data.seq_len, model.recompute: full, or optimizer.type: "
+      "adamw8bit";
   throw core::InputError(fmt::format(
       "the memory plan needs {} GiB per GPU but GPU {} has {} GiB free (trainer --plan CONFIG --world {} shows the "
       "terms); try {}",

@@ -17,8 +17,8 @@ WeightGather::WeightGather(comm::Communicator& comm, optim::Slab& slab, const co
       slot_elements_(largest_range) {
   if (slab.zero_stage() != 3) throw core::Error("weight gather: needs a ZeRO-3 slab");
   if (largest_range <= 0) throw core::Error("weight gather: the model reports no weight ranges");
-  buffers_ = core::Buffer(context.device(),
-                          static_cast<std::size_t>(kSlots * slot_elements_) * core::dtype_size(dtype_));
+  buffers_ =
+      core::Buffer(context.device(), static_cast<std::size_t>(kSlots * slot_elements_) * core::dtype_size(dtype_));
 }
 
 const void* WeightGather::acquire(optim::Range range) {
@@ -37,8 +37,8 @@ const void* WeightGather::acquire(optim::Range range) {
   if (!mine.empty()) {
     std::byte* to = base + static_cast<std::size_t>(mine.begin - range.begin) * element;
     if (context_.is_cuda()) {
-      const auto* from = static_cast<const std::byte*>(slab_.mirror_origin()) +
-                         static_cast<std::size_t>(mine.begin) * element;
+      const auto* from =
+          static_cast<const std::byte*>(slab_.mirror_origin()) + static_cast<std::size_t>(mine.begin) * element;
       CUDA_CHECK(cudaMemcpyAsync(to, from, static_cast<std::size_t>(mine.size()) * element, cudaMemcpyDeviceToDevice,
                                  context_.stream()));
     } else {

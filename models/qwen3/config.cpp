@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "models/weight_holds.h"
 
 namespace models::qwen3 {
 
@@ -89,36 +90,28 @@ Qwen3TensorIndex::Qwen3TensorIndex(const Qwen3Config& config, const optim::SlabL
   }
 }
 
-namespace {
-optim::Range range_of(const optim::SlabLayout& layout, int tensor) {
-  return layout.tensors()[static_cast<std::size_t>(tensor)].range();
+optim::Range Qwen3TensorIndex::embed_range(const optim::SlabLayout& layout) const {
+  return tensor_span(layout, embed, embed);
 }
-}  // namespace
-
-optim::Range Qwen3TensorIndex::embed_range(const optim::SlabLayout& layout) const { return range_of(layout, embed); }
 
 optim::Range Qwen3TensorIndex::layer_range(const optim::SlabLayout& layout, std::size_t layer) const {
-  const Qwen3LayerTensors& t = layers[layer];
-  return {range_of(layout, t.input_norm).begin, range_of(layout, t.down).end};
+  return tensor_span(layout, layers[layer].input_norm, layers[layer].down);
 }
 
 optim::Range Qwen3TensorIndex::tail_range(const optim::SlabLayout& layout) const {
-  const optim::Range norm = range_of(layout, final_norm);
-  return head == embed ? norm : optim::Range{norm.begin, range_of(layout, head).end};
+  return tail_span(layout, final_norm, head, embed);
 }
 
 optim::Range Qwen3TensorIndex::mlp_range(const optim::SlabLayout& layout, std::size_t layer) const {
-  const Qwen3LayerTensors& t = layers[layer];
-  return {range_of(layout, t.post_norm).begin, range_of(layout, t.down).end};
+  return tensor_span(layout, layers[layer].post_norm, layers[layer].down);
 }
 
 optim::Range Qwen3TensorIndex::attention_range(const optim::SlabLayout& layout, std::size_t layer) const {
-  const Qwen3LayerTensors& t = layers[layer];
-  return {range_of(layout, t.input_norm).begin, range_of(layout, t.o_proj).end};
+  return tensor_span(layout, layers[layer].input_norm, layers[layer].o_proj);
 }
 
 std::int64_t Qwen3TensorIndex::largest_gradient_range(const optim::SlabLayout& layout, std::int64_t hidden) const {
-  std::int64_t largest = std::max(range_of(layout, final_norm).size(), hidden);
+  std::int64_t largest = std::max(tensor_span(layout, final_norm, final_norm).size(), hidden);
   for (std::size_t l = 0; l < layers.size(); ++l) {
     largest = std::max({largest, mlp_range(layout, l).size(), attention_range(layout, l).size()});
   }

@@ -34,36 +34,9 @@ struct Qwen3Model::LayerActivations {
   Vec x_in, rstd_in, h, q, k, v, rstd_q, rstd_k, q_rot, k_rot, att, lse, x_mid, rstd_post, h2, gate_up, act;
 };
 
-// Acquires the weights of a range from the model's source for the scope (nothing without one).
-class Qwen3Model::Hold {
- public:
-  Hold(Qwen3Model& model, optim::Range range) : model_(model), range_(range) {
-    if (model_.source_ == nullptr) return;
-    // The cpu source hands out fp32 the model only reads; weight() is shared with initialize().
-    auto* w = static_cast<float*>(const_cast<void*>(model_.source_->acquire(range)));
-    model_.held_.emplace_back(range, w);
-  }
-  ~Hold() {
-    if (model_.source_ == nullptr) return;
-    std::erase_if(model_.held_, [&](const auto& h) { return h.first == range_; });
-    model_.source_->release(range_);
-  }
-  Hold(const Hold&) = delete;
-  Hold& operator=(const Hold&) = delete;
-
- private:
-  Qwen3Model& model_;
-  optim::Range range_;
-};
-
 Qwen3Model::Qwen3Model(const Qwen3Config& config, optim::Slab& slab, float* full_weights, optim::WeightSource* source)
-    : config_(config), slab_(slab), full_weights_(full_weights), source_(source) {
+    : config_(config), slab_(slab), weights_(slab, full_weights, source, "Qwen3Model") {
   validate(config_, "qwen3 model");
-  if (slab.device().is_cuda() || (full_weights == nullptr && source == nullptr && !(slab.owned() == slab.full()))) {
-    throw core::Error(
-        "Qwen3Model: the cpu model needs a cpu slab whose master weights cover the whole model, the "
-        "whole model's weights or a weight source");
-  }
   const Qwen3TensorIndex index(config_, slab.layout(), "Qwen3Model");
   embed_ = index.embed;
   final_norm_ = index.final_norm;
@@ -74,21 +47,7 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, optim::Slab& slab, float* full
   for (std::size_t l = 0; l < layers_.size(); ++l) layer_ranges_.push_back(index.layer_range(slab.layout(), l));
 }
 
-std::span<float> Qwen3Model::weight(int tensor) {
-  if (source_ != nullptr) {
-    const optim::SlabTensor& t = slab_.layout().tensors()[static_cast<std::size_t>(tensor)];
-    for (const auto& [range, w] : held_) {
-      if (range.contains(t.range())) return {w + (t.offset - range.begin), static_cast<std::size_t>(t.numel)};
-    }
-    throw core::Error("Qwen3Model: the weights of '" + t.spec.name + "' were read outside an acquired range");
-  }
-  if (full_weights_ != nullptr) {
-    const optim::SlabTensor& t = slab_.layout().tensors()[static_cast<std::size_t>(tensor)];
-    return {full_weights_ + t.offset, static_cast<std::size_t>(t.numel)};
-  }
-  const auto v = slab_.master_view(tensor);
-  return {v.as<float>(), static_cast<std::size_t>(v.numel())};
-}
+std::span<float> Qwen3Model::weight(int tensor) { return weights_.of(tensor); }
 
 std::span<float> Qwen3Model::grad(int tensor) {
   const auto v = slab_.grad_view(tensor);
@@ -123,12 +82,12 @@ void Qwen3Model::forward(std::span<const std::int32_t> ids, std::int64_t batch, 
 
   Vec x(static_cast<std::size_t>(n * d));
   {
-    const Hold held(*this, embed_range_);
+    const auto held = weights_.hold(embed_range_);
     ops::embedding_forward_cpu<float>(ids, weight(embed_), c.vocab_size, d, out(x));
   }
   saved.resize(layers_.size());
   for (std::size_t l = 0; l < layers_.size(); ++l) {
-    const Hold held(*this, layer_ranges_[l]);
+    const auto held = weights_.hold(layer_ranges_[l]);
     const LayerWeights& w = layers_[l];
     LayerActivations& a = saved[l];
     a.x_in = x;
@@ -175,7 +134,7 @@ void Qwen3Model::forward(std::span<const std::int32_t> ids, std::int64_t batch, 
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += down[i];
   }
   final_in = std::move(x);
-  const Hold held(*this, tail_range_);
+  const auto held = weights_.hold(tail_range_);
   final_out.resize(final_in.size());
   final_rstd.resize(static_cast<std::size_t>(n));
   ops::rmsnorm_forward_cpu<float>(in(final_in), weight(final_norm_), n, d, c.rms_norm_eps, out(final_out),
@@ -193,7 +152,7 @@ ops::CrossEntropyResult Qwen3Model::step(std::span<const std::int32_t> ids, std:
   Vec final_in, final_out, final_rstd;
   forward(ids, batch, seq, saved, final_in, final_out, final_rstd);
   if (!backward) {
-    const Hold head(*this, head_range());
+    const auto head = weights_.hold(head_range());
     return ops::cross_entropy_forward_cpu<float>(in(final_out), weight(head_), targets, d, c.vocab_size, 0,
                                                  token_losses);
   }
@@ -203,9 +162,8 @@ ops::CrossEntropyResult Qwen3Model::step(std::span<const std::int32_t> ids, std:
   ops::CrossEntropyResult result;
   {
     // The tail holds the final norm and an untied head; a tied head is the embedding.
-    const Hold tail(*this, tail_range_);
-    std::optional<Hold> tied;
-    if (head_ == embed_) tied.emplace(*this, embed_range_);
+    const auto tail = weights_.hold(tail_range_);
+    const auto tied = weights_.hold(head_ == embed_ ? embed_range_ : optim::Range{});
     result = ops::cross_entropy_backward_cpu<float>(in(final_out), weight(head_), targets, d, c.vocab_size, out(dfinal),
                                                     grad(head_), grad_scale);
     ops::rmsnorm_backward_cpu<float>(in(dfinal), in(final_in), weight(final_norm_), in(final_rstd), n, d, out(dx),
@@ -217,7 +175,7 @@ ops::CrossEntropyResult Qwen3Model::step(std::span<const std::int32_t> ids, std:
   const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
   Vec tmp(dx.size());
   for (std::size_t l = layers_.size(); l-- > 0;) {
-    const Hold held(*this, layer_ranges_[l]);
+    const auto held = weights_.hold(layer_ranges_[l]);
     const LayerWeights& w = layers_[l];
     const LayerActivations& a = saved[l];
     // MLP branch: x_out = x_mid + down(swiglu(gate_up(norm(x_mid)))).
@@ -261,7 +219,7 @@ void Qwen3Model::logits(std::span<const std::int32_t> ids, std::int64_t batch, s
   std::vector<LayerActivations> saved;
   Vec final_in, final_out, final_rstd;
   forward(ids, batch, seq, saved, final_in, final_out, final_rstd);
-  const Hold head(*this, head_range());
+  const auto head = weights_.hold(head_range());
   ops::linear_forward_cpu<float>(in(final_out), weight(head_), batch * seq, config_.hidden_size, config_.vocab_size,
                                  result);
 }

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "models/cpu_weights.h"
 #include "models/ops/cross_entropy.h"
 #include "models/qwen3/config.h"
 #include "optim/slab.h"
@@ -43,7 +44,6 @@ class Qwen3Model {
  private:
   using LayerWeights = Qwen3LayerTensors;
   struct LayerActivations;
-  class Hold;  // the weights of one range, acquired from `source_` for a scope
 
   std::span<float> weight(int tensor);
   std::span<float> grad(int tensor);
@@ -54,9 +54,7 @@ class Qwen3Model {
 
   Qwen3Config config_;
   optim::Slab& slab_;
-  float* full_weights_ = nullptr;
-  optim::WeightSource* source_ = nullptr;
-  std::vector<std::pair<optim::Range, float*>> held_;  // ranges acquired from source_, and their weights
+  CpuWeights weights_;
   int embed_ = 0, final_norm_ = 0, head_ = 0;
   std::vector<LayerWeights> layers_;
   optim::Range embed_range_, tail_range_;

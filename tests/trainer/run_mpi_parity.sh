@@ -9,7 +9,7 @@
 # usage: run_mpi_parity.sh BUILD_DIR SOURCE_DIR [OPTIMIZERS...]   (default: adamw adamw8bit adafactor)
 # Environment: MPI_PARITY_WORLDS (default "2 3"), MPI_PARITY_FLOOR (a micro-batch size: also run
 # the reference with it and report the difference, the reduction-order noise of the device),
-# MPI_PARITY_STAGES (default "0 1 2 3"; "0 1 2" with MPI_CONFIG), MPI_PARITY_ONE_MICRO (a global batch G: the N-rank runs use
+# MPI_PARITY_STAGES (default "0 1 2 3"), MPI_PARITY_ONE_MICRO (a global batch G: the N-rank runs use
 # micro-batches of G / N sequences, one per step, which is when ZeRO-2 on cuda shards the gradients),
 # MPI_RUN_TIMEOUT (seconds per run, default 300),
 # MPI_KEEP_WORK (keep the temporary directory).
@@ -20,10 +20,7 @@ shift 2
 optimizers=("$@")
 [ ${#optimizers[@]} -gt 0 ] || optimizers=(adamw adamw8bit adafactor)
 read -r -a worlds <<< "${MPI_PARITY_WORLDS:-2 3}"
-# ZeRO-3 takes a family that reads its weights layer by layer: ci-tiny's qwen3, not E29a's config.
-default_stages="0 1 2 3"
-[ -n "${MPI_CONFIG:-}" ] && default_stages="0 1 2"
-read -r -a stages <<< "${MPI_PARITY_STAGES:-$default_stages}"
+read -r -a stages <<< "${MPI_PARITY_STAGES:-0 1 2 3}"
 steps=6
 work=$(mktemp -d)
 # shellcheck source=tests/trainer/mpi_common.sh

@@ -6,18 +6,20 @@
 #include <string>
 
 #include "core/error.h"
+#include "models/model_config.h"
 #include "models/registry.h"
 #include "optim/optimizer.h"
 #include "trainer/config.h"
 #include "trainer/memory_plan.h"
+#include "support/test_family.h"
 
 namespace {
 
 trainer::RunConfig config_for(const std::string& preset, const std::string& device, int stage,
                               const std::string& optimizer = "adamw", int seq_len = 2048) {
-  const std::string yaml = "run:\n  output_dir: /nonexistent/out\ndevice: " + device +
-                           "\nmodel:\n  preset: " + preset +
-                           "\ndata:\n  train: /nonexistent/train.bin\n  seq_len: " + std::to_string(seq_len) + "\ntraining:\n  max_steps: 1\n"
+  const std::string yaml = "run:\n  output_dir: /nonexistent/out\ndevice: " + device + "\nmodel:\n  preset: " + preset +
+                           "\ndata:\n  train: /nonexistent/train.bin\n  seq_len: " + std::to_string(seq_len) +
+                           "\ntraining:\n  max_steps: 1\n"
                            "  precision: " +
                            (device == "cuda" ? "bf16" : "fp32") + "\noptimizer:\n  type: " + optimizer + "\n";
   trainer::RunConfig c = trainer::parse_run_config(yaml, "plan.yaml", {}, {.check_paths = false});
@@ -48,8 +50,7 @@ TEST(MemoryPlan, Qwen3_8bZero1OnFourGpus) {
   EXPECT_EQ(term(plan, "optimizer state"), 8 * kP8b / 4);  // AdamW's two fp32 moments of the shard
   EXPECT_EQ(term(plan, "communication buffers"), 0);
   EXPECT_GT(term(plan, "activations"), 0);
-  EXPECT_EQ(static_cast<std::size_t>(term(plan, "activations")),
-            *trainer::model_spec(c)->cuda_activation_bytes(2048));
+  EXPECT_EQ(static_cast<std::size_t>(term(plan, "activations")), *trainer::model_spec(c)->cuda_activation_bytes(2048));
   EXPECT_NE(plan.table().find("optimizer state"), std::string::npos);
 }
 
@@ -73,7 +74,7 @@ TEST(MemoryPlan, Qwen3_06bOnTwoCpuRanks) {
   const trainer::MemoryPlan plan = trainer::plan_memory(c, *trainer::model_spec(c), 2);
   EXPECT_EQ(plan.parameters, P);
   EXPECT_EQ(term(plan, "weights"), 2 * P + 4 * P / 2 + 4 * P);  // + the whole fp32 copy the cpu model reads
-  EXPECT_EQ(term(plan, "gradients"), 4 * P);                     // cpu: never sharded
+  EXPECT_EQ(term(plan, "gradients"), 4 * P);                    // cpu: never sharded
   EXPECT_EQ(term(plan, "optimizer state"), 8 * P / 2);
   EXPECT_EQ(term(plan, "activations"), -1);  // not estimated on cpu
   const trainer::RunConfig zero0 = config_for("qwen3-0.6b", "cpu", 0);
@@ -121,18 +122,23 @@ TEST(MemoryPlan, OptimizerStateMatchesAllocation) {
 }
 
 TEST(MemoryPlan, ZeroThreeNeedsLayerwiseWeights) {
-  trainer::RunConfig c = trainer::parse_run_config(
-      "run:\n  output_dir: /nonexistent\ndevice: cpu\nmodel:\n  arch: e29a\n  preset: " +
-          models::family("e29a").presets().front() +
-          "\ndata:\n  train: /nonexistent/train.bin\n  seq_len: 64\ntraining:\n  max_steps: 1\n  precision: fp32\n",
-      "plan.yaml", {}, {.check_paths = false});
-  c.parallel.zero_stage = 3;
+  trainer::RunConfig c = config_for("qwen3-test", "cpu", 3, "adamw", 64);
+  const models::Family& bigram = test::bigram_family();
+  const auto whole = bigram.spec(models::base_shape(bigram, bigram.presets().front()));  // reads its weights whole
   try {
-    trainer::plan_memory(c, *trainer::model_spec(c), 2);
+    trainer::check_zero_stage(c, *whole);
     FAIL() << "expected a refusal";
   } catch (const core::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("parallel.zero_stage"), std::string::npos) << e.what();
   }
+  EXPECT_NO_THROW(trainer::check_zero_stage(c, *trainer::model_spec(c)));
+  // E29a reads its weights layer by layer too: the embedding, each layer, the final norm.
+  const models::Family& e29a = models::family("e29a");
+  const auto spec = e29a.spec(models::base_shape(e29a, e29a.presets().front()));
+  EXPECT_NO_THROW(trainer::check_zero_stage(c, *spec));
+  const auto ranges = spec->weight_ranges(optim::SlabLayout(spec->parameters(), 1));
+  ASSERT_GE(ranges.size(), 3u);
+  for (std::size_t i = 1; i < ranges.size(); ++i) EXPECT_LE(ranges[i - 1].end, ranges[i].begin);
 }
 
 }  // namespace
