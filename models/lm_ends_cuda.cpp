@@ -55,6 +55,7 @@ std::size_t LmEndsCuda::workspace_bytes(std::int64_t max_tokens, std::int64_t vo
 }
 
 const LmEndsCuda::bf16* LmEndsCuda::weight(int tensor) const {
+  if (holds_ != nullptr && holds_->active()) return static_cast<const bf16*>(holds_->find(tensor));
   return reinterpret_cast<const bf16*>(slab_.mirror_view(tensor).data);
 }
 optim::Range LmEndsCuda::range_of(int tensor) const {

@@ -19,6 +19,7 @@
 #include "core/device.h"
 #include "models/ops/cross_entropy.h"
 #include "models/ops/linear.h"
+#include "models/weight_holds.h"
 #include "optim/gradient_sink.h"
 #include "optim/slab.h"
 
@@ -84,6 +85,9 @@ class LmEndsCuda : private LmEndsLayout {
 
   // Workspace bytes the calls below need (the caller's workspace may serve its own ops too).
   static std::size_t workspace_bytes(std::int64_t max_tokens, std::int64_t vocab, std::int64_t dim);
+  // ZeRO-3: the weights are read from the ranges the model holds (it holds the embedding, the
+  // tail and the head's range around the calls below) instead of the slab's mirror.
+  void set_weight_holds(const WeightHolds* holds) { holds_ = holds; }
   // bytes() of an instance for these arguments.
   static std::size_t memory_bytes(std::int64_t max_tokens, std::int64_t vocab, std::int64_t dim) {
     return LmEndsLayout(max_tokens, vocab, dim).total_;
@@ -130,6 +134,7 @@ class LmEndsCuda : private LmEndsLayout {
   ops::CrossEntropyPlan cross_entropy_;
   core::Buffer memory_;
   float* head_grad_ = nullptr;  // the tied head's gradient, acquired by backward_head (unlimited sink)
+  const WeightHolds* holds_ = nullptr;
 };
 
 }  // namespace models

@@ -254,10 +254,8 @@ class Qwen3Spec final : public ModelSpec {
   std::unique_ptr<TrainableModel> trainable(optim::Slab& slab, const core::DeviceContext& context,
                                             const TrainableOptions& options) const override {
     if (context.is_cuda()) {
-      if (options.weight_source != nullptr) {
-        throw core::InputError("parallel.zero_stage: 3 is not implemented on cuda yet (use device: cpu, or 0, 1 or 2)");
-      }
-      return std::make_unique<Qwen3Cuda>(config_, slab, context, options.max_tokens, recompute_of(shape_));
+      return std::make_unique<Qwen3Cuda>(config_, slab, context, options.max_tokens, recompute_of(shape_),
+                                         options.weight_source);
     }
     return std::make_unique<CpuModel>(config_, slab, options.full_weights, options.weight_source);
   }

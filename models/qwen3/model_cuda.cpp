@@ -118,8 +118,13 @@ struct Qwen3Cuda::Impl : ActivationLayout {
   std::vector<LayerGroups> groups;  // per layer
 
   core::Buffer memory;
+  // ZeRO-3: the ranges held from the weight source (inactive without one) and the ranges read.
+  WeightHolds holds;
+  optim::Range embed_range, tail_range;
+  std::vector<optim::Range> layer_ranges;
 
-  Impl(const Qwen3Config& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens, Recompute r)
+  Impl(const Qwen3Config& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens, Recompute r,
+       optim::WeightSource* source)
       : ActivationLayout(config, tokens, r),
         c(config),
         slab(s),
@@ -127,13 +132,18 @@ struct Qwen3Cuda::Impl : ActivationLayout {
         stream(context.stream()),
         max_tokens(tokens),
         recompute(r),
-        linear(context) {}
+        linear(context),
+        holds(source, s.layout(), sizeof(bf16)) {}
 
   template <typename T>
   T* at(std::size_t offset) {
     return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset);
   }
-  const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
+  const bf16* w(int tensor) {
+    if (holds.active()) return static_cast<const bf16*>(holds.find(tensor));
+    return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data);
+  }
+  optim::Range head_range() const { return head == embed ? embed_range : tail_range; }
   optim::Range range_of(int tensor) const { return slab.layout().tensors()[static_cast<std::size_t>(tensor)].range(); }
   // Gradient memory of `tensor` inside the acquired `group` whose memory starts at `base`.
   float* grad_in(float* base, const optim::Range& group, int tensor) const {
@@ -208,14 +218,19 @@ struct Qwen3Cuda::Impl : ActivationLayout {
                         "]");
     }
     fill_positions(at<std::int32_t>(positions), n, seq, stream);
-    ends->embed(ids, n, at<bf16>(saved[0].x_in));
+    {
+      const auto held = holds.hold(embed_range);
+      ends->embed(ids, n, at<bf16>(saved[0].x_in));
+    }
     for (std::size_t l = 0; l < layers.size(); ++l) {
+      const auto held = holds.hold(layer_ranges[l]);
       const LayerSlots s = recompute == Recompute::full  ? with_input(scratch, saved[l].x_in)
                            : recompute == Recompute::mlp ? with_mlp(saved[l], scratch)
                                                          : saved[l];
       bf16* next = l + 1 < layers.size() ? at<bf16>(saved[l + 1].x_in) : ends->x_final();
       layer_forward(l, s, next, batch, seq);
     }
+    const auto held = holds.hold(tail_range);
     ends->final_norm(n);
   }
 
@@ -241,11 +256,17 @@ struct Qwen3Cuda::Impl : ActivationLayout {
     const std::int64_t n = batch * seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), qkv = c.qkv_size();
     const std::int64_t qk = qs + kvs, f = c.intermediate_size;
     optim::GradientSink& out = *sink;
-    ends->backward_head(out, targets, n, grad_scale, at<bf16>(dtmp), ws());
+    {
+      // The tail holds the final norm and an untied head; a tied head is the embedding.
+      const auto tail = holds.hold(tail_range);
+      const auto tied = holds.hold(head == embed ? embed_range : optim::Range{});
+      ends->backward_head(out, targets, n, grad_scale, at<bf16>(dtmp), ws());
+    }
     bf16* dx = ends->dx();
     const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
     const std::int32_t* pos = at<std::int32_t>(positions);
     for (std::size_t l = layers.size(); l-- > 0;) {
+      const auto held = holds.hold(layer_ranges[l]);
       const LayerWeights& lw = layers[l];
       const LayerSlots s = slots_for_backward(l, batch, seq);
       // MLP: out = x_mid + down(swiglu(gate_up(norm(x_mid)))).
@@ -289,6 +310,8 @@ struct Qwen3Cuda::Impl : ActivationLayout {
       out.release(attention);
       add_bf16(dx, at<bf16>(dtmp), dx, n * d, stream);
     }
+    // Row windows recompute the logits from the head's weights.
+    const auto held = holds.hold(head_range());
     ends->backward_embedding(out, ids, targets, n, grad_scale, ws());
   }
 
@@ -300,8 +323,8 @@ struct Qwen3Cuda::Impl : ActivationLayout {
 };
 
 Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
-                     std::int64_t max_tokens, Recompute recompute)
-    : impl_(std::make_unique<Impl>(config, slab, context, max_tokens, recompute)) {
+                     std::int64_t max_tokens, Recompute recompute, optim::WeightSource* source)
+    : impl_(std::make_unique<Impl>(config, slab, context, max_tokens, recompute, source)) {
   Impl& m = *impl_;
   validate(config, "qwen3 model");
   if (!context.is_cuda() || !(slab.device() == context.device()))
@@ -319,12 +342,16 @@ Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::D
   m.layers = index.layers;
   for (std::size_t l = 0; l < m.layers.size(); ++l) {
     m.groups.push_back({index.mlp_range(slab.layout(), l), index.attention_range(slab.layout(), l)});
+    m.layer_ranges.push_back(index.layer_range(slab.layout(), l));
   }
+  m.embed_range = index.embed_range(slab.layout());
+  m.tail_range = index.tail_range(slab.layout());
 
   m.ends = std::make_unique<LmEndsCuda>(
       context, slab,
       LmEndsSpec{m.embed, m.final_norm, m.head, config.vocab_size, config.hidden_size, config.rms_norm_eps},
       max_tokens);
+  m.ends->set_weight_holds(&m.holds);
   m.memory = core::Buffer(context.device(), m.total);
   m.memory.fill_bytes(0, context.stream());
   activation_bytes_ = m.total + m.ends->bytes();
@@ -348,12 +375,14 @@ void Qwen3Cuda::forward_loss(const std::int32_t* ids, const std::int32_t* target
                              std::int64_t seq) {
   Impl& m = *impl_;
   m.forward(ids, batch, seq);
+  const auto held = m.holds.hold(m.head_range());
   m.ends->loss(targets, batch * seq, m.ws());
 }
 
 void Qwen3Cuda::logits(const std::int32_t* ids, std::int64_t batch, std::int64_t seq, std::uint16_t* logits) {
   Impl& m = *impl_;
   m.forward(ids, batch, seq);
+  const auto held = m.holds.hold(m.head_range());
   m.linear.forward(m.ends->x_norm(), m.w(m.head), batch * seq, m.c.hidden_size, m.c.vocab_size,
                    reinterpret_cast<bf16*>(logits), m.ws());
 }
