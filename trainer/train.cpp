@@ -276,7 +276,8 @@ class TrainLoop {
       if (step % config_.logging.every == 0 || step == config_.training.max_steps) log_step(step, lr);
       if (config_.eval.every > 0 && step % config_.eval.every == 0) evaluate(step);
       if (config_.eval.tasks_every > 0 && step % config_.eval.tasks_every == 0) evaluate_tasks(step);
-      if (lead_ && config_.sample.every > 0 && step % config_.sample.every == 0) sample(step);
+      // ZeRO-3: every rank takes part in gathering the weights rank 0 decodes from.
+      if ((lead_ || weight_gather_) && config_.sample.every > 0 && step % config_.sample.every == 0) sample(step);
       if (stop || (step == config_.training.max_steps && config_.checkpoint.at_end) ||
           (config_.checkpoint.every > 0 && step % config_.checkpoint.every == 0)) {
         save();
@@ -300,11 +301,16 @@ class TrainLoop {
       if (cuda_ && lead_) {
         spdlog::warn("parallel.zero_stage 3 on cuda has not yet been run on a GPU by its tests (only on cpu)");
       }
-      // Samples and task evaluation decode on rank 0 alone from whole weights, which no rank has.
-      if (config_.sample.every > 0 || !config_.eval.tasks.empty()) {
+      // Task evaluation splits items unevenly over the ranks and decodes from whole weights; the
+      // cuda decoders read the whole mirror. Samples on cpu gather the weights for the decode.
+      if (!config_.eval.tasks.empty()) {
         throw core::InputError(
-            "parallel.zero_stage: 3 does not support sample.every > 0 or eval.tasks yet (set sample.every: 0 and "
-            "no eval.tasks, or use zero_stage 0, 1 or 2)");
+            "parallel.zero_stage: 3 does not support eval.tasks yet (remove eval.tasks or use zero_stage 0, 1 or 2)");
+      }
+      if (cuda_ && config_.sample.every > 0) {
+        throw core::InputError(
+            "parallel.zero_stage: 3 on cuda does not support sample.every > 0 yet (set sample.every: 0, or use "
+            "zero_stage 0, 1 or 2)");
       }
     }
     const int gpus = cuda_ ? core::cuda_device_count() : 0;
@@ -614,8 +620,11 @@ class TrainLoop {
 
   // A generated sample, logged and recorded (rank 0).
   void sample(std::int64_t step) {
-    const auto continuation = sample_text(*spec_, *slab_, *context_, weight_sync_->full_weights(), sample_tokenizer(),
-                                          config_.sample.prompt, config_.sample.tokens, config_.run.seed + step);
+    const core::Buffer whole = weight_gather_ ? weight_gather_->gather_whole() : core::Buffer();
+    if (!lead_) return;
+    const float* weights = weight_gather_ ? whole.as<float>() : weight_sync_->full_weights();
+    const auto continuation = sample_text(*spec_, *slab_, *context_, weights, sample_tokenizer(), config_.sample.prompt,
+                                          config_.sample.tokens, config_.run.seed + step);
     if (continuation) {
       const std::string text = config_.sample.prompt + *continuation;
       spdlog::info("sample at step {}: {}", step, text);
@@ -664,9 +673,11 @@ class TrainLoop {
                  summary_.tokens, summary_.seconds, static_cast<double>(summary_.tokens) / summary_.seconds,
                  summary_.final_loss,
                  summary_.final_val_loss >= 0 ? fmt::format(", validation loss {:.4f}", summary_.final_val_loss) : "");
-    if (lead_ && !weight_gather_) {
-      const auto text = sample_text(*spec_, *slab_, *context_, weight_sync_->full_weights(), sample_tokenizer(),
-                                    config_.sample.prompt, config_.sample.tokens, config_.run.seed);
+    const core::Buffer whole = weight_gather_ ? weight_gather_->gather_whole() : core::Buffer();
+    if (lead_) {
+      const float* weights = weight_gather_ ? whole.as<float>() : weight_sync_->full_weights();
+      const auto text = sample_text(*spec_, *slab_, *context_, weights, sample_tokenizer(), config_.sample.prompt,
+                                    config_.sample.tokens, config_.run.seed);
       if (text) std::printf("\n--- sample ---\n%s%s\n--------------\n", config_.sample.prompt.c_str(), text->c_str());
     }
     communicator_->barrier("end of training");

@@ -59,6 +59,16 @@ const void* WeightGather::acquire(optim::Range range) {
   return base;
 }
 
+core::Buffer WeightGather::gather_whole() {
+  if (context_.is_cuda()) throw core::Error("weight gather: gather_whole is cpu only");
+  const optim::Range owned = slab_.owned();
+  core::Buffer whole(core::Device::cpu(), static_cast<std::size_t>(slab_.layout().total_elements()) * sizeof(float));
+  std::memcpy(whole.as<float>() + owned.begin, slab_.master().as<float>(),
+              static_cast<std::size_t>(owned.size()) * sizeof(float));
+  comm_.all_gather(whole.data(), core::DType::f32, static_cast<std::size_t>(owned.size()), "weight gather (sample)");
+  return whole;
+}
+
 void WeightGather::release(optim::Range range) {
   for (int slot = 0; slot < kSlots; ++slot) {
     if (busy_[slot] && held_[slot] == range) {

@@ -26,6 +26,10 @@ class WeightGather final : public optim::WeightSource {
 
   // Bytes of the two gather buffers (this rank's memory for weights beyond its shard).
   std::size_t buffer_bytes() const { return buffers_.bytes(); }
+  // The whole model's fp32 weights on every rank, for a decoder that reads them whole (a sample
+  // on cpu), freed by the caller: collective, and the one moment a rank holds the whole model.
+  // cpu only (core::Error on cuda).
+  core::Buffer gather_whole();
 
  private:
   static constexpr int kSlots = 2;
