@@ -78,6 +78,9 @@ class Communicator {
   // undefined afterwards).
   virtual void reduce_into(const void* send, void* recv, core::DType dtype, std::size_t count, ReduceOp op, int root,
                            const char* what) = 0;
+  // In place: `count` elements of `data` as `root` has them, on every rank (ZeRO-3 gathers a
+  // layer's weights piece by piece from the ranks that own them).
+  virtual void broadcast(void* data, core::DType dtype, std::size_t count, int root, const char* what) = 0;
   // In place: the reduction of `data` over all ranks lands on `root` (others' data undefined).
   void reduce(void* data, core::DType dtype, std::size_t count, ReduceOp op, int root, const char* what) {
     reduce_into(data, data, dtype, count, op, root, what);

@@ -67,6 +67,13 @@ void MpiCommunicator::all_gather(void* data, core::DType dtype, std::size_t coun
   mpi_.all_gather(data, count_per_rank * core::dtype_size(dtype));
 }
 
+void MpiCommunicator::broadcast(void* data, core::DType dtype, std::size_t count, int root, const char* what) {
+  detail::check_root(root, world(), "broadcast", what);
+  if (world() == 1 || count == 0) return;
+  auto watch = watchdog_.watch_host("broadcast", what, count * core::dtype_size(dtype));
+  mpi_.broadcast(data, count * core::dtype_size(dtype), root);
+}
+
 void MpiCommunicator::reduce_into(const void* send, void* recv, core::DType dtype, std::size_t count, ReduceOp op,
                                   int root, const char* what) {
   (void)checked_type(dtype, op, "reduce", what);

@@ -19,6 +19,7 @@ class MpiCommunicator final : public detail::HostCommunicator {
   void reduce_scatter(void* data, core::DType dtype, std::size_t count_per_rank, ReduceOp op,
                       const char* what) override;
   void all_gather(void* data, core::DType dtype, std::size_t count_per_rank, const char* what) override;
+  void broadcast(void* data, core::DType dtype, std::size_t count, int root, const char* what) override;
   void reduce_into(const void* send, void* recv, core::DType dtype, std::size_t count, ReduceOp op, int root,
                    const char* what) override;
   void synchronize() override {}

@@ -223,6 +223,18 @@ void NcclCommunicator::all_gather(void* data, core::DType dtype, std::size_t cou
   collective_enqueued("all_gather", what);
 }
 
+void NcclCommunicator::broadcast(void* data, core::DType dtype, std::size_t count, int root, const char* what) {
+  detail::check_root(root, world(), "broadcast", what);
+  if (world() == 1 || count == 0) return;
+  wait_for_compute();
+  {
+    auto watch = watchdog_.watch_host("broadcast", what, count * core::dtype_size(dtype));
+    NcclSection section(*this);
+    NCCL_CHECK(ncclBroadcast(data, data, count * core::dtype_size(dtype), ncclUint8, root, comm_, stream_));
+  }
+  collective_enqueued("broadcast", what);
+}
+
 void NcclCommunicator::reduce_into(const void* send, void* recv, core::DType dtype, std::size_t count, ReduceOp op,
                                    int root, const char* what) {
   const ncclDataType_t type = checked_type(dtype, op, "reduce", what);

@@ -16,6 +16,7 @@ class SingleRankCommunicator final : public Communicator {
   void all_reduce(void*, core::DType, std::size_t, ReduceOp, const char*) override {}
   void reduce_scatter(void*, core::DType, std::size_t, ReduceOp, const char*) override {}
   void all_gather(void*, core::DType, std::size_t, const char*) override {}
+  void broadcast(void*, core::DType, std::size_t, int, const char*) override {}
   // With one rank the reduction is a copy, which this communicator cannot make: it does not know
   // whether the buffers are host or device memory. Only the in-place form is a no-op.
   void reduce_into(const void* send, void* recv, core::DType, std::size_t count, ReduceOp, int,

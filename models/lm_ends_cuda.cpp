@@ -21,11 +21,9 @@ optim::GradientSink* checked_sink(optim::GradientSink* sink, optim::GradientSink
   return sink;
 }
 
-LmEndsCuda::LmEndsCuda(const core::DeviceContext& context, optim::Slab& slab, const LmEndsSpec& spec,
-                       std::int64_t max_tokens)
-    : stream_(context.stream()), slab_(slab), spec_(spec), cross_entropy_(context) {
+LmEndsLayout::LmEndsLayout(std::int64_t max_tokens, std::int64_t vocab, std::int64_t dim) {
   DeviceArena a;
-  const auto n = static_cast<std::size_t>(max_tokens), d = static_cast<std::size_t>(spec.dim);
+  const auto n = static_cast<std::size_t>(max_tokens), d = static_cast<std::size_t>(dim);
   x_final_ = a.reserve(n * d * 2);
   x_norm_ = a.reserve(n * d * 2);
   rstd_ = a.reserve(n * 4);
@@ -35,9 +33,19 @@ LmEndsCuda::LmEndsCuda(const core::DeviceContext& context, optim::Slab& slab, co
   mean_loss_ = a.reserve(4);
   count_ = a.reserve(4);
   invalid_ = a.reserve(4);
-  embed_workspace_bytes_ = ops::embedding_backward_workspace_bytes(max_tokens, spec.vocab, spec.dim);
+  embed_workspace_bytes_ = ops::embedding_backward_workspace_bytes(max_tokens, vocab, dim);
   embed_workspace_ = a.reserve(embed_workspace_bytes_);
-  memory_ = core::Buffer(context.device(), a.size());
+  total_ = a.size();
+}
+
+LmEndsCuda::LmEndsCuda(const core::DeviceContext& context, optim::Slab& slab, const LmEndsSpec& spec,
+                       std::int64_t max_tokens)
+    : LmEndsLayout(max_tokens, spec.vocab, spec.dim),
+      stream_(context.stream()),
+      slab_(slab),
+      spec_(spec),
+      cross_entropy_(context) {
+  memory_ = core::Buffer(context.device(), total_);
   memory_.fill_bytes(0, stream_);
 }
 
@@ -47,6 +55,7 @@ std::size_t LmEndsCuda::workspace_bytes(std::int64_t max_tokens, std::int64_t vo
 }
 
 const LmEndsCuda::bf16* LmEndsCuda::weight(int tensor) const {
+  if (holds_ != nullptr && holds_->active()) return static_cast<const bf16*>(holds_->find(tensor));
   return reinterpret_cast<const bf16*>(slab_.mirror_view(tensor).data);
 }
 optim::Range LmEndsCuda::range_of(int tensor) const {

@@ -19,6 +19,7 @@
 #include "core/device.h"
 #include "models/ops/cross_entropy.h"
 #include "models/ops/linear.h"
+#include "models/weight_holds.h"
 #include "optim/gradient_sink.h"
 #include "optim/slab.h"
 
@@ -66,7 +67,16 @@ struct LmEndsSpec {
   double eps = 0.0;
 };
 
-class LmEndsCuda {
+// Where LmEndsCuda's arrays live: offsets into one allocation of `total_` bytes, computed
+// without allocating so memory plans size it from the same arithmetic.
+struct LmEndsLayout {
+  LmEndsLayout(std::int64_t max_tokens, std::int64_t vocab, std::int64_t dim);
+  std::size_t x_final_ = 0, x_norm_ = 0, rstd_ = 0, dx_ = 0, token_losses_ = 0, token_lse_ = 0, mean_loss_ = 0;
+  std::size_t count_ = 0, invalid_ = 0, embed_workspace_ = 0, embed_workspace_bytes_ = 0;
+  std::size_t total_ = 0;
+};
+
+class LmEndsCuda : private LmEndsLayout {
  public:
   using bf16 = __nv_bfloat16;
 
@@ -75,6 +85,13 @@ class LmEndsCuda {
 
   // Workspace bytes the calls below need (the caller's workspace may serve its own ops too).
   static std::size_t workspace_bytes(std::int64_t max_tokens, std::int64_t vocab, std::int64_t dim);
+  // ZeRO-3: the weights are read from the ranges the model holds (it holds the embedding, the
+  // tail and the head's range around the calls below) instead of the slab's mirror.
+  void set_weight_holds(const WeightHolds* holds) { holds_ = holds; }
+  // bytes() of an instance for these arguments.
+  static std::size_t memory_bytes(std::int64_t max_tokens, std::int64_t vocab, std::int64_t dim) {
+    return LmEndsLayout(max_tokens, vocab, dim).total_;
+  }
 
   // x0 [n, dim] = embedding rows of ids (out-of-range ids clamp and raise invalid_id_flag()).
   void embed(const std::int32_t* ids, std::int64_t n, bf16* x0);
@@ -116,9 +133,8 @@ class LmEndsCuda {
   LmEndsSpec spec_;
   ops::CrossEntropyPlan cross_entropy_;
   core::Buffer memory_;
-  std::size_t x_final_ = 0, x_norm_ = 0, rstd_ = 0, dx_ = 0, token_losses_ = 0, token_lse_ = 0, mean_loss_ = 0;
-  std::size_t count_ = 0, invalid_ = 0, embed_workspace_ = 0, embed_workspace_bytes_ = 0;
   float* head_grad_ = nullptr;  // the tied head's gradient, acquired by backward_head (unlimited sink)
+  const WeightHolds* holds_ = nullptr;
 };
 
 }  // namespace models

@@ -22,6 +22,7 @@
 #include "optim/gradient_sink.h"
 #include "optim/param_spec.h"
 #include "optim/slab.h"
+#include "optim/weight_source.h"
 
 namespace models {
 
@@ -80,6 +81,9 @@ struct TrainableOptions {
   // cpu: fp32 weights of the whole slab when the master covers only this rank's shard (kept up
   // to date by the trainer's weight sync); nullptr: the slab's master holds everything.
   const float* full_weights = nullptr;
+  // ZeRO-3: where the model gathers its weights range by range (optim/weight_source.h); the
+  // family must consume its weights by layer. nullptr: the slab (or full_weights) holds them.
+  optim::WeightSource* weight_source = nullptr;
 };
 
 // A model on a backend, training: forward + backward of a micro-batch into the slab's gradients
@@ -199,6 +203,17 @@ class ModelSpec {
   virtual bool streams_gradients() const = 0;
   virtual bool consumes_weights_by_layer() const = 0;
   std::int64_t parameter_count() const;  // elements of parameters()
+  // Bytes the trainable model on cuda allocates for activations at micro-batches of `max_tokens`
+  // (TrainableModel::activation_bytes() of such a model), computed without a GPU; nullopt where the
+  // family does not compute it.
+  virtual std::optional<std::size_t> cuda_activation_bytes(std::int64_t max_tokens) const { return std::nullopt; }
+  // The slab ranges the trainable model reads its weights in, each whole, in forward order, where
+  // it consumes them by layer (consumes_weights_by_layer()): ZeRO-3 gathers one range at a time
+  // into a buffer of the largest. `layout` is laid out from parameters(). Empty otherwise.
+  virtual std::vector<optim::Range> weight_ranges(const optim::SlabLayout& layout) const { return {}; }
+  // The most elements one range handed to a limited gradient sink spans on cuda (the cuda
+  // model's largest_gradient_range()); 0 where the family does not compute it.
+  virtual std::int64_t largest_gradient_range(const optim::SlabLayout& layout) const { return 0; }
 
   // Hugging Face folder: the architecture name of config.json, the config.json object of this
   // shape (`carried`: keys of the folder the run started from, e.g. token ids, kept unless the

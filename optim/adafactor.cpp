@@ -130,7 +130,7 @@ AdafactorStepParams Adafactor::step_params(double lr) const {
 AdafactorDeviceView Adafactor::device_view() {
   return AdafactorDeviceView{slab_.master().as<float>(),
                              slab_.grad_origin(),
-                             slab_.mirror().data(),
+                             slab_.mirror_origin(),
                              slab_.mirror_dtype(),
                              slab_.owned().begin,
                              slab_.segment_table(),
@@ -373,7 +373,7 @@ void Adafactor::update_cpu(const AdafactorStepParams& p, double lr) {
   const float* v_state = v_state_.as<float>();
   float* master = slab_.master().as<float>();
   float* exp_avg = exp_avg_.as<float>();
-  auto* mirror = slab_.mirror().as<std::uint16_t>();
+  auto* mirror = static_cast<std::uint16_t*>(slab_.mirror_origin());
   const bool bf16 = slab_.mirror_dtype() == core::DType::bf16;
   const std::int64_t owned_begin = slab_.owned().begin;
 

@@ -43,7 +43,7 @@ void AdamW::update(double lr) {
     return;
   }
   const AdamWBuffers buffers{slab_.master().as<float>(), exp_avg_.as<float>(),  exp_avg_sq_.as<float>(),
-                             slab_.grad_origin(),        slab_.mirror().data(), slab_.mirror_dtype(),
+                             slab_.grad_origin(),        slab_.mirror_origin(), slab_.mirror_dtype(),
                              slab_.owned().begin};
   launch_adamw_update(buffers, chunk_table(), num_chunks(), slab_.segment_table(), scalars(), params,
                       context().stream());
@@ -54,12 +54,13 @@ void AdamW::update_cpu(const AdamWStepParams& params) {
   const bool skip = skips_step(params.policy, s.nonfinite);
   const float clip = clip_coefficient(s.grad_sq_sum, params.max_norm);
   const long long t = s.step + 1;
-  // The moments cover the owned range, like master.
+  // The moments cover the owned range, like master; the mirror is indexed globally (ZeRO-3 holds
+  // only the owned part of it).
   const AdamWSpanCpu owned{slab_.master().as<float>(),
                            exp_avg_.as<float>(),
                            exp_avg_sq_.as<float>(),
                            slab_.grad_origin(),
-                           slab_.mirror().as<std::uint16_t>(),
+                           static_cast<std::uint16_t*>(slab_.mirror_origin()),
                            slab_.mirror_dtype() == core::DType::bf16,
                            slab_.owned().begin};
   const auto& segments = slab_.segments();

@@ -226,7 +226,7 @@ void AdamW8bit::update(double lr) {
     update_cpu(params);
     return;
   }
-  const AdamW8bitBuffers buffers{slab_.master().as<float>(), slab_.grad_origin(),  slab_.mirror().data(),
+  const AdamW8bitBuffers buffers{slab_.master().as<float>(), slab_.grad_origin(),  slab_.mirror_origin(),
                                  slab_.mirror_dtype(),       slab_.owned().begin,  q_m_.as<std::uint8_t>(),
                                  q_v_.as<std::uint8_t>(),    scale_m_.as<float>(), scale_v_.as<float>(),
                                  small_m_.as<float>(),       small_v_.as<float>()};
@@ -243,7 +243,7 @@ void AdamW8bit::update_cpu(const AdamWStepParams& params) {
   const std::uint64_t seed = rounding_seed(t);
   float* master = slab_.master().as<float>();
   float* grad = slab_.grad_origin();
-  auto* mirror = slab_.mirror().as<std::uint16_t>();
+  auto* mirror = static_cast<std::uint16_t*>(slab_.mirror_origin());
   const bool bf16 = slab_.mirror_dtype() == core::DType::bf16;
   const std::int64_t owned_begin = slab_.owned().begin;
   const auto& segments = slab_.segments();

@@ -150,4 +150,19 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, Slab& s
   throw core::InputError("optimizer.type: unknown optimizer '" + config.type + "' (expected adamw)");
 }
 
+std::int64_t optimizer_state_bytes(const OptimizerConfig& config, const SlabLayout& layout, Range owned,
+                                   std::int64_t chunk_elements) {
+  if (config.type == "adamw") return 2 * owned.size() * static_cast<std::int64_t>(sizeof(float));
+  const std::vector<Segment> segments = make_segments(layout, owned);
+  if (config.type == "adamw8bit") {
+    return plan_adamw8bit(layout, segments, owned, config.adamw8bit.min_8bit_size, chunk_elements).state_bytes();
+  }
+  if (config.type == "adafactor") {
+    const AdafactorPlan plan = make_adafactor_plan(layout, segments, chunk_elements);
+    const std::int64_t momentum = config.adafactor.beta1 ? owned.size() : 0;
+    return (plan.row_col_state_size + plan.v_state_size + momentum) * static_cast<std::int64_t>(sizeof(float));
+  }
+  throw core::InputError("optimizer.type: unknown optimizer '" + config.type + "' (expected adamw)");
+}
+
 }  // namespace optim

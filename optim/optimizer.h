@@ -151,4 +151,9 @@ StepParams with_shared_step_fields(StepParams p, const OptimizerConfig& config, 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, Slab& slab, const core::DeviceContext& context,
                                           std::int64_t chunk_elements = Optimizer::kDefaultChunkElements);
 
+// Bytes of the state buffers (state_buffers()) that make_optimizer's optimizer keeps for the
+// `owned` range of `layout`, computed from the same plans without allocating (memory plans).
+std::int64_t optimizer_state_bytes(const OptimizerConfig& config, const SlabLayout& layout, Range owned,
+                                   std::int64_t chunk_elements = Optimizer::kDefaultChunkElements);
+
 }  // namespace optim

@@ -7,27 +7,38 @@
 
 namespace optim {
 
+SlabCoverage slab_coverage(const SlabLayout& layout, const SlabOptions& options) {
+  if (options.zero_stage < 0 || options.zero_stage > 3) {
+    throw core::Error("slab: zero_stage must be 0, 1, 2 or 3, got " + std::to_string(options.zero_stage));
+  }
+  if (options.shard_gradients && options.zero_stage < 2) {
+    throw core::Error("slab: shard_gradients needs zero_stage 2 or 3, got zero_stage " +
+                      std::to_string(options.zero_stage));
+  }
+  const Range full{0, layout.total_elements()};
+  const Range shard = layout.shard(options.rank);  // validates the rank at every stage
+  SlabCoverage c;
+  c.owned = options.zero_stage >= 1 ? shard : full;
+  c.grad = options.shard_gradients ? c.owned : full;
+  c.mirror = options.zero_stage >= 3 ? c.owned : full;
+  return c;
+}
+
 Slab::Slab(SlabLayout layout, const core::DeviceContext& context, SlabOptions options)
     : layout_(std::move(layout)), device_(context.device()), options_(options) {
-  if (options_.zero_stage < 0 || options_.zero_stage > 2) {
-    throw core::Error("slab: zero_stage must be 0, 1 or 2, got " + std::to_string(options_.zero_stage));
-  }
   if (options_.mirror_dtype != core::DType::bf16 && options_.mirror_dtype != core::DType::f16) {
     throw core::Error("slab: mirror dtype must be bf16 or f16, got " +
                       std::string(core::dtype_name(options_.mirror_dtype)));
   }
-  if (options_.shard_gradients && options_.zero_stage != 2) {
-    throw core::Error("slab: shard_gradients needs zero_stage 2, got zero_stage " +
-                      std::to_string(options_.zero_stage));
-  }
-  owned_ = options_.zero_stage >= 1 ? layout_.shard(options_.rank) : full();
-  if (options_.zero_stage == 0) (void)layout_.shard(options_.rank);  // validates the rank
-  grad_covers_ = options_.shard_gradients ? owned_ : full();
+  const SlabCoverage coverage = slab_coverage(layout_, options_);
+  owned_ = coverage.owned;
+  grad_covers_ = coverage.grad;
+  mirror_covers_ = coverage.mirror;
 
-  const auto total = static_cast<std::size_t>(layout_.total_elements());
   master_ = core::Buffer(device_, static_cast<std::size_t>(owned_.size()) * sizeof(float));
   grad_ = core::Buffer(device_, static_cast<std::size_t>(grad_covers_.size()) * sizeof(float));
-  mirror_ = core::Buffer(device_, total * core::dtype_size(options_.mirror_dtype));
+  mirror_ =
+      core::Buffer(device_, static_cast<std::size_t>(mirror_covers_.size()) * core::dtype_size(options_.mirror_dtype));
   for (core::Buffer* b : {&master_, &grad_, &mirror_}) b->fill_bytes(0, context.stream());
 
   segments_ = make_segments(layout_, owned_);
@@ -40,21 +51,25 @@ Slab::Slab(SlabLayout layout, const core::DeviceContext& context, SlabOptions op
 
 namespace {
 
-// Indexing gradients by global element keeps one kernel (and one CPU loop) for both layouts.
+// Indexing gradients (and the mirror) by global element keeps one kernel (and one CPU loop) for both layouts.
 // The origin of a sharded buffer lies before its allocation, where pointer arithmetic on the
 // buffer's pointer would be undefined; the shift is done on the address as an integer instead,
 // and callers only dereference origin[i] for i in grad_covers(), which is inside the buffer.
-std::uintptr_t grad_origin_address(const core::Buffer& grad, Range covers) {
-  const auto base = reinterpret_cast<std::uintptr_t>(grad.data());
-  return base - static_cast<std::uintptr_t>(covers.begin) * sizeof(float);
+std::uintptr_t origin_address(const core::Buffer& buffer, Range covers, std::size_t element_bytes) {
+  const auto base = reinterpret_cast<std::uintptr_t>(buffer.data());
+  return base - static_cast<std::uintptr_t>(covers.begin) * element_bytes;
 }
 
 }  // namespace
 
-float* Slab::grad_origin() { return reinterpret_cast<float*>(grad_origin_address(grad_, grad_covers_)); }
+float* Slab::grad_origin() { return reinterpret_cast<float*>(origin_address(grad_, grad_covers_, sizeof(float))); }
 
 const float* Slab::grad_origin() const {
-  return reinterpret_cast<const float*>(grad_origin_address(grad_, grad_covers_));
+  return reinterpret_cast<const float*>(origin_address(grad_, grad_covers_, sizeof(float)));
+}
+
+void* Slab::mirror_origin() {
+  return reinterpret_cast<void*>(origin_address(mirror_, mirror_covers_, core::dtype_size(options_.mirror_dtype)));
 }
 
 const Segment* Slab::segment_table() const {
@@ -81,7 +96,7 @@ core::TensorView Slab::view(core::Buffer& buffer, core::DType dtype, Range cover
 void Slab::write_mirror(const core::DeviceContext& context) {
   const std::int64_t n = owned_.size();
   const float* master = master_.as<float>();
-  auto* mirror = mirror_.as<std::uint16_t>() + owned_.begin;
+  auto* mirror = static_cast<std::uint16_t*>(mirror_origin()) + owned_.begin;
   if (device_.is_cuda()) {
     launch_write_mirror(master, mirror, options_.mirror_dtype, n, context.stream());
     return;

@@ -130,10 +130,11 @@ std::string describe(const YAML::Node& node) {
 // Reads the tree, naming each key by its path and its origin (file line or override).
 class Reader {
  public:
-  Reader(std::string file, std::map<std::string, std::string> override_sources)
-      : file_(std::move(file)), override_sources_(std::move(override_sources)) {}
+  Reader(std::string file, std::map<std::string, std::string> override_sources, bool check_paths)
+      : file_(std::move(file)), override_sources_(std::move(override_sources)), check_paths_(check_paths) {}
 
   const std::string& file() const { return file_; }
+  bool check_paths() const { return check_paths_; }
 
   std::string where(const std::string& path, const YAML::Node& node) const {
     const auto it = override_sources_.find(path);
@@ -160,11 +161,14 @@ class Reader {
  private:
   std::string file_;
   std::map<std::string, std::string> override_sources_;
+  bool check_paths_ = true;
 };
 
 // One section: its keys checked on construction, typed getters that leave the default when absent.
 class Section {
  public:
+  bool check_paths() const { return reader_.check_paths(); }
+
   Section(const Reader& reader, const YAML::Node& root, const std::string& name, bool required)
       : reader_(reader), root_(root), name_(name), node_(root[name]), present_(node_.IsDefined() && !node_.IsNull()) {
     if (!present_) {
@@ -280,11 +284,13 @@ class Section {
 
 void require_existing_path(const Section& section, const std::string& key, const std::string& value,
                            const std::string& what) {
-  if (!std::filesystem::exists(value)) section.fail(key, what + " '" + value + "' does not exist");
+  if (section.check_paths() && !std::filesystem::exists(value))
+    section.fail(key, what + " '" + value + "' does not exist");
 }
 
 // Token shards are read by size and offset: a FIFO, device or directory would block or mislead.
 void require_regular_file(const Section& section, const std::string& key, const std::string& value) {
+  if (!section.check_paths()) return;
   std::error_code ec;
   if (!std::filesystem::is_regular_file(value, ec)) section.fail(key, "'" + value + "' is not a regular file");
 }
@@ -746,7 +752,7 @@ const std::vector<SectionSchema>& schema() {
                    [](const Section& s, RunConfig& c) {
                      std::int64_t stage = c.parallel.zero_stage;
                      s.integer("zero_stage", stage);
-                     s.check(stage >= 0 && stage <= 2, "zero_stage", "one of [0, 1, 2]", std::to_string(stage));
+                     s.check(stage >= 0 && stage <= 3, "zero_stage", "one of [0, 1, 2, 3]", std::to_string(stage));
                      c.parallel.zero_stage = static_cast<int>(stage);
                    },
                    [](YAML::Emitter& out, const RunConfig& c) {
@@ -790,7 +796,7 @@ const std::vector<SectionSchema>& schema() {
                if (!item.IsScalar() || item.Scalar().empty()) {
                  s.fail("tasks", "expected task file paths, got " + describe(item));
                }
-               if (!std::filesystem::is_regular_file(item.Scalar())) {
+               if (s.check_paths() && !std::filesystem::is_regular_file(item.Scalar())) {
                  s.fail("tasks", "task file '" + item.Scalar() + "' does not exist");
                }
                c.eval.tasks.push_back(item.Scalar());
@@ -875,7 +881,7 @@ const char* device_name(Device device) { return device == Device::cuda ? "cuda" 
 const char* precision_name(Precision precision) { return precision == Precision::bf16 ? "bf16" : "fp32"; }
 
 RunConfig parse_run_config(const std::string& yaml, const std::string& source,
-                           const std::vector<std::string>& overrides) {
+                           const std::vector<std::string>& overrides, const ConfigOptions& options) {
   if (const std::size_t at = invalid_utf8_offset(yaml); at != std::string_view::npos) {
     throw core::InputError(source + ": byte " + std::to_string(at) + " is not valid UTF-8 (a config is Unicode text)");
   }
@@ -896,11 +902,12 @@ RunConfig parse_run_config(const std::string& yaml, const std::string& source,
     throw core::InputError(source + ": expected a mapping with the sections " + joined(top_level_keys()) + ", got " +
                            describe(root));
   }
-  const Reader reader(source, apply_overrides(root, overrides));
+  const Reader reader(source, apply_overrides(root, overrides), options.check_paths);
   return read_config(root, reader);
 }
 
-RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides,
+                          const ConfigOptions& options) {
   constexpr std::uintmax_t kMaxConfigBytes = 1 << 20;
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
@@ -914,7 +921,7 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   if (!in) throw core::InputError(path + ": cannot open the config file");
   std::stringstream text;
   text << in.rdbuf();
-  return parse_run_config(text.str(), path, overrides);
+  return parse_run_config(text.str(), path, overrides, options);
 }
 
 std::unique_ptr<models::ModelSpec> model_spec(const RunConfig& config) {

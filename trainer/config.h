@@ -15,7 +15,7 @@
 //   training:   micro_batch_size, global_batch_size, max_steps (required), precision, grad_clip
 //   optimizer:  the keys of trainer/optimizer_yaml.h except grad_clip
 //   schedule:   type (constant | linear | cosine | wsd), warmup_steps, min_lr_ratio, decay_ratio
-//   parallel:   zero_stage (0 | 1 | 2), timeout_s
+//   parallel:   zero_stage (0 | 1 | 2 | 3), timeout_s
 //   checkpoint: every, keep_last, resume (auto | never | PATH), at_end, allow_data_change,
 //               allow_schedule_change
 //   eval:       every, batches
@@ -90,7 +90,8 @@ struct TrainingConfig {
 };
 
 struct ParallelConfig {
-  int zero_stage = 1;            // 0: replicated state, 1: sharded optimizer state, 2: + sharded gradients
+  // 0: replicated state, 1: sharded optimizer state, 2: + sharded gradients, 3: + sharded weights
+  int zero_stage = 1;
   std::int64_t timeout_s = 300;  // collective timeout
 
   bool operator==(const ParallelConfig&) const = default;
@@ -156,15 +157,22 @@ struct RunConfig {
   bool operator==(const RunConfig&) const = default;
 };
 
+struct ConfigOptions {
+  // false: paths (data, tokenizer, checkpoint, init_from) need not exist: `trainer --plan` reads
+  // a config written for another machine.
+  bool check_paths = true;
+};
+
 // Reads `path`, applies `overrides` (each `section.key=value`, the value parsed as a YAML scalar
 // or flow collection, e.g. `optimizer.betas=[0.9,0.99]`, later ones winning) and validates.
 // Throws core::InputError for a missing or malformed file, an unknown key, a wrong type, a value
 // out of range, a missing required key, a missing data file, or a malformed override.
-RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides,
+                          const ConfigOptions& options = {});
 
 // As load_run_config, from YAML text; `source` names it in messages.
 RunConfig parse_run_config(const std::string& yaml, const std::string& source,
-                           const std::vector<std::string>& overrides);
+                           const std::vector<std::string>& overrides, const ConfigOptions& options = {});
 
 // The spec of the configured model (its family and shape).
 std::unique_ptr<models::ModelSpec> model_spec(const RunConfig& config);

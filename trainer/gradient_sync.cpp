@@ -45,7 +45,7 @@ float* GradientSync::acquire(optim::Range range) {
 
 void GradientSync::release(optim::Range range) {
   if (!staged()) {
-    if (last_micro_batch_ && stage_ == 2 && comm_.world() > 1) {
+    if (last_micro_batch_ && stage_ >= 2 && comm_.world() > 1) {
       reduce_onto_owners(range, slab_.grad_origin() + range.begin);
       reduced_.push_back(range);
     }
@@ -139,7 +139,10 @@ void GradientSync::zero_outside_owned() {
 }
 
 WeightSync::WeightSync(comm::Communicator& comm, optim::Slab& slab, const core::DeviceContext& context)
-    : comm_(comm), slab_(slab), sharded_(!(slab.owned() == slab.full()) && comm.world() > 1) {
+    : comm_(comm),
+      slab_(slab),
+      // ZeRO-3 keeps only shards: the model gathers each range when it reads it (weight_gather.h).
+      sharded_(!(slab.owned() == slab.full()) && comm.world() > 1 && slab.zero_stage() < 3) {
   if (sharded_ && !context.is_cuda()) {
     full_ = core::Buffer(core::Device::cpu(), static_cast<std::size_t>(slab.layout().total_elements()) * sizeof(float));
   }

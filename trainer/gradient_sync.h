@@ -12,6 +12,7 @@
 //           - whole gradient buffer (gradient accumulation, or a backend without the sink): the
 //             ranges are reduced in place during the last micro-batch, and finish() reduces the
 //             tensors that were not reported.
+//   ZeRO-3: the gradients as ZeRO-2 (the weights are sharded too: trainer/weight_gather.h).
 // With ZeRO >= 1 and a whole buffer the gradients outside the owned shard are zeroed afterwards,
 // so the next step accumulates from zero everywhere (the optimizer zeroes the owned shard itself).
 #pragma once
@@ -69,9 +70,10 @@ class GradientSync final : public optim::GradientSink {
   std::uint64_t last_marker_ = 0;
 };
 
-// The other half: after an optimizer step or a load with ZeRO >= 1 and several ranks, each rank
+// The other half: after an optimizer step or a load with ZeRO-1/2 and several ranks, each rank
 // has updated only its shard of the weights. cuda all-gathers the 16-bit mirror in place; cpu
-// gathers the fp32 master shards into a whole-model copy, which the cpu model reads.
+// gathers the fp32 master shards into a whole-model copy, which the cpu model reads. ZeRO-3
+// gathers nothing here: the model reads each range through WeightGather.
 class WeightSync {
  public:
   WeightSync(comm::Communicator& comm, optim::Slab& slab, const core::DeviceContext& context);

@@ -7,9 +7,10 @@
 namespace trainer {
 
 ModelRunner::ModelRunner(const models::ModelSpec& spec, optim::Slab& slab, const core::DeviceContext& context,
-                         std::int64_t max_tokens, const float* full_weights)
+                         std::int64_t max_tokens, const float* full_weights, optim::WeightSource* weight_source)
     : context_(context),
-      model_(spec.trainable(slab, context, {.max_tokens = max_tokens, .full_weights = full_weights})),
+      model_(spec.trainable(slab, context,
+                            {.max_tokens = max_tokens, .full_weights = full_weights, .weight_source = weight_source})),
       max_tokens_(max_tokens),
       cuda_(context.is_cuda()) {
   if (!cuda_) return;

@@ -18,9 +18,11 @@ namespace trainer {
 
 class ModelRunner {
  public:
-  // `full_weights`: cpu with a sharded master, the whole-model fp32 weights the model reads.
+  // `full_weights`: cpu with a sharded master, the whole-model fp32 weights the model reads;
+  // `weight_source`: ZeRO-3's gather (models::TrainableOptions).
   ModelRunner(const models::ModelSpec& spec, optim::Slab& slab, const core::DeviceContext& context,
-              std::int64_t max_tokens, const float* full_weights = nullptr);
+              std::int64_t max_tokens, const float* full_weights = nullptr,
+              optim::WeightSource* weight_source = nullptr);
   ~ModelRunner();
 
   // Adds the gradient of grad_scale * mean loss of the micro-batch [batch, seq] to the gradients.

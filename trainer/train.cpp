@@ -27,12 +27,14 @@
 #include "trainer/checkpoint.h"
 #include "trainer/resume_check.h"
 #include "trainer/gradient_sync.h"
+#include "trainer/memory_plan.h"
 #include "trainer/model_runner.h"
 #include "trainer/pretrained.h"
 #include "text/sampler.h"
 #include "trainer/stop_signals.h"
 #include "trainer/task_evaluation.h"
 #include "trainer/tensorboard.h"
+#include "trainer/weight_gather.h"
 #include "text/token_shard.h"
 #include "text/tokenizer.h"
 
@@ -152,8 +154,10 @@ struct Batch {
 
 // Validation: the first `batches` x micro-batch windows of the shard, in order (the same every time).
 // With several ranks, rank r evaluates batches r, r + world, ... and the sums are all-reduced.
+// `lockstep` (ZeRO-3, whose forward gathers weights collectively): every rank runs the same number
+// of forwards, a rank short of batches evaluating its first one again without counting it.
 double validation_loss(ModelRunner& runner, const text::TokenShard& val, std::int64_t batches, std::int64_t micro_batch,
-                       std::int64_t seq, comm::Communicator& comm) {
+                       std::int64_t seq, comm::Communicator& comm, bool lockstep) {
   const std::uint64_t windows =
       val.size() > static_cast<std::uint64_t>(seq) ? (val.size() - 1) / static_cast<std::uint64_t>(seq) : 0;
   if (windows == 0)
@@ -175,6 +179,14 @@ double validation_loss(ModelRunner& runner, const text::TokenShard& val, std::in
     }
     total += runner.eval_loss(b.ids.data(), b.targets.data(), micro_batch, seq);
     ++counted;
+  }
+  const std::int64_t rounds = (batches + comm.world() - 1) / comm.world();
+  for (std::int64_t extra = counted; lockstep && counted > 0 && extra < rounds; ++extra) {
+    (void)runner.eval_loss(b.ids.data(), b.targets.data(), micro_batch, seq);
+  }
+  if (lockstep && counted == 0) {
+    throw core::InputError("eval.batches: " + std::to_string(batches) + " is fewer than the " +
+                           std::to_string(comm.world()) + " ranks; ZeRO-3 needs at least one batch per rank");
   }
   const std::vector<double> sums =
       comm.all_reduce_host({total, static_cast<double>(counted)}, comm::ReduceOp::sum, "validation loss");
@@ -271,7 +283,8 @@ class TrainLoop {
       if (step % config_.logging.every == 0 || step == config_.training.max_steps) log_step(step, lr);
       if (config_.eval.every > 0 && step % config_.eval.every == 0) evaluate(step);
       if (config_.eval.tasks_every > 0 && step % config_.eval.tasks_every == 0) evaluate_tasks(step);
-      if (lead_ && config_.sample.every > 0 && step % config_.sample.every == 0) sample(step);
+      // ZeRO-3: every rank takes part in gathering the weights rank 0 decodes from.
+      if ((lead_ || weight_gather_) && config_.sample.every > 0 && step % config_.sample.every == 0) sample(step);
       if (stop || (step == config_.training.max_steps && config_.checkpoint.at_end) ||
           (config_.checkpoint.every > 0 && step % config_.checkpoint.every == 0)) {
         save();
@@ -290,6 +303,23 @@ class TrainLoop {
 
   // The device context and the communicator of this rank.
   void open_devices() {
+    check_zero_stage(config_, *spec_);
+    if (config_.parallel.zero_stage == 3) {
+      if (cuda_ && lead_) {
+        spdlog::warn("parallel.zero_stage 3 on cuda has not yet been run on a GPU by its tests (only on cpu)");
+      }
+      // Task evaluation splits items unevenly over the ranks and decodes from whole weights; the
+      // cuda decoders read the whole mirror. Samples on cpu gather the weights for the decode.
+      if (!config_.eval.tasks.empty()) {
+        throw core::InputError(
+            "parallel.zero_stage: 3 does not support eval.tasks yet (remove eval.tasks or use zero_stage 0, 1 or 2)");
+      }
+      if (cuda_ && config_.sample.every > 0) {
+        throw core::InputError(
+            "parallel.zero_stage: 3 on cuda does not support sample.every > 0 yet (set sample.every: 0, or use "
+            "zero_stage 0, 1 or 2)");
+      }
+    }
     const int gpus = cuda_ ? core::cuda_device_count() : 0;
     if (cuda_ && gpus == 0) {
       throw core::InputError("device: cuda was requested but no CUDA device is available (use device=cpu)");
@@ -399,18 +429,31 @@ class TrainLoop {
     const bool sharded = stage >= 1 && world_ > 1;
     // ZeRO-2 keeps only the owned shard of the gradients when nothing accumulates across
     // micro-batches (accumulation must not communicate before the last one, so it needs them all).
-    const bool shard_gradients = cuda_ && stage == 2 && world_ > 1 && accumulation_ == 1;
+    const bool shard_gradients = shards_gradients(config_, world_);
     if (cuda_ && stage == 2 && world_ > 1 && !shard_gradients) {
       spdlog::info(
           "ZeRO-2 with {} micro-batches per step keeps the whole gradient buffer: accumulation communicates "
           "only after the last micro-batch",
           accumulation_);
     }
+    if (cuda_) {
+      // A run that cannot fit is refused before it allocates, naming what to change.
+      std::size_t free_bytes = 0, total_bytes = 0;
+      CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+      check_plan_fits(plan_memory(config_, *spec_, world_), static_cast<std::int64_t>(free_bytes),
+                      context.device().index);
+    }
     slab_.emplace(std::move(*layout_), context,
                   optim::SlabOptions{.rank = rank_, .zero_stage = stage, .shard_gradients = shard_gradients});
     if (!resume_from_) initialize_weights(config_, *slab_, context);
     weight_sync_.emplace(comm, *slab_, context);
-    runner_ = std::make_unique<ModelRunner>(*spec_, *slab_, context, micro_ * seq_, weight_sync_->full_weights());
+    if (stage == 3) {
+      std::int64_t largest = 0;
+      for (const optim::Range& r : spec_->weight_ranges(slab_->layout())) largest = std::max(largest, r.size());
+      weight_gather_.emplace(comm, *slab_, context, largest);
+    }
+    runner_ = std::make_unique<ModelRunner>(*spec_, *slab_, context, micro_ * seq_, weight_sync_->full_weights(),
+                                            weight_gather_ ? &*weight_gather_ : nullptr);
     optimizer_ = optim::make_optimizer(config_.optimizer, *slab_, context);
     if (sharded) {
       optimizer_->set_partials_reducer([&comm](const std::vector<optim::Partial>& partials) {
@@ -457,6 +500,8 @@ class TrainLoop {
     const nlohmann::json memory = {
         {"weights_gib", static_cast<double>(slab_->mirror().bytes() + slab_->master().bytes()) / gib},
         {"grads_gib", static_cast<double>(slab_->grad().bytes() + gradient_sync_->staging_bytes()) / gib},
+        {"weight_bytes", slab_->mirror().bytes() + slab_->master().bytes()},
+        {"gather_bytes", weight_gather_ ? weight_gather_->buffer_bytes() : 0},
         {"state_gib", static_cast<double>(state_bytes) / gib}};
     spdlog::info(
         "memory per rank: weights {:.3f} GiB (mirror + master), gradients {:.3f} GiB (with staging), "
@@ -567,7 +612,8 @@ class TrainLoop {
   // The validation loss, split across the ranks (nothing without validation data).
   void evaluate(std::int64_t step) {
     if (!val_shard_) return;
-    const double val = validation_loss(*runner_, *val_shard_, config_.eval.batches, micro_, seq_, *communicator_);
+    const double val = validation_loss(*runner_, *val_shard_, config_.eval.batches, micro_, seq_, *communicator_,
+                                       weight_gather_.has_value());
     summary_.final_val_loss = val;
     spdlog::info("step {}/{} | val_loss {:.4f}", step, config_.training.max_steps, val);
     record({{"step", step}, {"val_loss", val}});
@@ -581,9 +627,12 @@ class TrainLoop {
 
   // A generated sample, logged and recorded (rank 0).
   void sample(std::int64_t step) {
+    const core::Buffer whole = weight_gather_ ? weight_gather_->gather_whole() : core::Buffer();
+    if (!lead_) return;
+    const float* weights = weight_gather_ ? whole.as<float>() : weight_sync_->full_weights();
     std::string decoder;
-    const auto continuation = sample_text(*spec_, *slab_, *context_, weight_sync_->full_weights(), sample_tokenizer(),
-                                          config_.sample, config_.run.seed + step, decoder);
+    const auto continuation = sample_text(*spec_, *slab_, *context_, weights, sample_tokenizer(), config_.sample,
+                                          config_.run.seed + step, decoder);
     if (continuation) {
       const std::string text = config_.sample.prompt + *continuation;
       if (sample_decoder_.empty()) spdlog::info("samples decode with the {}", decoder);
@@ -634,10 +683,12 @@ class TrainLoop {
                  summary_.tokens, summary_.seconds, static_cast<double>(summary_.tokens) / summary_.seconds,
                  summary_.final_loss,
                  summary_.final_val_loss >= 0 ? fmt::format(", validation loss {:.4f}", summary_.final_val_loss) : "");
+    const core::Buffer whole = weight_gather_ ? weight_gather_->gather_whole() : core::Buffer();
     if (lead_) {
+      const float* weights = weight_gather_ ? whole.as<float>() : weight_sync_->full_weights();
       std::string decoder;
-      const auto text = sample_text(*spec_, *slab_, *context_, weight_sync_->full_weights(), sample_tokenizer(),
-                                    config_.sample, config_.run.seed, decoder);
+      const auto text = sample_text(*spec_, *slab_, *context_, weights, sample_tokenizer(), config_.sample,
+                                    config_.run.seed, decoder);
       if (text) {
         if (sample_decoder_.empty()) spdlog::info("samples decode with the {}", decoder);
         std::printf("\n--- sample ---\n%s%s\n--------------\n", config_.sample.prompt.c_str(), text->c_str());
@@ -696,6 +747,7 @@ class TrainLoop {
   std::optional<RunLock> run_lock_;
   std::optional<optim::Slab> slab_;
   std::optional<WeightSync> weight_sync_;
+  std::optional<WeightGather> weight_gather_;  // ZeRO-3
   std::optional<TaskEvaluation> tasks_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<optim::Optimizer> optimizer_;

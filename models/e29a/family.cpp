@@ -118,7 +118,14 @@ class E29aSpec final : public ModelSpec {
            30.0 * static_cast<double>(config_.num_layers * config_.n_slots * config_.hidden_size);
   }
   bool streams_gradients() const override { return true; }
-  bool consumes_weights_by_layer() const override { return false; }
+  bool consumes_weights_by_layer() const override { return true; }
+  std::vector<optim::Range> weight_ranges(const optim::SlabLayout& layout) const override {
+    const TensorIndex index(config_, layout);
+    std::vector<optim::Range> ranges = {index.embed_range(layout)};
+    for (std::size_t l = 0; l < index.layers.size(); ++l) ranges.push_back(index.layer_range(layout, l));
+    ranges.push_back(index.tail_range(layout));
+    return ranges;
+  }
 
   std::string hf_architecture() const override { return "E29aForCausalLM"; }
   nlohmann::ordered_json hf_config(const nlohmann::json& carried) const override {
@@ -148,8 +155,13 @@ class E29aSpec final : public ModelSpec {
 
   std::unique_ptr<TrainableModel> trainable(optim::Slab& slab, const core::DeviceContext& context,
                                             const TrainableOptions& options) const override {
-    if (context.is_cuda()) return std::make_unique<E29aCuda>(config_, slab, context, options.max_tokens);
-    return std::make_unique<E29aCpu>(config_, slab, options.full_weights);
+    if (context.is_cuda()) {
+      if (options.weight_source != nullptr) {
+        throw core::InputError("parallel.zero_stage: 3 is not implemented on cuda yet (use device: cpu, or 0, 1 or 2)");
+      }
+      return std::make_unique<E29aCuda>(config_, slab, context, options.max_tokens);
+    }
+    return std::make_unique<E29aCpu>(config_, slab, options.full_weights, options.weight_source);
   }
   std::unique_ptr<Decoder> decoder(optim::Slab& slab, const core::DeviceContext& context,
                                    const DecoderOptions& options) const override {

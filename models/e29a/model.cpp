@@ -4,6 +4,7 @@
 #include "models/e29a/model.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -18,21 +19,6 @@ namespace {
 using Vec = std::vector<float>;
 std::span<const float> in(const Vec& v) { return {v.data(), v.size()}; }
 std::span<float> out(Vec& v) { return {v.data(), v.size()}; }
-
-std::span<const float> tensor_weights(optim::Slab& slab, const float* full_weights, int tensor) {
-  const optim::SlabTensor& t = slab.layout().tensors()[static_cast<std::size_t>(tensor)];
-  if (full_weights != nullptr) return {full_weights + t.offset, static_cast<std::size_t>(t.numel)};
-  const auto v = slab.master_view(tensor);
-  return {v.as<float>(), static_cast<std::size_t>(v.numel())};
-}
-
-void check_cpu(const optim::Slab& slab, const float* full_weights, const char* what) {
-  if (slab.device().is_cuda() || (full_weights == nullptr && !(slab.owned() == slab.full()))) {
-    throw core::Error(std::string(what) +
-                      ": the cpu model needs a cpu slab whose master weights cover the whole "
-                      "model, or the whole model's weights");
-  }
-}
 
 }  // namespace
 
@@ -52,17 +38,34 @@ TensorIndex::TensorIndex(const E29aConfig& config, const optim::SlabLayout& layo
   }
 }
 
+optim::Range TensorIndex::embed_range(const optim::SlabLayout& layout) const {
+  return tensor_span(layout, embed, embed);
+}
+
+optim::Range TensorIndex::layer_range(const optim::SlabLayout& layout, std::size_t layer) const {
+  return tensor_span(layout, layers[layer].norm, layers[layer].tape0);
+}
+
+optim::Range TensorIndex::tail_range(const optim::SlabLayout& layout) const {
+  return tail_span(layout, final_norm, head, embed);
+}
+
 struct E29aCpu::LayerSaved {
   Vec x_in, normed, rstd;
   LayerActivations<float> acts;
 };
 
-E29aCpu::E29aCpu(const E29aConfig& config, optim::Slab& slab, const float* full_weights)
-    : config_(config), slab_(slab), full_weights_(full_weights), index_(config, slab.layout()) {
-  check_cpu(slab, full_weights, "E29aCpu");
+E29aCpu::E29aCpu(const E29aConfig& config, optim::Slab& slab, const float* full_weights, optim::WeightSource* source)
+    : config_(config),
+      slab_(slab),
+      weights_(slab, full_weights, source, "E29aCpu"),
+      index_(config, slab.layout()),
+      embed_range_(index_.embed_range(slab.layout())),
+      tail_range_(index_.tail_range(slab.layout())) {
+  for (std::size_t l = 0; l < index_.layers.size(); ++l) layer_ranges_.push_back(index_.layer_range(slab.layout(), l));
 }
 
-std::span<const float> E29aCpu::weight(int tensor) const { return tensor_weights(slab_, full_weights_, tensor); }
+std::span<const float> E29aCpu::weight(int tensor) const { return weights_.of(tensor); }
 
 std::span<float> E29aCpu::grad(int tensor) {
   const auto v = slab_.grad_view(tensor);
@@ -91,10 +94,14 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
   const LayerShape shape{batch, seq, d, c.n_slots};
 
   Vec x(static_cast<std::size_t>(n * d));
-  ops::embedding_forward_cpu<float>(ids, weight(index_.embed), c.vocab_size, d, out(x));
+  {
+    const auto held = weights_.hold(embed_range_);
+    ops::embedding_forward_cpu<float>(ids, weight(index_.embed), c.vocab_size, d, out(x));
+  }
   std::vector<LayerSaved> saved(index_.layers.size());
   Vec y(x.size());
   for (std::size_t l = 0; l < index_.layers.size(); ++l) {
+    const auto held = weights_.hold(layer_ranges_[l]);
     const LayerTensors& t = index_.layers[l];
     LayerSaved& s = saved[l];
     s.x_in = x;
@@ -106,6 +113,10 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
     if (!backward) s = LayerSaved{};
   }
   Vec final_out(x.size()), final_rstd(static_cast<std::size_t>(n));
+  // The tail holds the final norm and an untied head; a tied head is the embedding.
+  const bool tied = index_.head == index_.embed;
+  std::optional<WeightHolds::Hold> tail(std::in_place, weights_.holds(), tail_range_);
+  std::optional<WeightHolds::Hold> head(std::in_place, weights_.holds(), tied ? embed_range_ : optim::Range{});
   ops::rmsnorm_forward_cpu<float>(in(x), weight(index_.final_norm), n, d, c.rms_norm_eps, out(final_out),
                                   out(final_rstd));
   if (!backward) {
@@ -121,7 +132,10 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
   if (traces_ != nullptr) traces_->resize(index_.layers.size());
   ops::rmsnorm_backward_cpu<float>(in(dfinal), in(x), weight(index_.final_norm), in(final_rstd), n, d, out(dx),
                                    grad(index_.final_norm));
+  head.reset();
+  tail.reset();
   for (std::size_t l = index_.layers.size(); l-- > 0;) {
+    const auto held = weights_.hold(layer_ranges_[l]);
     const LayerTensors& t = index_.layers[l];
     const LayerSaved& s = saved[l];
     layer_backward_cpu<float>(layer_weights(t), s.acts, in(s.normed), in(dx), out(du),
@@ -138,16 +152,18 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
 
 E29aCpuDecoder::E29aCpuDecoder(const E29aConfig& config, optim::Slab& slab, const core::DeviceContext& context,
                                const DecoderOptions& options)
-    : config_(config), slab_(slab), full_weights_(options.full_weights), index_(config, slab.layout()) {
+    : config_(config),
+      slab_(slab),
+      weights_(slab, options.full_weights, nullptr, "E29aCpuDecoder"),
+      index_(config, slab.layout()) {
   capacity_ = options.max_tokens;
   if (context.is_cuda()) throw core::Error("E29aCpuDecoder: needs a cpu context");
-  check_cpu(slab, full_weights_, "E29aCpuDecoder");
   check_decoder_capacity(capacity_);
   state_.resize(index_.layers.size());
   logits_.assign(static_cast<std::size_t>(config.vocab_size), 0.0f);
 }
 
-std::span<const float> E29aCpuDecoder::weight(int tensor) const { return tensor_weights(slab_, full_weights_, tensor); }
+std::span<const float> E29aCpuDecoder::weight(int tensor) const { return weights_.of(tensor); }
 
 void E29aCpuDecoder::prefill(std::span<const std::int32_t> tokens, float* all_logits) {
   const E29aConfig& c = config_;

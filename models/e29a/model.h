@@ -9,6 +9,7 @@
 
 #include "core/device.h"
 #include "models/e29a/config.h"
+#include "models/cpu_weights.h"
 #include "models/e29a/layer.h"
 #include "models/model.h"
 #include "models/ops/cross_entropy.h"
@@ -21,12 +22,21 @@ struct TensorIndex {
   int embed = 0, final_norm = 0, head = 0;
   std::vector<LayerTensors> layers;
   TensorIndex(const E29aConfig& config, const optim::SlabLayout& layout);
+
+  // The ranges the model reads its weights in (ZeRO-3 gathers each whole): the embedding, each
+  // layer (norm to tape0, contiguous), then the final norm with an untied head after it.
+  optim::Range embed_range(const optim::SlabLayout& layout) const;
+  optim::Range layer_range(const optim::SlabLayout& layout, std::size_t layer) const;
+  optim::Range tail_range(const optim::SlabLayout& layout) const;
 };
 
 class E29aCpu final : public TrainableModel {
  public:
-  // The weights are the slab's master (covering the whole model) or `full_weights`.
-  E29aCpu(const E29aConfig& config, optim::Slab& slab, const float* full_weights);
+  // The weights are the slab's master (covering the whole model), `full_weights`, or with ZeRO-3
+  // what `source` gathers range by range (TensorIndex's ranges), before the forward's and the
+  // backward's use of each.
+  E29aCpu(const E29aConfig& config, optim::Slab& slab, const float* full_weights,
+          optim::WeightSource* source = nullptr);
 
   void forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
                         float grad_scale) override;
@@ -47,8 +57,10 @@ class E29aCpu final : public TrainableModel {
 
   E29aConfig config_;
   optim::Slab& slab_;
-  const float* full_weights_;
+  mutable CpuWeights weights_;
   TensorIndex index_;
+  optim::Range embed_range_, tail_range_;
+  std::vector<optim::Range> layer_ranges_;
   float loss_ = 0;
   std::vector<LayerBackwardTrace<float>>* traces_ = nullptr;
   std::vector<float> token_losses_;  // of the last forward_loss
@@ -67,7 +79,7 @@ class E29aCpuDecoder final : public HostDecoder {
 
   E29aConfig config_;
   optim::Slab& slab_;
-  const float* full_weights_;
+  CpuWeights weights_;
   TensorIndex index_;
   std::vector<LayerState<float>> state_;  // per layer: h [D], tape [N, D]
 };

@@ -200,10 +200,18 @@ struct BackwardWorkspace {
 BackwardWorkspace plan_workspace(std::int64_t tokens, std::int64_t vocab, std::int64_t dim, void* base) {
   BackwardWorkspace w;
   if (tokens == 0) return w;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      nullptr, w.sort_bytes, static_cast<const std::uint32_t*>(nullptr), static_cast<std::uint32_t*>(nullptr),
-      static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), static_cast<int>(tokens), 0,
-      id_bits(vocab)));
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    // No GPU to ask (a memory plan made on a machine without one): an estimate of CUB's storage,
+    // its alternate key and value buffers plus 1 MiB of histograms and tile state.
+    (void)cudaGetLastError();
+    w.sort_bytes = static_cast<std::size_t>(tokens) * 2 * (sizeof(std::uint32_t) + sizeof(std::int32_t)) + (1 << 20);
+  } else {
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        nullptr, w.sort_bytes, static_cast<const std::uint32_t*>(nullptr), static_cast<std::uint32_t*>(nullptr),
+        static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), static_cast<int>(tokens), 0,
+        id_bits(vocab)));
+  }
   auto* bytes = static_cast<std::byte*>(base);
   std::size_t offset = 0;
   auto take = [&](std::size_t size) {

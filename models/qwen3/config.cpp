@@ -1,6 +1,9 @@
 #include "models/qwen3/config.h"
 
+#include <algorithm>
+
 #include "core/error.h"
+#include "models/weight_holds.h"
 
 namespace models::qwen3 {
 
@@ -85,6 +88,34 @@ Qwen3TensorIndex::Qwen3TensorIndex(const Qwen3Config& config, const optim::SlabL
     layers.push_back({find(p + "input_norm"), find(p + "qkv"), find(p + "q_norm"), find(p + "k_norm"),
                       find(p + "o_proj"), find(p + "post_norm"), find(p + "gate_up"), find(p + "down")});
   }
+}
+
+optim::Range Qwen3TensorIndex::embed_range(const optim::SlabLayout& layout) const {
+  return tensor_span(layout, embed, embed);
+}
+
+optim::Range Qwen3TensorIndex::layer_range(const optim::SlabLayout& layout, std::size_t layer) const {
+  return tensor_span(layout, layers[layer].input_norm, layers[layer].down);
+}
+
+optim::Range Qwen3TensorIndex::tail_range(const optim::SlabLayout& layout) const {
+  return tail_span(layout, final_norm, head, embed);
+}
+
+optim::Range Qwen3TensorIndex::mlp_range(const optim::SlabLayout& layout, std::size_t layer) const {
+  return tensor_span(layout, layers[layer].post_norm, layers[layer].down);
+}
+
+optim::Range Qwen3TensorIndex::attention_range(const optim::SlabLayout& layout, std::size_t layer) const {
+  return tensor_span(layout, layers[layer].input_norm, layers[layer].o_proj);
+}
+
+std::int64_t Qwen3TensorIndex::largest_gradient_range(const optim::SlabLayout& layout, std::int64_t hidden) const {
+  std::int64_t largest = std::max(tensor_span(layout, final_norm, final_norm).size(), hidden);
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    largest = std::max({largest, mlp_range(layout, l).size(), attention_range(layout, l).size()});
+  }
+  return largest;
 }
 
 }  // namespace models::qwen3

@@ -38,7 +38,7 @@ struct Qwen3Config {
 // checks of the config table and the family's rules (models/qwen3/family.cpp), as for YAML.
 void validate(const Qwen3Config& config, const std::string& where);
 
-// qwen3-0.6b, qwen3-1.7b, and test sizes qwen3-tiny (byte vocabulary) and qwen3-test (the
+// qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, and test sizes qwen3-tiny (byte vocabulary) and qwen3-test (the
 // preset table in models/qwen3/family.cpp).
 Qwen3Config preset(const std::string& name);
 std::vector<std::string> preset_names();
@@ -69,6 +69,19 @@ struct Qwen3TensorIndex {
   int embed = 0, final_norm = 0, head = 0;
   std::vector<Qwen3LayerTensors> layers;
   Qwen3TensorIndex(const Qwen3Config& config, const optim::SlabLayout& layout, const std::string& who);
+
+  // The ranges the model reads its weights in (ZeRO-3 gathers each whole): the embedding, each
+  // layer (input_norm to down, contiguous), then the final norm with an untied head after it.
+  optim::Range embed_range(const optim::SlabLayout& layout) const;
+  optim::Range layer_range(const optim::SlabLayout& layout, std::size_t layer) const;
+  optim::Range tail_range(const optim::SlabLayout& layout) const;
+  // The gradient ranges of layer `layer`'s backward, in the order it finishes them: the MLP
+  // (post_norm to down) and the attention (input_norm to o_proj).
+  optim::Range mlp_range(const optim::SlabLayout& layout, std::size_t layer) const;
+  optim::Range attention_range(const optim::SlabLayout& layout, std::size_t layer) const;
+  // The largest range the cuda backward hands a limited sink: a layer's MLP or attention, the
+  // final norm, or one row of a vocabulary-sized tensor (`hidden` elements).
+  std::int64_t largest_gradient_range(const optim::SlabLayout& layout, std::int64_t hidden) const;
 };
 
 }  // namespace models::qwen3

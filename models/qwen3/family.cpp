@@ -110,6 +110,21 @@ const std::vector<std::pair<std::string, Shape>>& preset_table() {
   static const std::vector<std::pair<std::string, Shape>> presets = {
       {"qwen3-0.6b", Shape::object()},
       {"qwen3-1.7b", {{"hidden_size", 2048}, {"intermediate_size", 6144}}},
+      // Qwen/Qwen3-4B and Qwen/Qwen3-8B, their config.json (the rest as Qwen3-0.6B's: head_dim 128,
+      // rope_theta 1e6, max_position_embeddings 40960, vocabulary 151936).
+      {"qwen3-4b",
+       {{"hidden_size", 2560},
+        {"intermediate_size", 9728},
+        {"num_layers", 36},
+        {"num_heads", 32},
+        {"num_kv_heads", 8}}},
+      {"qwen3-8b",
+       {{"hidden_size", 4096},
+        {"intermediate_size", 12288},
+        {"num_layers", 36},
+        {"num_heads", 32},
+        {"num_kv_heads", 8},
+        {"tie_word_embeddings", false}}},
       // A byte-level model for quick runs.
       {"qwen3-tiny",
        {{"vocab_size", 256},
@@ -143,8 +158,8 @@ Recompute recompute_of(const Shape& shape) {
 // The fp32 cpu model as a TrainableModel.
 class CpuModel final : public TrainableModel {
  public:
-  CpuModel(const Qwen3Config& config, optim::Slab& slab, const float* full_weights)
-      : model_(config, slab, const_cast<float*>(full_weights)) {}
+  CpuModel(const Qwen3Config& config, optim::Slab& slab, const float* full_weights, optim::WeightSource* source)
+      : model_(config, slab, const_cast<float*>(full_weights), source) {}
   void forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
                         float grad_scale) override {
     const auto n = static_cast<std::size_t>(batch * seq);
@@ -181,6 +196,19 @@ class Qwen3Spec final : public ModelSpec {
   }
   bool streams_gradients() const override { return true; }
   bool consumes_weights_by_layer() const override { return true; }
+  std::optional<std::size_t> cuda_activation_bytes(std::int64_t max_tokens) const override {
+    return Qwen3Cuda::planned_activation_bytes(config_, max_tokens, recompute_of(shape_));
+  }
+  std::vector<optim::Range> weight_ranges(const optim::SlabLayout& layout) const override {
+    const Qwen3TensorIndex index(config_, layout, "qwen3");
+    std::vector<optim::Range> ranges = {index.embed_range(layout)};
+    for (std::size_t l = 0; l < index.layers.size(); ++l) ranges.push_back(index.layer_range(layout, l));
+    ranges.push_back(index.tail_range(layout));
+    return ranges;
+  }
+  std::int64_t largest_gradient_range(const optim::SlabLayout& layout) const override {
+    return Qwen3TensorIndex(config_, layout, "qwen3").largest_gradient_range(layout, config_.hidden_size);
+  }
 
   std::string hf_architecture() const override { return "Qwen3ForCausalLM"; }
   nlohmann::ordered_json hf_config(const nlohmann::json& carried) const override {
@@ -226,9 +254,10 @@ class Qwen3Spec final : public ModelSpec {
   std::unique_ptr<TrainableModel> trainable(optim::Slab& slab, const core::DeviceContext& context,
                                             const TrainableOptions& options) const override {
     if (context.is_cuda()) {
-      return std::make_unique<Qwen3Cuda>(config_, slab, context, options.max_tokens, recompute_of(shape_));
+      return std::make_unique<Qwen3Cuda>(config_, slab, context, options.max_tokens, recompute_of(shape_),
+                                         options.weight_source);
     }
-    return std::make_unique<CpuModel>(config_, slab, options.full_weights);
+    return std::make_unique<CpuModel>(config_, slab, options.full_weights, options.weight_source);
   }
   std::unique_ptr<Decoder> decoder(optim::Slab& slab, const core::DeviceContext& context,
                                    const DecoderOptions& options) const override {

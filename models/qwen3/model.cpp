@@ -1,6 +1,8 @@
 #include "models/qwen3/model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -32,29 +34,20 @@ struct Qwen3Model::LayerActivations {
   Vec x_in, rstd_in, h, q, k, v, rstd_q, rstd_k, q_rot, k_rot, att, lse, x_mid, rstd_post, h2, gate_up, act;
 };
 
-Qwen3Model::Qwen3Model(const Qwen3Config& config, optim::Slab& slab, float* full_weights)
-    : config_(config), slab_(slab), full_weights_(full_weights) {
+Qwen3Model::Qwen3Model(const Qwen3Config& config, optim::Slab& slab, float* full_weights, optim::WeightSource* source)
+    : config_(config), slab_(slab), weights_(slab, full_weights, source, "Qwen3Model") {
   validate(config_, "qwen3 model");
-  if (slab.device().is_cuda() || (full_weights == nullptr && !(slab.owned() == slab.full()))) {
-    throw core::Error(
-        "Qwen3Model: the cpu model needs a cpu slab whose master weights cover the whole model, or "
-        "the whole model's weights");
-  }
   const Qwen3TensorIndex index(config_, slab.layout(), "Qwen3Model");
   embed_ = index.embed;
   final_norm_ = index.final_norm;
   head_ = index.head;
   layers_ = index.layers;
+  embed_range_ = index.embed_range(slab.layout());
+  tail_range_ = index.tail_range(slab.layout());
+  for (std::size_t l = 0; l < layers_.size(); ++l) layer_ranges_.push_back(index.layer_range(slab.layout(), l));
 }
 
-std::span<float> Qwen3Model::weight(int tensor) {
-  if (full_weights_ != nullptr) {
-    const optim::SlabTensor& t = slab_.layout().tensors()[static_cast<std::size_t>(tensor)];
-    return {full_weights_ + t.offset, static_cast<std::size_t>(t.numel)};
-  }
-  const auto v = slab_.master_view(tensor);
-  return {v.as<float>(), static_cast<std::size_t>(v.numel())};
-}
+std::span<float> Qwen3Model::weight(int tensor) { return weights_.of(tensor); }
 
 std::span<float> Qwen3Model::grad(int tensor) {
   const auto v = slab_.grad_view(tensor);
@@ -88,9 +81,13 @@ void Qwen3Model::forward(std::span<const std::int32_t> ids, std::int64_t batch, 
   const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
 
   Vec x(static_cast<std::size_t>(n * d));
-  ops::embedding_forward_cpu<float>(ids, weight(embed_), c.vocab_size, d, out(x));
+  {
+    const auto held = weights_.hold(embed_range_);
+    ops::embedding_forward_cpu<float>(ids, weight(embed_), c.vocab_size, d, out(x));
+  }
   saved.resize(layers_.size());
   for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const auto held = weights_.hold(layer_ranges_[l]);
     const LayerWeights& w = layers_[l];
     LayerActivations& a = saved[l];
     a.x_in = x;
@@ -137,6 +134,7 @@ void Qwen3Model::forward(std::span<const std::int32_t> ids, std::int64_t batch, 
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += down[i];
   }
   final_in = std::move(x);
+  const auto held = weights_.hold(tail_range_);
   final_out.resize(final_in.size());
   final_rstd.resize(static_cast<std::size_t>(n));
   ops::rmsnorm_forward_cpu<float>(in(final_in), weight(final_norm_), n, d, c.rms_norm_eps, out(final_out),
@@ -154,22 +152,30 @@ ops::CrossEntropyResult Qwen3Model::step(std::span<const std::int32_t> ids, std:
   Vec final_in, final_out, final_rstd;
   forward(ids, batch, seq, saved, final_in, final_out, final_rstd);
   if (!backward) {
+    const auto head = weights_.hold(head_range());
     return ops::cross_entropy_forward_cpu<float>(in(final_out), weight(head_), targets, d, c.vocab_size, 0,
                                                  token_losses);
   }
 
   Vec dfinal(final_out.size());
-  const ops::CrossEntropyResult result = ops::cross_entropy_backward_cpu<float>(
-      in(final_out), weight(head_), targets, d, c.vocab_size, out(dfinal), grad(head_), grad_scale);
   Vec dx(final_in.size());
-  ops::rmsnorm_backward_cpu<float>(in(dfinal), in(final_in), weight(final_norm_), in(final_rstd), n, d, out(dx),
-                                   grad(final_norm_));
+  ops::CrossEntropyResult result;
+  {
+    // The tail holds the final norm and an untied head; a tied head is the embedding.
+    const auto tail = weights_.hold(tail_range_);
+    const auto tied = weights_.hold(head_ == embed_ ? embed_range_ : optim::Range{});
+    result = ops::cross_entropy_backward_cpu<float>(in(final_out), weight(head_), targets, d, c.vocab_size, out(dfinal),
+                                                    grad(head_), grad_scale);
+    ops::rmsnorm_backward_cpu<float>(in(dfinal), in(final_in), weight(final_norm_), in(final_rstd), n, d, out(dx),
+                                     grad(final_norm_));
+  }
 
   std::vector<std::int32_t> positions(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) positions[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % seq);
   const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
   Vec tmp(dx.size());
   for (std::size_t l = layers_.size(); l-- > 0;) {
+    const auto held = weights_.hold(layer_ranges_[l]);
     const LayerWeights& w = layers_[l];
     const LayerActivations& a = saved[l];
     // MLP branch: x_out = x_mid + down(swiglu(gate_up(norm(x_mid)))).
@@ -213,6 +219,7 @@ void Qwen3Model::logits(std::span<const std::int32_t> ids, std::int64_t batch, s
   std::vector<LayerActivations> saved;
   Vec final_in, final_out, final_rstd;
   forward(ids, batch, seq, saved, final_in, final_out, final_rstd);
+  const auto head = weights_.hold(head_range());
   ops::linear_forward_cpu<float>(in(final_out), weight(head_), batch * seq, config_.hidden_size, config_.vocab_size,
                                  result);
 }

@@ -8,9 +8,11 @@
 #include <span>
 #include <vector>
 
+#include "models/cpu_weights.h"
 #include "models/ops/cross_entropy.h"
 #include "models/qwen3/config.h"
 #include "optim/slab.h"
+#include "optim/weight_source.h"
 
 namespace models::qwen3 {
 
@@ -18,8 +20,11 @@ class Qwen3Model {
  public:
   // `slab` must be laid out from parameter_specs(config) and live on cpu. The weights are the
   // slab's master weights, which must then cover the whole slab, or `full_weights` (fp32 over the
-  // whole slab, e.g. gathered from the shards of every rank under ZeRO).
-  Qwen3Model(const Qwen3Config& config, optim::Slab& slab, float* full_weights = nullptr);
+  // whole slab, e.g. gathered from the shards of every rank under ZeRO-1/2), or, with ZeRO-3,
+  // what `source` gathers range by range (the embedding, each layer, the final norm and head:
+  // Qwen3TensorIndex's ranges), acquired before each use in the forward and again in the backward.
+  Qwen3Model(const Qwen3Config& config, optim::Slab& slab, float* full_weights = nullptr,
+             optim::WeightSource* source = nullptr);
 
   const Qwen3Config& config() const { return config_; }
 
@@ -49,9 +54,12 @@ class Qwen3Model {
 
   Qwen3Config config_;
   optim::Slab& slab_;
-  float* full_weights_ = nullptr;
+  CpuWeights weights_;
   int embed_ = 0, final_norm_ = 0, head_ = 0;
   std::vector<LayerWeights> layers_;
+  optim::Range embed_range_, tail_range_;
+  std::vector<optim::Range> layer_ranges_;
+  optim::Range head_range() const { return head_ == embed_ ? embed_range_ : tail_range_; }
 };
 
 }  // namespace models::qwen3

@@ -26,14 +26,76 @@ Recompute recompute_from_string(const std::string& name) {
   throw core::InputError("activation recompute must be none, mlp or full, got '" + name + "'");
 }
 
-namespace {}  // namespace
+namespace {
 
-struct Qwen3Cuda::Impl {
-  // Where a layer's activations live (offsets into `memory`; the same layout for the saved
-  // copies and for the recompute scratch).
+// Where the activations live: offsets into one allocation of `total` bytes. The model carves its
+// memory from it and a memory plan sizes it without allocating (Qwen3Cuda::planned_activation_bytes).
+struct ActivationLayout {
+  // A layer's slots (the same layout for the saved copies and for the recompute scratch).
   struct LayerSlots {
     std::size_t x_in, rstd_in, h, qkv, qk, rstd_q, rstd_k, att, lse, x_mid, rstd_post, h2, gate_up, act;
   };
+
+  static LayerSlots reserve_layer(DeviceArena& a, const Qwen3Config& config, std::int64_t tokens, bool keep_all,
+                                  bool keep_mlp) {
+    const std::size_t n = static_cast<std::size_t>(tokens);
+    const std::size_t d = static_cast<std::size_t>(config.hidden_size);
+    LayerSlots s{};
+    s.x_in = a.reserve(n * d * 2);
+    if (!keep_all) return s;
+    s.rstd_in = a.reserve(n * 4);
+    s.h = a.reserve(n * d * 2);
+    s.qkv = a.reserve(n * static_cast<std::size_t>(config.qkv_size()) * 2);
+    s.qk = a.reserve(n * static_cast<std::size_t>(config.q_size() + config.kv_size()) * 2);
+    s.rstd_q = a.reserve(n * static_cast<std::size_t>(config.num_heads) * 4);
+    s.rstd_k = a.reserve(n * static_cast<std::size_t>(config.num_kv_heads) * 4);
+    s.att = a.reserve(n * static_cast<std::size_t>(config.q_size()) * 2);
+    s.lse = a.reserve(n * static_cast<std::size_t>(config.num_heads) * 4);
+    s.x_mid = a.reserve(n * d * 2);
+    s.rstd_post = a.reserve(n * 4);
+    s.h2 = a.reserve(n * d * 2);
+    if (keep_mlp) {
+      s.gate_up = a.reserve(n * 2 * static_cast<std::size_t>(config.intermediate_size) * 2);
+      s.act = a.reserve(n * static_cast<std::size_t>(config.intermediate_size) * 2);
+    }
+    return s;
+  }
+
+  ActivationLayout(const Qwen3Config& config, std::int64_t tokens, Recompute recompute) {
+    DeviceArena a;
+    const std::size_t n = static_cast<std::size_t>(tokens), d = static_cast<std::size_t>(config.hidden_size);
+    const std::size_t f = static_cast<std::size_t>(config.intermediate_size);
+    for (std::int64_t l = 0; l < config.num_layers; ++l) {
+      saved.push_back(reserve_layer(a, config, tokens, recompute != Recompute::full, recompute == Recompute::none));
+    }
+    if (recompute != Recompute::none) scratch = reserve_layer(a, config, tokens, true, true);
+    positions = a.reserve(n * 4);
+    dtmp = a.reserve(n * d * 2);
+    datt = a.reserve(n * static_cast<std::size_t>(config.q_size()) * 2);
+    dqk = a.reserve(n * static_cast<std::size_t>(config.q_size() + config.kv_size()) * 2);
+    dqkv = a.reserve(n * static_cast<std::size_t>(config.qkv_size()) * 2);
+    dgate_up = a.reserve(n * 2 * f * 2);
+    dact = a.reserve(n * f * 2);
+    dh = a.reserve(n * d * 2);
+    const ops::AttentionShape widest{1, tokens, config.num_heads, config.num_kv_heads, config.head_dim};
+    workspace_bytes = std::max({LmEndsCuda::workspace_bytes(tokens, config.vocab_size, config.hidden_size),
+                                ops::head_rmsnorm_backward_workspace_bytes(tokens, config.num_heads, config.head_dim),
+                                ops::attention_backward_workspace_bytes(widest)});
+    workspace = a.reserve(workspace_bytes);
+    total = a.size();
+  }
+
+  std::vector<LayerSlots> saved;  // per layer
+  LayerSlots scratch{};           // recompute target
+  std::size_t positions = 0;
+  std::size_t dtmp = 0, datt = 0, dqk = 0, dqkv = 0, dgate_up = 0, dact = 0, dh = 0;
+  std::size_t workspace = 0, workspace_bytes = 0;
+  std::size_t total = 0;
+};
+
+}  // namespace
+
+struct Qwen3Cuda::Impl : ActivationLayout {
   using LayerWeights = Qwen3LayerTensors;
 
   // The gradient ranges of one layer's backward, in the order it finishes them.
@@ -56,59 +118,38 @@ struct Qwen3Cuda::Impl {
   std::vector<LayerGroups> groups;  // per layer
 
   core::Buffer memory;
-  std::vector<LayerSlots> saved;  // per layer
-  LayerSlots scratch{};           // recompute target
-  std::size_t positions = 0;
-  std::size_t dtmp = 0, datt = 0, dqk = 0, dqkv = 0, dgate_up = 0, dact = 0, dh = 0;
-  std::size_t workspace = 0, workspace_bytes = 0;
+  // ZeRO-3: the ranges held from the weight source (inactive without one) and the ranges read.
+  WeightHolds holds;
+  optim::Range embed_range, tail_range;
+  std::vector<optim::Range> layer_ranges;
 
-  Impl(const Qwen3Config& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens, Recompute r)
-      : c(config), slab(s), ctx(context), stream(context.stream()), max_tokens(tokens), recompute(r), linear(context) {}
+  Impl(const Qwen3Config& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens, Recompute r,
+       optim::WeightSource* source)
+      : ActivationLayout(config, tokens, r),
+        c(config),
+        slab(s),
+        ctx(context),
+        stream(context.stream()),
+        max_tokens(tokens),
+        recompute(r),
+        linear(context),
+        holds(source, s.layout(), sizeof(bf16)) {}
 
   template <typename T>
   T* at(std::size_t offset) {
     return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset);
   }
-  const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
-  optim::Range range_of(int tensor) const { return slab.layout().tensors()[static_cast<std::size_t>(tensor)].range(); }
-  // The slab range spanned by `tensors` (contiguous in the layout).
-  optim::Range span(std::initializer_list<int> tensors) const {
-    optim::Range r{std::numeric_limits<std::int64_t>::max(), 0};
-    for (int t : tensors) {
-      r.begin = std::min(r.begin, range_of(t).begin);
-      r.end = std::max(r.end, range_of(t).end);
-    }
-    return r;
+  const bf16* w(int tensor) {
+    if (holds.active()) return static_cast<const bf16*>(holds.find(tensor));
+    return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data);
   }
+  optim::Range head_range() const { return head == embed ? embed_range : tail_range; }
+  optim::Range range_of(int tensor) const { return slab.layout().tensors()[static_cast<std::size_t>(tensor)].range(); }
   // Gradient memory of `tensor` inside the acquired `group` whose memory starts at `base`.
   float* grad_in(float* base, const optim::Range& group, int tensor) const {
     return base + (range_of(tensor).begin - group.begin);
   }
   ops::DeviceWorkspace ws() { return {at<char>(workspace), workspace_bytes}; }
-
-  LayerSlots reserve_layer(DeviceArena& a, bool keep_all, bool keep_mlp) {
-    const std::size_t n = static_cast<std::size_t>(max_tokens);
-    const std::size_t d = static_cast<std::size_t>(c.hidden_size);
-    LayerSlots s{};
-    s.x_in = a.reserve(n * d * 2);
-    if (!keep_all) return s;
-    s.rstd_in = a.reserve(n * 4);
-    s.h = a.reserve(n * d * 2);
-    s.qkv = a.reserve(n * static_cast<std::size_t>(c.qkv_size()) * 2);
-    s.qk = a.reserve(n * static_cast<std::size_t>(c.q_size() + c.kv_size()) * 2);
-    s.rstd_q = a.reserve(n * static_cast<std::size_t>(c.num_heads) * 4);
-    s.rstd_k = a.reserve(n * static_cast<std::size_t>(c.num_kv_heads) * 4);
-    s.att = a.reserve(n * static_cast<std::size_t>(c.q_size()) * 2);
-    s.lse = a.reserve(n * static_cast<std::size_t>(c.num_heads) * 4);
-    s.x_mid = a.reserve(n * d * 2);
-    s.rstd_post = a.reserve(n * 4);
-    s.h2 = a.reserve(n * d * 2);
-    if (keep_mlp) {
-      s.gate_up = a.reserve(n * 2 * static_cast<std::size_t>(c.intermediate_size) * 2);
-      s.act = a.reserve(n * static_cast<std::size_t>(c.intermediate_size) * 2);
-    }
-    return s;
-  }
 
   // One layer forward from s.x_in into out_x (the next layer's input), filling s's slots.
   void layer_forward(std::size_t l, const LayerSlots& s, bf16* out_x, std::int64_t batch, std::int64_t seq) {
@@ -177,14 +218,19 @@ struct Qwen3Cuda::Impl {
                         "]");
     }
     fill_positions(at<std::int32_t>(positions), n, seq, stream);
-    ends->embed(ids, n, at<bf16>(saved[0].x_in));
+    {
+      const auto held = holds.hold(embed_range);
+      ends->embed(ids, n, at<bf16>(saved[0].x_in));
+    }
     for (std::size_t l = 0; l < layers.size(); ++l) {
+      const auto held = holds.hold(layer_ranges[l]);
       const LayerSlots s = recompute == Recompute::full  ? with_input(scratch, saved[l].x_in)
                            : recompute == Recompute::mlp ? with_mlp(saved[l], scratch)
                                                          : saved[l];
       bf16* next = l + 1 < layers.size() ? at<bf16>(saved[l + 1].x_in) : ends->x_final();
       layer_forward(l, s, next, batch, seq);
     }
+    const auto held = holds.hold(tail_range);
     ends->final_norm(n);
   }
 
@@ -210,7 +256,12 @@ struct Qwen3Cuda::Impl {
     const std::int64_t n = batch * seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), qkv = c.qkv_size();
     const std::int64_t qk = qs + kvs, f = c.intermediate_size;
     optim::GradientSink& out = *sink;
-    ends->backward_head(out, targets, n, grad_scale, at<bf16>(dtmp), ws());
+    {
+      // The tail holds the final norm and an untied head; a tied head is the embedding.
+      const auto tail = holds.hold(tail_range);
+      const auto tied = holds.hold(head == embed ? embed_range : optim::Range{});
+      ends->backward_head(out, targets, n, grad_scale, at<bf16>(dtmp), ws());
+    }
     bf16* dx = ends->dx();
     const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
     const std::int32_t* pos = at<std::int32_t>(positions);
@@ -225,6 +276,7 @@ struct Qwen3Cuda::Impl {
       add_bf16(dx, at<bf16>(dtmp), dx, n * d, stream);
     };
     for (std::size_t l = layers.size(); l-- > 0;) {
+      const auto held = holds.hold(layer_ranges[l]);
       const LayerWeights& lw = layers[l];
       const LayerSlots s = slots_for_backward(l, batch, seq);
       // MLP: out = x_mid + down(swiglu(gate_up(norm(x_mid)))).
@@ -260,21 +312,21 @@ struct Qwen3Cuda::Impl {
                       grad_in(att_grad, attention, lw.qkv), ws());
       branch_norm_backward(at<bf16>(s.x_in), lw.input_norm, at<float>(s.rstd_in), att_grad, attention);
     }
+    // Row windows recompute the logits from the head's weights.
+    const auto held = holds.hold(head_range());
     ends->backward_embedding(out, ids, targets, n, grad_scale, ws());
   }
 
   // The largest range the backward acquires from a limited sink: a layer's MLP or attention
   // span, the final norm, or one row of a vocabulary-sized tensor.
   std::int64_t largest_group() const {
-    std::int64_t largest = ends->largest_range();
-    for (const LayerGroups& g : groups) largest = std::max({largest, g.mlp.size(), g.attention.size()});
-    return largest;
+    return Qwen3TensorIndex(c, slab.layout(), "Qwen3Cuda").largest_gradient_range(slab.layout(), c.hidden_size);
   }
 };
 
 Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
-                     std::int64_t max_tokens, Recompute recompute)
-    : impl_(std::make_unique<Impl>(config, slab, context, max_tokens, recompute)) {
+                     std::int64_t max_tokens, Recompute recompute, optim::WeightSource* source)
+    : impl_(std::make_unique<Impl>(config, slab, context, max_tokens, recompute, source)) {
   Impl& m = *impl_;
   validate(config, "qwen3 model");
   check_cuda_slab(slab, context, "Qwen3Cuda");
@@ -288,41 +340,27 @@ Qwen3Cuda::Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::D
   m.final_norm = index.final_norm;
   m.head = index.head;
   m.layers = index.layers;
-  for (const Impl::LayerWeights& lw : m.layers) {
-    m.groups.push_back({m.span({lw.post_norm, lw.gate_up, lw.down}),
-                        m.span({lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, lw.o_proj})});
+  for (std::size_t l = 0; l < m.layers.size(); ++l) {
+    m.groups.push_back({index.mlp_range(slab.layout(), l), index.attention_range(slab.layout(), l)});
+    m.layer_ranges.push_back(index.layer_range(slab.layout(), l));
   }
+  m.embed_range = index.embed_range(slab.layout());
+  m.tail_range = index.tail_range(slab.layout());
 
   m.ends = std::make_unique<LmEndsCuda>(
       context, slab,
       LmEndsSpec{m.embed, m.final_norm, m.head, config.vocab_size, config.hidden_size, config.rms_norm_eps},
       max_tokens);
-  DeviceArena a;
-  const std::size_t n = static_cast<std::size_t>(max_tokens), d = static_cast<std::size_t>(config.hidden_size);
-  const std::size_t f = static_cast<std::size_t>(config.intermediate_size);
-  for (std::int64_t l = 0; l < config.num_layers; ++l) {
-    m.saved.push_back(m.reserve_layer(a, recompute != Recompute::full, recompute == Recompute::none));
-  }
-  if (recompute != Recompute::none) {
-    m.scratch = m.reserve_layer(a, true, true);
-  }
-  m.positions = a.reserve(n * 4);
-  m.dtmp = a.reserve(n * d * 2);
-  m.datt = a.reserve(n * static_cast<std::size_t>(config.q_size()) * 2);
-  m.dqk = a.reserve(n * static_cast<std::size_t>(config.q_size() + config.kv_size()) * 2);
-  m.dqkv = a.reserve(n * static_cast<std::size_t>(config.qkv_size()) * 2);
-  m.dgate_up = a.reserve(n * 2 * f * 2);
-  m.dact = a.reserve(n * f * 2);
-  m.dh = a.reserve(n * d * 2);
-  const std::int64_t tokens = max_tokens;
-  const ops::AttentionShape widest{1, tokens, config.num_heads, config.num_kv_heads, config.head_dim};
-  m.workspace_bytes = std::max({LmEndsCuda::workspace_bytes(tokens, config.vocab_size, config.hidden_size),
-                                ops::head_rmsnorm_backward_workspace_bytes(tokens, config.num_heads, config.head_dim),
-                                ops::attention_backward_workspace_bytes(widest)});
-  m.workspace = a.reserve(m.workspace_bytes);
-  m.memory = core::Buffer(context.device(), a.size());
+  m.ends->set_weight_holds(&m.holds);
+  m.memory = core::Buffer(context.device(), m.total);
   m.memory.fill_bytes(0, context.stream());
-  activation_bytes_ = a.size() + m.ends->bytes();
+  activation_bytes_ = m.total + m.ends->bytes();
+}
+
+std::size_t Qwen3Cuda::planned_activation_bytes(const Qwen3Config& config, std::int64_t max_tokens,
+                                                Recompute recompute) {
+  return ActivationLayout(config, max_tokens, recompute).total +
+         LmEndsCuda::memory_bytes(max_tokens, config.vocab_size, config.hidden_size);
 }
 
 Qwen3Cuda::~Qwen3Cuda() = default;
@@ -337,12 +375,14 @@ void Qwen3Cuda::forward_loss(const std::int32_t* ids, const std::int32_t* target
                              std::int64_t seq) {
   Impl& m = *impl_;
   m.forward(ids, batch, seq);
+  const auto held = m.holds.hold(m.head_range());
   m.ends->loss(targets, batch * seq, m.ws());
 }
 
 void Qwen3Cuda::logits(const std::int32_t* ids, std::int64_t batch, std::int64_t seq, std::uint16_t* logits) {
   Impl& m = *impl_;
   m.forward(ids, batch, seq);
+  const auto held = m.holds.hold(m.head_range());
   m.linear.forward(m.ends->x_norm(), m.w(m.head), batch * seq, m.c.hidden_size, m.c.vocab_size,
                    reinterpret_cast<bf16*>(logits), m.ws());
 }

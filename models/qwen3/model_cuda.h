@@ -27,9 +27,11 @@ Recompute recompute_from_string(const std::string& name);  // throws core::Input
 class Qwen3Cuda final : public TrainableModel {
  public:
   // `slab`: laid out from parameter_specs(config), on the context's cuda device, bf16 mirror
-  // spanning the whole model; gradients go to the slab unless a gradient sink is set.
+  // spanning the whole model, or with ZeRO-3 its shard and a `source` that gathers each range
+  // (the embedding, a layer, the tail) before the forward's and the backward's use of it; gradients
+  // go to the slab unless a gradient sink is set.
   Qwen3Cuda(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context, std::int64_t max_tokens,
-            Recompute recompute);
+            Recompute recompute, optim::WeightSource* source = nullptr);
   ~Qwen3Cuda() override;
 
   // ids and targets: device int32 [batch * seq] (targets -100 = ignored). Adds the gradient of
@@ -56,6 +58,8 @@ class Qwen3Cuda final : public TrainableModel {
   // Device flag set when an input id was outside the vocabulary (checked lazily by callers).
   const std::int32_t* invalid_id_flag() const override;
   std::size_t activation_bytes() const override { return activation_bytes_; }
+  // What activation_bytes() will be for these arguments, computed without a GPU (memory plans).
+  static std::size_t planned_activation_bytes(const Qwen3Config& config, std::int64_t max_tokens, Recompute recompute);
 
  private:
   struct Impl;

@@ -331,6 +331,37 @@ class Suite {
     }
   }
 
+  // Pieces of unequal size broadcast from every rank into one buffer, in one group (ZeRO-3's
+  // gather): every rank ends with every piece, bit for bit.
+  template <typename T>
+  void broadcast_pieces(std::size_t count) {
+    const auto case_id = next_case();
+    const std::size_t world = static_cast<std::size_t>(comm_.world());
+    std::vector<T> all(count);
+    std::vector<std::size_t> start(world + 1);
+    for (std::size_t r = 0; r <= world; ++r) start[r] = count * r * r / (world * world);  // unequal pieces
+    for (std::size_t r = 0; r < world; ++r) {
+      const auto part = make_data<T>(seed(case_id, static_cast<int>(r)), start[r + 1] - start[r]);
+      std::copy(part.begin(), part.end(), all.begin() + static_cast<std::ptrdiff_t>(start[r]));
+    }
+    std::vector<T> mine = make_data<T>(seed(case_id, comm_.rank()) ^ 0x5555ull, count);  // garbage elsewhere
+    const auto own = static_cast<std::size_t>(comm_.rank());
+    std::copy(all.begin() + static_cast<std::ptrdiff_t>(start[own]),
+              all.begin() + static_cast<std::ptrdiff_t>(start[own + 1]),
+              mine.begin() + static_cast<std::ptrdiff_t>(start[own]));
+    DeviceData data(context_, count * sizeof(T));
+    data.upload(mine);
+    comm_.group_start();
+    for (std::size_t r = 0; r < world; ++r) {
+      comm_.broadcast(static_cast<T*>(data.data()) + start[r], Traits<T>::dtype, start[r + 1] - start[r],
+                      static_cast<int>(r), "test broadcast piece");
+    }
+    comm_.group_end();
+    const auto got = data.download<T>();
+    check(std::memcmp(got.data(), all.data(), count * sizeof(T)) == 0,
+          name("broadcast of unequal pieces, count " + std::to_string(count)));
+  }
+
   // Two all-reduces in one group (an NCCL group on cuda, a no-op bracket on cpu).
   void grouped(std::size_t count) {
     const auto case_a = next_case();
@@ -423,6 +454,8 @@ class Suite {
       }
       grouped(count);
       detached_pieces(count);
+      broadcast_pieces<float>(count);
+      if (context_.is_cuda()) broadcast_pieces<Bf16>(count);
     }
   }
 

@@ -213,7 +213,20 @@ TEST(Slab, CpuViewsAndShardedMaster) {
   EXPECT_EQ(rank1.segments()[0].tensor_offset, 384);
   EXPECT_NO_THROW(rank1.grad_view(0));
   EXPECT_THROW(optim::Slab(SlabLayout(specs, 2), cpu, {.rank = 2, .zero_stage = 1}), core::Error);
-  EXPECT_THROW(optim::Slab(SlabLayout(specs, 1), cpu, {.zero_stage = 3}), core::Error);
+  EXPECT_THROW(optim::Slab(SlabLayout(specs, 1), cpu, {.zero_stage = 4}), core::Error);
+  EXPECT_THROW(optim::Slab(SlabLayout(specs, 1), cpu, {.zero_stage = 1, .shard_gradients = true}), core::Error);
+
+  // ZeRO-3: the mirror is the owned shard too, addressed by global element through its origin.
+  optim::Slab zero3(SlabLayout(specs, 2), cpu, {.rank = 1, .zero_stage = 3});
+  EXPECT_EQ(zero3.mirror_covers(), (Range{512, 1024}));
+  EXPECT_EQ(zero3.mirror().bytes(), 512 * sizeof(std::uint16_t));
+  EXPECT_EQ(static_cast<std::uint16_t*>(zero3.mirror_origin()) + 512, zero3.mirror().as<std::uint16_t>());
+  EXPECT_EQ(zero3.grad_covers(), zero3.full());
+  EXPECT_THROW(zero3.mirror_view(0), core::Error);
+  EXPECT_NO_THROW(zero3.mirror_view(3));
+  const optim::SlabCoverage coverage = optim::slab_coverage(SlabLayout(specs, 2), {.rank = 1, .zero_stage = 3});
+  EXPECT_EQ(coverage.mirror, zero3.mirror_covers());
+  EXPECT_EQ(coverage.owned, zero3.owned());
 }
 
 TEST(Slab, WriteMirrorRoundsMaster) {

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Multi-rank parity on the CPU: for each optimizer, a reference run of configs/ci-tiny.yaml with
-# one rank, then runs with 2 and 3 ranks under each parallel.zero_stage (0, 1, 2). The global batch
-# (6 sequences of 64 tokens) is the same at every world size, so every step's loss (the mean over
-# all ranks, from rank 0's metrics.jsonl) must match the reference within 1e-5 relative.
+# one rank, then runs with 2 and 3 ranks under each parallel.zero_stage (0, 1, 2, 3). The global
+# batch (6 sequences of 64 tokens) is the same at every world size, so every step's loss (the mean
+# over all ranks, from rank 0's metrics.jsonl) must match the reference within 1e-5 relative.
+# Under ZeRO-3 a rank's weight memory must be its shard (2 + 4 bytes an element: mirror and
+# master) plus the two fp32 gather buffers of the largest layer, not the whole model (ci-tiny's
+# numbers, worked out by hand below), and its samples and validation losses (decoded from the
+# gathered weights) must equal ZeRO-1's.
 # usage: run_mpi_parity.sh BUILD_DIR SOURCE_DIR [OPTIMIZERS...]   (default: adamw adamw8bit adafactor)
 # Environment: MPI_PARITY_WORLDS (default "2 3"), MPI_PARITY_FLOOR (a micro-batch size: also run
 # the reference with it and report the difference, the reduction-order noise of the device),
-# MPI_PARITY_STAGES (default "0 1 2"), MPI_PARITY_ONE_MICRO (a global batch G: the N-rank runs use
+# MPI_PARITY_STAGES (default "0 1 2 3"), MPI_PARITY_ONE_MICRO (a global batch G: the N-rank runs use
 # micro-batches of G / N sequences, one per step, which is when ZeRO-2 on cuda shards the gradients),
 # MPI_RUN_TIMEOUT (seconds per run, default 300),
 # MPI_KEEP_WORK (keep the temporary directory).
@@ -17,12 +21,27 @@ shift 2
 optimizers=("$@")
 [ ${#optimizers[@]} -gt 0 ] || optimizers=(adamw adamw8bit adafactor)
 read -r -a worlds <<< "${MPI_PARITY_WORLDS:-2 3}"
-read -r -a stages <<< "${MPI_PARITY_STAGES:-0 1 2}"
+read -r -a stages <<< "${MPI_PARITY_STAGES:-0 1 2 3}"
 steps=6
 work=$(mktemp -d)
 # shellcheck source=tests/trainer/mpi_common.sh
 . "$(dirname "$0")/mpi_common.sh"
 mpi_setup
+
+# ci-tiny's slab: embedding 256 x 64 = 16384 elements; a layer from input_norm to down spans
+# 37120 (64, 8192 for qkv, q/k norms 32 each on 64-element alignment, 4096, 64, 16384, 8192);
+# 2 layers and the final norm end at 90688, padded to a multiple of np x 256.
+zero3_memory_check() {  # METRICS NP -> prints a failure reason, or nothing
+  local block=$(( $2 * 256 ))
+  local total=$(( (90688 + block - 1) / block * block ))
+  local want_weights=$(( 6 * total / $2 )) want_gather=$(( 2 * 4 * 37120 ))
+  local weights gather
+  weights=$(grep -o '"weight_bytes":[0-9]*' "$1" | head -1 | cut -d: -f2)
+  gather=$(grep -o '"gather_bytes":[0-9]*' "$1" | head -1 | cut -d: -f2)
+  if [ "$weights" != "$want_weights" ] || [ "$gather" != "$want_gather" ]; then
+    echo "ZeRO-3 weight memory $weights + gather buffers $gather bytes, expected $want_weights + $want_gather"
+  fi
+}
 
 failures=()
 printf '%-10s %3s %5s  %s\n' optimizer np stage "max relative loss difference (tolerance $MPI_REL_TOL)"
@@ -89,6 +108,13 @@ for opt in "${optimizers[@]}"; do
         failures+=("$name: $logged loss records in metrics.jsonl, expected $steps (rank 0 alone writes one per step)")
       elif worst=$(mpi_compare "$ref.losses" "$out.losses" 1 $steps); then
         printf '%-10s %3s %5s  %s\n' "$opt" "$np" "$stage" "$worst"
+        if [ "$stage" = 3 ] && [ -z "${MPI_CONFIG:-}" ]; then
+          memory=$(zero3_memory_check "$out/metrics.jsonl" "$np")
+          if [ -n "$memory" ]; then
+            echo "FAIL: $memory"
+            failures+=("$name: $memory")
+          fi
+        fi
       else
         printf '%-10s %3s %5s  %s\n' "$opt" "$np" "$stage" "$worst FAIL"
         failures+=("$name: max relative loss difference $worst > $MPI_REL_TOL")
@@ -96,6 +122,22 @@ for opt in "${optimizers[@]}"; do
     done
   done
 done
+# ZeRO-3 samples and validates from gathered weights: the same samples and validation losses as
+# ZeRO-1 on 3 ranks (20 validation batches: the ranks run 7, 7 and 6 counted forwards).
+if [[ " ${stages[*]} " == *" 3 "* ]]; then
+  for stage in 1 3; do
+    mpi_train 3 "$work/sample.zero$stage.log" run.output_dir="$work/sample.zero$stage" parallel.zero_stage=$stage \
+      training.max_steps=4 checkpoint.every=0 checkpoint.resume=never sample.every=2 sample.tokens=16 eval.every=2 ||
+      { tail -n 20 "$work/sample.zero$stage.log"; failures+=("samples under ZeRO-$stage: the run failed"); }
+    grep -o 'sample at step.*\|val_loss.*' "$work/sample.zero$stage.log" > "$work/sample.zero$stage.txt" || true
+  done
+  if [ ! -s "$work/sample.zero1.txt" ] || ! cmp -s "$work/sample.zero1.txt" "$work/sample.zero3.txt"; then
+    diff "$work/sample.zero1.txt" "$work/sample.zero3.txt" || true
+    failures+=("ZeRO-3's samples or validation losses differ from ZeRO-1's")
+  else
+    echo "ZeRO-3 samples and validation losses on 3 ranks equal ZeRO-1's ($(grep -c . "$work/sample.zero3.txt") lines)"
+  fi
+fi
 if [ ${#failures[@]} -gt 0 ]; then
   for f in "${failures[@]}"; do echo "FAIL: $f"; done
   exit 1

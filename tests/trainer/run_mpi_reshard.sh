@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Checkpoints resume on another world size: for each (N ranks -> M ranks, optimizer, ZeRO stage) of
-#   2 -> 1 adamw ZeRO-1,  1 -> 3 adafactor ZeRO-2,  3 -> 2 adamw8bit ZeRO-1
-# (each optimizer's state resharded once) a run of configs/ci-tiny.yaml with N ranks saves
+# Checkpoints resume on another world size and ZeRO stage: for each (N ranks -> M ranks, optimizer,
+# ZeRO stage before -> after) of
+#   2 -> 1 adamw ZeRO-1,  1 -> 3 adafactor ZeRO-2,  3 -> 2 adamw8bit ZeRO-1,
+#   3 -> 2 adamw ZeRO-3,  2 -> 3 adafactor ZeRO-1 -> 3,  3 -> 2 adamw8bit ZeRO-3 -> 2
+# (each optimizer's state resharded, into and out of ZeRO-3) a run of configs/ci-tiny.yaml with N ranks saves
 # checkpoints at steps 4 and 8 of an 8-step schedule; the step-8 checkpoint is deleted and a run
 # with M ranks and checkpoint.resume=auto continues from step 4 to 8. Its losses at steps 5..8 must
 # match the N-rank run's own (as it would have continued) within MPI_REL_TOL (1e-5) relative and
@@ -22,20 +24,23 @@ work=$(mktemp -d)
 mpi_setup
 one_rank_tol=${MPI_RESHARD_ONE_RANK_TOL:-$MPI_REL_TOL}
 
-# from to optimizer zero_stage
-cases=("2 1 adamw 1" "1 3 adafactor 2" "3 2 adamw8bit 1")
+# from to optimizer zero_stage [zero_stage of the resumed run]
+cases=("2 1 adamw 1" "1 3 adafactor 2" "3 2 adamw8bit 1" "3 2 adamw 3" "2 3 adafactor 1 3" "3 2 adamw8bit 3 2")
 failures=()
 for spec in "${cases[@]}"; do
-  read -r from to opt stage <<< "$spec"
-  name="$opt ZeRO-$stage $from -> $to ranks"
-  args=(optimizer.type="$opt" parallel.zero_stage="$stage" training.max_steps="$steps" checkpoint.keep_last=0)
+  read -r from to opt stage resumed_stage <<< "$spec"
+  resumed_stage=${resumed_stage:-$stage}
+  name="$opt ZeRO-$stage $from -> ZeRO-$resumed_stage $to ranks"
+  args=(optimizer.type="$opt" training.max_steps="$steps" checkpoint.keep_last=0)
   [ "$opt" = adafactor ] && args+=(optimizer.lr=1e-2)
   echo "== $name"
 
   # The reference: one rank, uninterrupted.
-  ref="$work/$opt.ref"
+  tag="$opt.$from-$to.zero$stage-$resumed_stage"
+  ref="$work/$tag.ref"
   code=0
-  mpi_train 1 "$ref.log" run.output_dir="$ref" checkpoint.every=0 checkpoint.resume=never "${args[@]}" || code=$?
+  mpi_train 1 "$ref.log" run.output_dir="$ref" checkpoint.every=0 checkpoint.resume=never parallel.zero_stage="$stage" \
+    "${args[@]}" || code=$?
   if [ "$code" -ne 0 ]; then
     tail -n 40 "$ref.log"
     echo "FAIL: $name: the one-rank reference run exited with code $code"
@@ -44,10 +49,10 @@ for spec in "${cases[@]}"; do
   mpi_losses "$ref/metrics.jsonl" > "$ref.losses"
 
   # N ranks, checkpoints at steps 4 and 8; the one of step 8 is then removed.
-  run="$work/$opt.run"
+  run="$work/$tag.run"
   code=0
   mpi_train "$from" "$run.first.log" run.output_dir="$run" checkpoint.every=$resume_step checkpoint.resume=never \
-    "${args[@]}" || code=$?
+    parallel.zero_stage="$stage" "${args[@]}" || code=$?
   if [ "$code" -ne 0 ]; then
     tail -n 40 "$run.first.log"
     failures+=("$name: the $from-rank run exited with code $code")
@@ -75,7 +80,7 @@ for spec in "${cases[@]}"; do
   # M ranks resume from step 4.
   code=0
   mpi_train "$to" "$run.resumed.log" run.output_dir="$run" checkpoint.every=$resume_step checkpoint.resume=auto \
-    "${args[@]}" || code=$?
+    parallel.zero_stage="$resumed_stage" "${args[@]}" || code=$?
   if [ "$code" -ne 0 ]; then
     tail -n 40 "$run.resumed.log"
     failures+=("$name: the $to-rank resumed run exited with code $code")
@@ -117,4 +122,4 @@ if [ ${#failures[@]} -gt 0 ]; then
   for f in "${failures[@]}"; do echo "FAIL: $f"; done
   exit 1
 fi
-echo "mpi reshard passed (2 -> 1 adamw, 1 -> 3 adafactor, 3 -> 2 adamw8bit)"
+echo "mpi reshard passed (${cases[*]})"

@@ -89,6 +89,11 @@ TEST(Qwen3Cpu, PresetsHaveTheirParameterCounts) {
   EXPECT_EQ(small.parameter_count(), 596049920);
   EXPECT_EQ(optim::SlabLayout(q3::parameter_specs(small), 1).parameter_count(), 596049920);
   EXPECT_EQ(q3::preset("qwen3-1.7b").parameter_count(), 1720574976);  // tied; 1.4B without the embedding
+  // Hugging Face's published totals: 4.02B (tied) and 8.19B (untied).
+  EXPECT_EQ(q3::preset("qwen3-4b").parameter_count(), 4022468096);
+  EXPECT_EQ(q3::preset("qwen3-8b").parameter_count(), 8190735360);
+  EXPECT_FALSE(q3::preset("qwen3-8b").tie_word_embeddings);
+  EXPECT_EQ(q3::preset("qwen3-8b").num_layers, 36);
   EXPECT_THROW(q3::preset("qwen3-7b"), core::InputError);
   for (const auto& name : q3::preset_names()) EXPECT_NO_THROW(q3::validate(q3::preset(name), name));
 }

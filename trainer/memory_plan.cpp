@@ -1,0 +1,136 @@
+// The per-rank memory plan of a run (memory_plan.h).
+#include "trainer/memory_plan.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "optim/optimizer.h"
+#include "optim/slab.h"
+
+namespace trainer {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::int64_t largest(const std::vector<optim::Range>& ranges) {
+  std::int64_t n = 0;
+  for (const optim::Range& r : ranges) n = std::max(n, r.size());
+  return n;
+}
+
+std::string gib(std::int64_t bytes) { return fmt::format("{:.2f}", static_cast<double>(bytes) / kGiB); }
+
+}  // namespace
+
+bool shards_gradients(const RunConfig& config, int world) {
+  return config.device == Device::cuda && config.parallel.zero_stage >= 2 && world > 1 &&
+         accumulation_steps(config, world) == 1;
+}
+
+void check_zero_stage(const RunConfig& config, const models::ModelSpec& spec) {
+  if (config.parallel.zero_stage != 3) return;
+  if (!spec.consumes_weights_by_layer() || spec.weight_ranges(optim::SlabLayout(spec.parameters(), 1)).empty()) {
+    throw core::InputError("parallel.zero_stage: 3 needs a model that reads its weights layer by layer; " +
+                           spec.family() +
+                           " reads them whole (ZeRO-3 supports qwen3 and e29a; use zero_stage 0, 1 or 2)");
+  }
+}
+
+std::int64_t MemoryPlan::total_bytes() const {
+  std::int64_t total = 0;
+  for (const MemoryTerm& t : terms) total += t.bytes.value_or(0);
+  return total;
+}
+
+MemoryPlan plan_memory(const RunConfig& config, const models::ModelSpec& spec, int world) {
+  check_zero_stage(config, spec);
+  const int stage = config.parallel.zero_stage;
+  const bool cuda = config.device == Device::cuda;
+  const optim::SlabLayout layout(spec.parameters(), world);
+  const bool shard_grads = shards_gradients(config, world);
+  const optim::SlabCoverage cover =
+      optim::slab_coverage(layout, {.rank = 0, .zero_stage = stage, .shard_gradients = shard_grads});
+
+  MemoryPlan plan;
+  plan.model = config.model.preset.empty() ? config.model.arch : config.model.preset;
+  plan.cuda = cuda;
+  plan.world = world;
+  plan.zero_stage = stage;
+  plan.optimizer = config.optimizer.type;
+  plan.parameters = spec.parameter_count();
+  plan.slab_elements = layout.total_elements();
+  plan.micro_tokens = config.training.micro_batch_size * config.data.seq_len;
+  plan.accumulation = accumulation_steps(config, world);
+  plan.tokens_per_step = global_batch_sequences(config, world) * config.data.seq_len;
+
+  const std::int64_t P = layout.total_elements();
+  const bool sharded_weights = stage >= 1 && world > 1;
+  // The cpu model reads fp32 weights: the whole-model copy up to ZeRO-2 (trainer/gradient_sync.h).
+  const bool cpu_full_copy = !cuda && sharded_weights && stage < 3;
+  const std::int64_t weights = 2 * cover.mirror.size() + 4 * cover.owned.size() + (cpu_full_copy ? 4 * P : 0);
+  plan.terms.push_back({"weights", weights,
+                        std::string(stage >= 3 ? "2S mirror" : "2P mirror") +
+                            (stage >= 1 ? " + 4S master" : " + 4P master") + (cpu_full_copy ? " + 4P cpu copy" : "")});
+  plan.terms.push_back({"gradients", 4 * cover.grad.size(), shard_grads ? "4S" : "4P"});
+  plan.terms.push_back({"optimizer state", optim::optimizer_state_bytes(config.optimizer, layout, cover.owned),
+                        config.optimizer.type + " over " + (stage >= 1 ? "S" : "P")});
+
+  std::int64_t comm = 0;
+  std::string comm_formula;
+  const std::vector<optim::Range> ranges = spec.weight_ranges(layout);
+  if (shard_grads) {
+    const std::int64_t R = spec.largest_gradient_range(layout);
+    comm += 2 * 4 * (R > 0 ? R : largest(ranges));
+    comm_formula = "staging 2 x 4R";
+  }
+  if (stage >= 3) {
+    comm += 2 * (cuda ? 2 : 4) * largest(ranges);
+    comm_formula += std::string(comm_formula.empty() ? "" : " + ") + (cuda ? "gather 2 x 2G" : "gather 2 x 4G");
+  }
+  plan.terms.push_back({"communication buffers", comm, comm_formula.empty() ? "none" : comm_formula});
+
+  std::optional<std::int64_t> activations;
+  if (cuda) {
+    if (const auto bytes = spec.cuda_activation_bytes(plan.micro_tokens))
+      activations = static_cast<std::int64_t>(*bytes);
+  }
+  plan.terms.push_back(
+      {"activations", activations,
+       activations ? "micro_batch_size x seq_len tokens" : "not estimated for this family or backend"});
+  return plan;
+}
+
+std::string MemoryPlan::table() const {
+  std::string out;
+  out += fmt::format("model {}: {} parameters, slab of P = {} elements\n", model, parameters, slab_elements);
+  out += fmt::format("{} rank(s) N = {} on {}, ZeRO-{}, optimizer {}, shard S = P / N = {} elements\n", world, world,
+                     cuda ? "cuda" : "cpu", zero_stage, optimizer, slab_elements / world);
+  out += fmt::format("tokens per step {} ({} tokens per micro-batch x {} accumulation x {} ranks)\n", tokens_per_step,
+                     micro_tokens, accumulation, world);
+  out += fmt::format("{:<22} {:>16} {:>9}  {}\n", "per rank", "bytes", "GiB", "formula");
+  for (const MemoryTerm& t : terms) {
+    out += t.bytes ? fmt::format("{:<22} {:>16} {:>9}  {}\n", t.name, *t.bytes, gib(*t.bytes), t.formula)
+                   : fmt::format("{:<22} {:>16} {:>9}  {}\n", t.name, "-", "-", t.formula);
+  }
+  out += fmt::format("{:<22} {:>16} {:>9}\n", "total", total_bytes(), gib(total_bytes()));
+  return out;
+}
+
+void check_plan_fits(const MemoryPlan& plan, std::int64_t free_bytes, int gpu) {
+  const std::int64_t need = plan.total_bytes();
+  if (need <= free_bytes) return;
+  std::string change;
+  if (plan.zero_stage < 3) change += fmt::format("a higher parallel.zero_stage (now {}), ", plan.zero_stage);
+  change +=
+      "more ranks, a smaller training.micro_batch_size or data.seq_len, model.recompute: full, or optimizer.type: "
+      "adamw8bit";
+  throw core::InputError(fmt::format(
+      "the memory plan needs {} GiB per GPU but GPU {} has {} GiB free (trainer --plan CONFIG --world {} shows the "
+      "terms); try {}",
+      gib(need), gpu, gib(free_bytes), plan.world, change));
+}
+
+}  // namespace trainer
