@@ -683,8 +683,12 @@ class TrainLoop {
                  summary_.tokens, summary_.seconds, static_cast<double>(summary_.tokens) / summary_.seconds,
                  summary_.final_loss,
                  summary_.final_val_loss >= 0 ? fmt::format(", validation loss {:.4f}", summary_.final_val_loss) : "");
-    const core::Buffer whole = weight_gather_ ? weight_gather_->gather_whole() : core::Buffer();
-    if (lead_) {
+    // ZeRO-3 on cuda holds no whole model to decode from (the samples' gather is cpu only).
+    const bool can_sample = !(weight_gather_ && cuda_);
+    if (!can_sample && lead_)
+      spdlog::info("no final sample: ZeRO-3 on cuda does not gather the model for decoding yet");
+    const core::Buffer whole = weight_gather_ && can_sample ? weight_gather_->gather_whole() : core::Buffer();
+    if (lead_ && can_sample) {
       const float* weights = weight_gather_ ? whole.as<float>() : weight_sync_->full_weights();
       std::string decoder;
       const auto text = sample_text(*spec_, *slab_, *context_, weights, sample_tokenizer(), config_.sample,
