@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "core/memory_order.cuh"
+
 #define CHECK(call)                                                                              \
   do {                                                                                           \
     const cudaError_t e_ = (call);                                                               \
@@ -46,33 +48,13 @@ struct Args {
   int* errors = nullptr;
 };
 
-__device__ __forceinline__ std::uint32_t ld_acquire(const std::uint32_t* p) {
-  std::uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ std::uint32_t ld_relaxed(const std::uint32_t* p) {
-  std::uint32_t v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ std::uint64_t ld_relaxed64(const std::uint64_t* p) {
-  std::uint64_t v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_relaxed64(std::uint64_t* p, std::uint64_t v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ void st_release(std::uint32_t* p, std::uint32_t v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void red_release(std::uint32_t* p, std::uint32_t v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void red_relaxed(std::uint32_t* p, std::uint32_t v) {
-  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
+using core::ld_acquire_u32;
+using core::ld_relaxed_u32;
+using core::ld_relaxed_u64;
+using core::red_add_relaxed;
+using core::red_add_release;
+using core::st_relaxed_u64;
+using core::st_release_u32;
 
 __device__ float block_sum(float v, float* red) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -100,7 +82,7 @@ __global__ void __launch_bounds__(kThreads, 1) handoff(Args a) {
     // Write this block's slice, then signal.
     for (int j = lo + tid; j < hi; j += kThreads) {
       if constexpr (M == tagged || M == tagged_hint) {
-        st_relaxed64(a.tagged + parity * a.n + j, (static_cast<std::uint64_t>(tag) << 32) | __float_as_uint(value));
+        st_relaxed_u64(a.tagged + parity * a.n + j, (static_cast<std::uint64_t>(tag) << 32) | __float_as_uint(value));
       } else if constexpr (M == bf16) {
         a.b16[parity * a.n + j] = __bfloat16_as_ushort(__float2bfloat16_rn(value));
       } else {
@@ -109,25 +91,25 @@ __global__ void __launch_bounds__(kThreads, 1) handoff(Args a) {
     }
     __syncthreads();
     if (tid == 0) {
-      if constexpr (M == tagged_hint) red_relaxed(a.counter, 1);
-      if constexpr (M == f32 || M == bf16) red_release(a.counter, 1);
-      if constexpr (M == f32_flags) st_release(a.flags + b * kLineWords, tag);
+      if constexpr (M == tagged_hint) red_add_relaxed(a.counter, 1);
+      if constexpr (M == f32 || M == bf16) red_add_release(a.counter, 1);
+      if constexpr (M == f32_flags) st_release_u32(a.flags + b * kLineWords, tag);
     }
     // Wait for the round, then read the whole vector.
     const std::uint32_t want = static_cast<std::uint32_t>(blocks) * tag;
     if constexpr (M == tagged_hint) {
       if (tid == 0)
-        while (ld_relaxed(a.counter) < want) {
+        while (ld_relaxed_u32(a.counter) < want) {
         }
       __syncthreads();
     } else if constexpr (M == f32 || M == bf16) {
       if (tid == 0)
-        while (ld_acquire(a.counter) < want) {
+        while (ld_acquire_u32(a.counter) < want) {
         }
       __syncthreads();
     } else if constexpr (M == f32_flags) {
       for (int i = tid; i < blocks; i += kThreads)
-        while (ld_acquire(a.flags + i * kLineWords) < tag) {
+        while (ld_acquire_u32(a.flags + i * kLineWords) < tag) {
         }
       __syncthreads();
     }
@@ -138,12 +120,12 @@ __global__ void __launch_bounds__(kThreads, 1) handoff(Args a) {
       for (int j0 = tid; j0 < a.n; j0 += kBatch * kThreads) {
         std::uint64_t v[kBatch];
 #pragma unroll
-        for (int i = 0; i < kBatch; ++i) v[i] = j0 + i * kThreads < a.n ? ld_relaxed64(src + j0 + i * kThreads) : 0;
+        for (int i = 0; i < kBatch; ++i) v[i] = j0 + i * kThreads < a.n ? ld_relaxed_u64(src + j0 + i * kThreads) : 0;
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
           const int j = j0 + i * kThreads;
           if (j >= a.n) continue;
-          while (static_cast<std::uint32_t>(v[i] >> 32) != tag) v[i] = ld_relaxed64(src + j);
+          while (static_cast<std::uint32_t>(v[i] >> 32) != tag) v[i] = ld_relaxed_u64(src + j);
           s += __uint_as_float(static_cast<std::uint32_t>(v[i]));
         }
       }

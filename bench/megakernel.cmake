@@ -5,3 +5,4 @@ target_include_directories(megakernel_bench PRIVATE ${PROJECT_SOURCE_DIR})
 
 # The floor under one dependent phase: block-to-block hand-off latency by method and vector size.
 add_executable(handoff_bench handoff_bench.cu)
+target_include_directories(handoff_bench PRIVATE ${PROJECT_SOURCE_DIR})

@@ -36,6 +36,7 @@
 
 #include "core/block_reduce.cuh"
 #include "core/error.h"
+#include "core/memory_order.cuh"
 #include "models/qwen3/decode_megakernel_plan.h"
 
 namespace models::qwen3::megakernel {
@@ -102,61 +103,27 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint3
   }
 }
 
-__device__ __forceinline__ std::uint32_t ld_relaxed_u32(const std::uint32_t* p) {
-  std::uint32_t v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
+using core::atom_add_acq_rel;
+using core::ld_acquire_u32;
+using core::ld_acquire_u64;
+using core::ld_relaxed_u32;
+using core::red_add_relaxed;
+using core::red_add_release;
+using core::st_release_u64;
 
-__device__ __forceinline__ std::uint32_t ld_acquire_u32(const std::uint32_t* p) {
-  std::uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
+// Tagged words: a value (low half) and the epoch + 1 of the token that wrote it (high half).
+__device__ __forceinline__ std::uint64_t ld_tagged(const std::uint64_t* p) { return core::ld_relaxed_u64(p); }
 
-__device__ __forceinline__ std::uint64_t ld_tagged(const std::uint64_t* p) {
-  std::uint64_t v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
+__device__ __forceinline__ void st_tagged_u32(std::uint64_t* p, std::uint32_t value, std::uint32_t tag) {
+  core::st_relaxed_u64(p, (static_cast<std::uint64_t>(tag) << 32) | value);
 }
 
 __device__ __forceinline__ void st_tagged(std::uint64_t* p, float value, std::uint32_t tag) {
-  const std::uint64_t v = (static_cast<std::uint64_t>(tag) << 32) | __float_as_uint(value);
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ void st_tagged_u32(std::uint64_t* p, std::uint32_t value, std::uint32_t tag) {
-  const std::uint64_t v = (static_cast<std::uint64_t>(tag) << 32) | value;
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  st_tagged_u32(p, __float_as_uint(value), tag);
 }
 
 __device__ __forceinline__ std::uint32_t tag_of(std::uint64_t v) { return static_cast<std::uint32_t>(v >> 32); }
 __device__ __forceinline__ float value_of(std::uint64_t v) { return __uint_as_float(static_cast<std::uint32_t>(v)); }
-
-__device__ __forceinline__ void red_add_relaxed(std::uint32_t* p, std::uint32_t v) {
-  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// Release-add (cumulative: after a barrier it publishes every write of the block before it).
-__device__ __forceinline__ void red_add_release(std::uint32_t* p, std::uint32_t v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ std::uint32_t atom_add_acq_rel(std::uint32_t* p, std::uint32_t v) {
-  std::uint32_t old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
-__device__ __forceinline__ std::uint64_t ld_acquire_u64(const std::uint64_t* p) {
-  std::uint64_t v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void st_release_u64(std::uint64_t* p, std::uint64_t v) {
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
 
 __device__ __forceinline__ std::uint64_t globaltimer() {
   std::uint64_t t;
@@ -497,6 +464,12 @@ struct Consumer {
 
   // A tagged word of this token (spins until it carries `tag`).
   __device__ std::uint64_t await_word(const std::uint64_t* src, std::uint64_t v, std::uint32_t want, Where where) {
+    return await_tag([src] { return ld_tagged(src); }, v, want, where);
+  }
+
+  // `v`, or what load() returns next, once its tag is `want` (spins with the deadline).
+  template <class Load>
+  __device__ std::uint64_t await_tag(Load load, std::uint64_t v, std::uint32_t want, Where where) {
     if (tag_of(v) == want) return v;
     Waiter w(p, where, wait_tagged);
     while (tag_of(v) != want) {
@@ -504,7 +477,7 @@ struct Consumer {
         ok = false;
         break;
       }
-      v = ld_tagged(src);
+      v = load();
     }
     return v;
   }
@@ -601,16 +574,8 @@ struct Consumer {
   // The token word once it carries the previous token's tag, acquired: the previous token's
   // units are done with every buffer this token rewrites.
   __device__ std::uint64_t await_token(Where where) {
-    std::uint64_t v = ld_acquire_u64(p.token);
-    Waiter w(p, where, wait_tagged);
-    while (tag_of(v) != epoch) {
-      if (!w.again(epoch, tag_of(v))) {
-        ok = false;
-        break;
-      }
-      v = ld_acquire_u64(p.token);
-    }
-    return v;
+    const auto load = [this] { return ld_acquire_u64(p.token); };
+    return await_tag(load, load(), epoch, where);
   }
 
   // The id fed at this token (leader reads, all get it). Greedy: the argmax after the previous
