@@ -8,7 +8,8 @@
 // as many as fit), max attention splits, min chunk; "-noevict", "-b<blocks>" optional):
 //   prompt --prompt tokens (teacher-forced), then --new-tokens greedy tokens in one launch, and
 //   the same with one launch per token; then at each --contexts position (a cache of random rows),
-//   --context-tokens greedy tokens in one launch.
+//   --context-tokens greedy tokens in one launch; and a --prefill-tokens prompt (default 512)
+//   through prefill() (the batched path both decoders share), against the plain decoder's.
 // With --profile N, each variant also decodes N greedy tokens with every unit timed and prints
 // where a token's time goes, phase by phase (MegakernelDecoder::profile_greedy).
 // Each time is the median of --repeats runs (CUDA events). The plain CUDA decoder (graph-captured
@@ -21,6 +22,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -143,7 +145,7 @@ std::vector<std::string> split_list(const std::string& text) {
 int main(int argc, char** argv) {
   CLI::App app{"Qwen3 decode megakernel benchmark"};
   std::string presets = "qwen3-0.6b", variants = "w8-p32-n0-s16-c128", contexts = "1024,8192,32768", out;
-  std::int64_t prompt = 32, new_tokens = 1024, context_tokens = 128;
+  std::int64_t prompt = 32, new_tokens = 1024, context_tokens = 128, prefill_tokens = 512;
   int repeats = 3;
   bool plain = true, per_token = true;
   std::int64_t profile_tokens = 0;
@@ -153,6 +155,7 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", prompt);
   app.add_option("--new-tokens", new_tokens);
   app.add_option("--context-tokens", context_tokens, "greedy tokens timed at each context");
+  app.add_option("--prefill-tokens", prefill_tokens, "prompt tokens of the timed prefill (0: none)");
   app.add_option("--repeats", repeats);
   app.add_option("--plain", plain, "also time the plain CUDA decoder");
   app.add_option("--per-token", per_token, "also time one launch per token");
@@ -174,6 +177,7 @@ int main(int argc, char** argv) {
     report["copy_bandwidth_gbs"] = bandwidth / 1e9;
     report["prompt"] = prompt;
     report["new_tokens"] = new_tokens;
+    report["prefill_tokens"] = prefill_tokens;
     report["results"] = nlohmann::json::array();
     std::vector<std::int64_t> context_list;
     for (const auto& c : split_list(contexts)) context_list.push_back(std::stoll(c));
@@ -188,7 +192,27 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < prompt_ids.size(); ++i) {
         prompt_ids[i] = static_cast<std::int32_t>((i * 7919 + 13) % static_cast<std::size_t>(config.vocab_size));
       }
-      const std::int64_t capacity = std::max(prompt + new_tokens, longest + context_tokens + 1);
+      const std::int64_t capacity = std::max({prompt + new_tokens, longest + context_tokens + 1, prefill_tokens + 1});
+      std::vector<std::int32_t> long_prompt(static_cast<std::size_t>(prefill_tokens));
+      for (std::size_t i = 0; i < long_prompt.size(); ++i) {
+        long_prompt[i] = static_cast<std::int32_t>((i * 104729 + 7) % static_cast<std::size_t>(config.vocab_size));
+      }
+      // Median seconds of prefill(long_prompt) from an empty cache by each decoder, the two
+      // alternating run by run (the first run of each warms up).
+      auto time_prefills = [&](models::Decoder& first, models::Decoder& second) {
+        std::vector<double> times[2];
+        for (int r = 0; r <= 2 * repeats; ++r) {
+          for (int k = 0; k < 2; ++k) {
+            models::Decoder& decoder = k == 0 ? first : second;
+            decoder.reset();
+            timer.begin();
+            decoder.prefill(long_prompt);
+            const double s = timer.end_seconds();
+            if (r > 0) times[k].push_back(s);
+          }
+        }
+        return std::pair<double, double>{median(times[0]), median(times[1])};
+      };
       nlohmann::ordered_json preset_json;
       preset_json["preset"] = preset;
 
@@ -276,6 +300,14 @@ int main(int argc, char** argv) {
             context_rows.push_back(c);
           }
           row["contexts"] = context_rows;
+          if (prefill_tokens > 0) {
+            q3::Qwen3CudaDecoder plain_decoder(config, slab, ctx, {.max_tokens = prefill_tokens + 1});
+            const auto [mega_seconds, plain_seconds] = time_prefills(decoder, plain_decoder);
+            row["prefill_ms"] = mega_seconds * 1e3;
+            row["plain_prefill_ms"] = plain_seconds * 1e3;
+            std::fprintf(stderr, "    prefill of %lld tokens: %.3f ms (plain decoder %.3f ms, alternating)\n",
+                         static_cast<long long>(prefill_tokens), mega_seconds * 1e3, plain_seconds * 1e3);
+          }
           if (profile_tokens > 0) {
             decoder.reset();
             decoder.prefill(prompt_ids);

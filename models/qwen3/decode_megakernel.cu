@@ -1350,6 +1350,11 @@ __global__ void rope_table_kernel(float* rope, std::int64_t capacity, int head_d
 
 __global__ void retag_kernel(std::uint64_t* word) { *word &= 0xffffffffull; }
 
+// The token word after a prompt run outside the kernel: the id a greedy sampler chose, tagged.
+__global__ void set_token_word_kernel(std::uint64_t* word, const std::int32_t* id, std::uint32_t tag) {
+  *word = (static_cast<std::uint64_t>(tag) << 32) | static_cast<std::uint32_t>(*id);
+}
+
 __device__ __forceinline__ std::uint64_t mix64(std::uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -1440,6 +1445,11 @@ void fill_rope_table(float* rope, std::int64_t capacity, int head_dim, double th
 void retag_token_word(std::uint64_t* word, void* stream) {
   retag_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(word);
   CUDA_CHECK_LAUNCH("retag_kernel");
+}
+
+void set_token_word(std::uint64_t* word, const std::int32_t* id, std::uint32_t tag, void* stream) {
+  set_token_word_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(word, id, tag);
+  CUDA_CHECK_LAUNCH("set_token_word_kernel");
 }
 
 void fill_bf16_normal(std::uint16_t* data, std::int64_t n, std::uint64_t seed, float scale, void* stream) {

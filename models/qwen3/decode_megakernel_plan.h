@@ -318,6 +318,9 @@ void fill_rope_table(float* rope, std::int64_t capacity, int head_dim, double th
 // Keeps the id of the token word and sets its tag to 0 (epochs restart after the counters and the
 // tagged buffers are zeroed).
 void retag_token_word(std::uint64_t* word, void* stream);
+// The token word after a prompt run outside the kernel (a batched prefill): the device id (its
+// logits' argmax), tagged `tag` (the epoch of the token that will read it).
+void set_token_word(std::uint64_t* word, const std::int32_t* id, std::uint32_t tag, void* stream);
 // Fills n bf16 words with normal(0, scale) values (benchmark data for the cache).
 void fill_bf16_normal(std::uint16_t* data, std::int64_t n, std::uint64_t seed, float scale, void* stream);
 

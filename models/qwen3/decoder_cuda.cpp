@@ -8,13 +8,7 @@
 #include "core/buffer.h"
 #include "core/error.h"
 #include "models/lm_ends_cuda.h"
-#include "models/ops/attention.h"
-#include "models/ops/embedding.h"
-#include "models/ops/linear.h"
-#include "models/ops/rmsnorm.h"
-#include "models/ops/rope.h"
-#include "models/ops/swiglu.h"
-#include "models/qwen3/model_kernels.h"
+#include "models/qwen3/prefill_cuda.h"
 
 namespace models::qwen3 {
 
@@ -28,23 +22,22 @@ struct Qwen3CudaDecoder::Impl {
   const core::DeviceContext& ctx;
   cudaStream_t stream;
   CudaDecoderSettings settings;
-  std::int64_t capacity = 0, chunk = 0, position = 0;
+  std::int64_t capacity = 0, position = 0;
   int splits = 1, matvec_blocks = 1;
-  ops::LinearPlan linear;
   int embed = 0, final_norm = 0, head = 0;
   std::vector<LayerWeights> layers;
+  std::unique_ptr<Qwen3CudaPrefill> prompt;  // the batched path of prefill()
 
   core::Buffer cache;   // k then v, [layers, capacity, kv_size] bf16 each
-  core::Buffer memory;  // everything else
+  core::Buffer memory;  // the step's activations, logits and position
   std::size_t cache_bytes = 0;
-  std::size_t x = 0, h = 0, qkv = 0, q = 0, att = 0, lse = 0, rstd = 0, tmp = 0, gate_up = 0, act = 0;
-  std::size_t ids = 0, positions = 0, partial = 0, logits = 0, device_position = 0, invalid = 0, inv_freq = 0;
-  std::size_t workspace = 0, workspace_bytes = 0;
+  std::size_t x = 0, qkv = 0, q = 0, att = 0, act = 0;
+  std::size_t partial = 0, logits = 0, device_position = 0, invalid = 0, inv_freq = 0;
   cudaGraphExec_t graph = nullptr;
   int eager_steps = 0;
 
   Impl(const Qwen3Config& config, optim::Slab& s, const core::DeviceContext& context, CudaDecoderSettings st)
-      : c(config), slab(s), ctx(context), stream(context.stream()), settings(st), linear(context) {}
+      : c(config), slab(s), ctx(context), stream(context.stream()), settings(st) {}
   ~Impl() {
     if (graph != nullptr) (void)cudaGraphExecDestroy(graph);
   }
@@ -58,51 +51,9 @@ struct Qwen3CudaDecoder::Impl {
     return static_cast<bf16*>(cache.data()) + layer * static_cast<std::size_t>(capacity * c.kv_size());
   }
   bf16* v_cache(std::size_t layer) { return k_cache(layer + layers.size()); }
-  ops::DeviceWorkspace ws() { return {at<char>(workspace), workspace_bytes}; }
-
-  // Tokens [start, start + n) already embedded in x: the layers, keys and values into the cache.
-  void prefill_layers(std::int64_t start, std::int64_t n) {
-    const std::int64_t d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), qkv_size = c.qkv_size();
-    const std::int64_t f = c.intermediate_size;
-    const std::int32_t* pos = at<std::int32_t>(positions);
-    for (std::size_t l = 0; l < layers.size(); ++l) {
-      const LayerWeights& lw = layers[l];
-      bf16* keys = k_cache(l) + start * kvs;
-      bf16* values = v_cache(l) + start * kvs;
-      ops::rmsnorm_forward_cuda(at<bf16>(x), w(lw.input_norm), n, d, c.rms_norm_eps, at<bf16>(h), at<float>(rstd),
-                                stream);
-      linear.forward(at<bf16>(h), w(lw.qkv), n, d, qkv_size, at<bf16>(qkv), ws());
-      ops::head_rmsnorm_forward_cuda(at<bf16>(qkv), qkv_size, w(lw.q_norm), n, c.num_heads, c.head_dim, c.rms_norm_eps,
-                                     at<bf16>(q), qs, at<float>(rstd), stream);
-      ops::head_rmsnorm_forward_cuda(at<bf16>(qkv) + qs, qkv_size, w(lw.k_norm), n, c.num_kv_heads, c.head_dim,
-                                     c.rms_norm_eps, keys, kvs, at<float>(rstd), stream);
-      ops::rope_forward_cuda(at<bf16>(q), qs, at<bf16>(q), qs, pos, n, c.num_heads, c.head_dim, c.rope_theta, stream);
-      ops::rope_forward_cuda(keys, kvs, keys, kvs, pos, n, c.num_kv_heads, c.head_dim, c.rope_theta, stream);
-      CUDA_CHECK(cudaMemcpy2DAsync(values, static_cast<std::size_t>(kvs) * 2, at<bf16>(qkv) + qs + kvs,
-                                   static_cast<std::size_t>(qkv_size) * 2, static_cast<std::size_t>(kvs) * 2,
-                                   static_cast<std::size_t>(n), cudaMemcpyDeviceToDevice, stream));
-      if (start == 0) {
-        const ops::AttentionShape shape{1, n, c.num_heads, c.num_kv_heads, c.head_dim};
-        ops::attention_forward_cuda(shape, {reinterpret_cast<const std::uint16_t*>(at<bf16>(q)), qs},
-                                    {reinterpret_cast<const std::uint16_t*>(k_cache(l)), kvs},
-                                    {reinterpret_cast<const std::uint16_t*>(v_cache(l)), kvs}, at<std::uint16_t>(att),
-                                    at<float>(lse), stream);
-      } else {
-        // The device position still says `start` here; fewer splits per query when many queries.
-        const int s = std::max<int>(1, splits / static_cast<int>(std::min<std::int64_t>(n, splits)));
-        decode::cached_attention(at<bf16>(q), qs, k_cache(l), v_cache(l), static_cast<int>(c.num_heads),
-                                 static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim),
-                                 at<std::int32_t>(device_position), n, s, at<float>(partial), at<bf16>(att), stream);
-      }
-      linear.forward(at<bf16>(att), w(lw.o_proj), n, qs, d, at<bf16>(tmp), ws());
-      add_bf16(at<bf16>(x), at<bf16>(tmp), at<bf16>(x), n * d, stream);
-      ops::rmsnorm_forward_cuda(at<bf16>(x), w(lw.post_norm), n, d, c.rms_norm_eps, at<bf16>(h), at<float>(rstd),
-                                stream);
-      linear.forward(at<bf16>(h), w(lw.gate_up), n, d, 2 * f, at<bf16>(gate_up), ws());
-      ops::swiglu_forward_cuda(at<bf16>(gate_up), n, f, at<bf16>(act), stream);
-      linear.forward(at<bf16>(act), w(lw.down), n, f, d, at<bf16>(tmp), ws());
-      add_bf16(at<bf16>(x), at<bf16>(tmp), at<bf16>(x), n * d, stream);
-    }
+  KvCacheView cache_view() {
+    return {k_cache(0), v_cache(0), capacity * c.kv_size(),
+            decode::KvLayout::packed(static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim))};
   }
 
   // Final norm + lm_head of one bf16 row into the fp32 logits (advancing the device position).
@@ -141,7 +92,7 @@ struct Qwen3CudaDecoder::Impl {
       decode::qk_norm_rope_append(at<bf16>(qkv), w(lw.q_norm), w(lw.k_norm), static_cast<int>(c.num_heads),
                                   static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim), eps,
                                   at<double>(inv_freq), pos, at<bf16>(q), k_cache(l), v_cache(l), stream);
-      decode::cached_attention(at<bf16>(q), qs, k_cache(l), v_cache(l), static_cast<int>(c.num_heads),
+      decode::cached_attention(at<bf16>(q), qs, k_cache(l), v_cache(l), cache_view().at, static_cast<int>(c.num_heads),
                                static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim), pos, 1, splits,
                                at<float>(partial), at<bf16>(att), stream);
       decode::matvec({.weight = w(lw.o_proj), .rows = d, .in = qs, .x = at<bf16>(att), .out = at<bf16>(x)},
@@ -191,12 +142,9 @@ Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab,
   m.head = index.head;
   m.layers = index.layers;
   m.capacity = options.max_tokens;
-  m.chunk = std::min(m.capacity, settings.max_prefill_chunk);
   const int sms = std::max(1, context.multiprocessor_count());
-  // Enough (kv head, key range) blocks to fill the GPU about four times over at long contexts.
   m.splits = settings.attention_splits > 0 ? std::min(settings.attention_splits, 65535)
-                                           : static_cast<int>(std::clamp<std::int64_t>(
-                                                 (4 * sms + config.num_kv_heads - 1) / config.num_kv_heads, 1, 128));
+                                           : decode::default_attention_splits(sms, config.num_kv_heads);
   m.matvec_blocks = settings.matvec_blocks > 0 ? settings.matvec_blocks : 8 * sms;
 
   const auto kv = static_cast<std::size_t>(config.kv_size());
@@ -206,31 +154,23 @@ Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab,
   m.cache_bytes = 2 * static_cast<std::size_t>(config.num_layers) * static_cast<std::size_t>(m.capacity) * kv * 2;
   m.cache = core::Buffer(context.device(), m.cache_bytes);
 
+  m.prompt = std::make_unique<Qwen3CudaPrefill>(config, slab, context, std::min(m.capacity, settings.max_prefill_chunk),
+                                                m.splits);
   DeviceArena a;
-  const auto n = static_cast<std::size_t>(m.chunk), d = static_cast<std::size_t>(config.hidden_size);
+  const auto d = static_cast<std::size_t>(config.hidden_size);
   const auto f = static_cast<std::size_t>(config.intermediate_size), qs = static_cast<std::size_t>(config.q_size());
-  m.x = a.reserve(n * d * 2);
-  m.h = a.reserve(n * d * 2);
-  m.qkv = a.reserve(n * static_cast<std::size_t>(config.qkv_size()) * 2);
-  m.q = a.reserve(n * qs * 2);
-  m.att = a.reserve(n * qs * 2);
-  m.lse = a.reserve(n * static_cast<std::size_t>(config.num_heads) * 4);
-  m.rstd = a.reserve(n * static_cast<std::size_t>(config.num_heads) * 4);
-  m.tmp = a.reserve(n * d * 2);
-  m.gate_up = a.reserve(n * 2 * f * 2);
-  m.act = a.reserve(n * f * 2);
-  m.ids = a.reserve(n * 4);
-  m.positions = a.reserve(n * 4);
-  const std::int64_t partial_floats =
-      decode::attention_partial_floats(static_cast<int>(config.num_heads), static_cast<int>(config.head_dim),
-                                       std::max<std::int64_t>(m.chunk, m.splits), 1);
+  m.x = a.reserve(d * 2);
+  m.qkv = a.reserve(static_cast<std::size_t>(config.qkv_size()) * 2);
+  m.q = a.reserve(qs * 2);
+  m.att = a.reserve(qs * 2);
+  m.act = a.reserve(f * 2);
+  const std::int64_t partial_floats = decode::attention_partial_floats(static_cast<int>(config.num_heads),
+                                                                       static_cast<int>(config.head_dim), 1, m.splits);
   m.partial = a.reserve(static_cast<std::size_t>(partial_floats) * 4);
   m.logits = a.reserve(static_cast<std::size_t>(config.vocab_size) * 4);
   m.device_position = a.reserve(4);
   m.invalid = a.reserve(4);
   m.inv_freq = a.reserve(static_cast<std::size_t>(config.head_dim / 2) * 8);
-  m.workspace_bytes = ops::linear_workspace_bytes();
-  m.workspace = a.reserve(m.workspace_bytes);
   m.memory = core::Buffer(context.device(), a.size());
   m.memory.fill_bytes(0, m.stream);
   std::vector<double> inv_freq(static_cast<std::size_t>(config.head_dim / 2));
@@ -251,30 +191,11 @@ void Qwen3CudaDecoder::reset() {
 
 void Qwen3CudaDecoder::prefill(std::span<const std::int32_t> tokens, float* all_logits) {
   Impl& m = *impl_;
-  const auto total = static_cast<std::int64_t>(tokens.size());
-  if (total == 0) throw core::InputError("decoder: prefill needs at least one token");
+  if (tokens.empty()) throw core::InputError("decoder: prefill needs at least one token");
   check_decoder_prompt(tokens, m.position, m.capacity, m.c.vocab_size);
-  const std::int64_t d = m.c.hidden_size, vocab = m.c.vocab_size;
-  core::Buffer chunk_logits;  // bf16 lm_head rows for all_logits
-  if (all_logits != nullptr) chunk_logits = core::Buffer(m.ctx.device(), static_cast<std::size_t>(m.chunk * vocab) * 2);
-  for (std::int64_t done = 0; done < total; done += m.chunk) {
-    const std::int64_t n = std::min(m.chunk, total - done), start = m.position;
-    core::copy_bytes(m.at<std::int32_t>(m.ids), tokens.data() + done, static_cast<std::size_t>(n) * 4, m.stream);
-    decode::fill_positions(m.at<std::int32_t>(m.positions), start, n, m.stream);
-    ops::embedding_forward_cuda(m.at<std::int32_t>(m.ids), n, m.w(m.embed), vocab, d, m.at<bf16>(m.x),
-                                m.at<std::int32_t>(m.invalid), m.stream);
-    m.prefill_layers(start, n);
-    if (all_logits != nullptr) {
-      ops::rmsnorm_forward_cuda(m.at<bf16>(m.x), m.w(m.final_norm), n, d, m.c.rms_norm_eps, m.at<bf16>(m.h),
-                                m.at<float>(m.rstd), m.stream);
-      m.linear.forward(m.at<bf16>(m.h), m.w(m.head), n, d, vocab, chunk_logits.as<bf16>(), m.ws());
-      decode::bf16_to_f32(chunk_logits.as<bf16>(), all_logits + done * vocab, n * vocab, m.stream);
-    }
-    m.head_logits(m.at<bf16>(m.x) + (n - 1) * d, nullptr);
-    m.position = start + n;
-    decode::set_int(m.at<std::int32_t>(m.device_position), static_cast<std::int32_t>(m.position), m.stream);
-  }
-  if (all_logits != nullptr) m.ctx.synchronize();  // chunk_logits is freed on return
+  m.prompt->run(tokens, m.position, m.cache_view(), m.at<float>(m.logits), all_logits);
+  m.position += static_cast<std::int64_t>(tokens.size());
+  decode::set_int(m.at<std::int32_t>(m.device_position), static_cast<std::int32_t>(m.position), m.stream);
 }
 
 void Qwen3CudaDecoder::step(std::int32_t token, const std::int32_t* device_token) {
@@ -299,7 +220,7 @@ const float* Qwen3CudaDecoder::logits() const { return impl_->at<float>(impl_->l
 std::int64_t Qwen3CudaDecoder::position() const { return impl_->position; }
 std::int64_t Qwen3CudaDecoder::capacity() const { return impl_->capacity; }
 std::size_t Qwen3CudaDecoder::cache_bytes() const { return impl_->cache_bytes; }
-std::size_t Qwen3CudaDecoder::scratch_bytes() const { return impl_->memory.bytes(); }
+std::size_t Qwen3CudaDecoder::scratch_bytes() const { return impl_->memory.bytes() + impl_->prompt->scratch_bytes(); }
 const std::int32_t* Qwen3CudaDecoder::invalid_id_flag() const { return impl_->at<std::int32_t>(impl_->invalid); }
 
 }  // namespace models::qwen3

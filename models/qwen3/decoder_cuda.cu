@@ -173,7 +173,7 @@ __device__ __forceinline__ SplitRange split_range(std::int64_t length, int split
 template <int HD, int G>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_partial_kernel(const bf16* __restrict__ q, std::int64_t q_stride, const bf16* __restrict__ k_cache,
-                             const bf16* __restrict__ v_cache, int heads, int kv_heads, int heads_per_kv,
+                             const bf16* __restrict__ v_cache, KvLayout layout, int heads, int heads_per_kv,
                              const std::int32_t* __restrict__ position, int splits, float scale_log2,
                              float* __restrict__ partial_o, float2* __restrict__ partial_ml) {
   constexpr int kLanes = HD / 8;
@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
   if (split >= range.active) return;
   const std::int64_t begin = split * range.chunk, end = min(range.length, begin + range.chunk);
   const int lane = threadIdx.x % kLanes, group = threadIdx.x / kLanes;
-  const std::int64_t kv_stride = static_cast<std::int64_t>(kv_heads) * HD;
+  const std::int64_t kv_stride = layout.position_stride;
 
   float qf[G][8];
 #pragma unroll
@@ -207,8 +207,8 @@ __global__ void __launch_bounds__(kAttentionThreads)
 #pragma unroll
     for (int k = 0; k < 8; ++k) acc[g][k] = 0.0f;
   }
-  const bf16* k_base = k_cache + kv_head * HD + lane * 8;
-  const bf16* v_base = v_cache + kv_head * HD + lane * 8;
+  const bf16* k_base = k_cache + kv_head * layout.head_stride + lane * 8;
+  const bf16* v_base = v_cache + kv_head * layout.head_stride + lane * 8;
   // Every thread runs the same number of iterations: the shuffles of group_sum span the whole
   // warp (several key groups), so a group past the end still takes part, with its update skipped.
 #pragma unroll 2
@@ -286,9 +286,9 @@ __global__ void __launch_bounds__(HD)
 }
 
 template <int HD, int G>
-void launch_attention(const bf16* q, std::int64_t q_stride, const bf16* k_cache, const bf16* v_cache, int heads,
-                      int kv_heads, const std::int32_t* position, std::int64_t queries, int splits, float* partial,
-                      bf16* att, cudaStream_t stream) {
+void launch_attention(const bf16* q, std::int64_t q_stride, const bf16* k_cache, const bf16* v_cache, KvLayout layout,
+                      int heads, int kv_heads, const std::int32_t* position, std::int64_t queries, int splits,
+                      float* partial, bf16* att, cudaStream_t stream) {
   const int group = heads / kv_heads;
   float* partial_o = partial;
   auto* partial_ml = reinterpret_cast<float2*>(partial + queries * heads * splits * HD);
@@ -296,7 +296,7 @@ void launch_attention(const bf16* q, std::int64_t q_stride, const bf16* k_cache,
   const dim3 grid(static_cast<unsigned>(kv_heads * (group / G)), static_cast<unsigned>(splits),
                   static_cast<unsigned>(queries));
   attention_partial_kernel<HD, G><<<grid, kAttentionThreads, 0, stream>>>(
-      q, q_stride, k_cache, v_cache, heads, kv_heads, group, position, splits, scale_log2, partial_o, partial_ml);
+      q, q_stride, k_cache, v_cache, layout, heads, group, position, splits, scale_log2, partial_o, partial_ml);
   CUDA_CHECK_LAUNCH("attention_partial_kernel");
   attention_combine_kernel<HD><<<dim3(static_cast<unsigned>(heads), static_cast<unsigned>(queries)), HD, 0, stream>>>(
       partial_o, partial_ml, heads, position, splits, att);
@@ -305,13 +305,13 @@ void launch_attention(const bf16* q, std::int64_t q_stride, const bf16* k_cache,
 
 template <int HD>
 void dispatch_group(int group, const bf16* q, std::int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
-                    int heads, int kv_heads, const std::int32_t* position, std::int64_t queries, int splits,
-                    float* partial, bf16* att, cudaStream_t stream) {
+                    KvLayout layout, int heads, int kv_heads, const std::int32_t* position, std::int64_t queries,
+                    int splits, float* partial, bf16* att, cudaStream_t stream) {
   switch (group) {
-#define LLMTRAIN_GROUP_CASE(G)                                                                                       \
-  case G:                                                                                                            \
-    launch_attention<HD, G>(q, q_stride, k_cache, v_cache, heads, kv_heads, position, queries, splits, partial, att, \
-                            stream);                                                                                 \
+#define LLMTRAIN_GROUP_CASE(G)                                                                                 \
+  case G:                                                                                                      \
+    launch_attention<HD, G>(q, q_stride, k_cache, v_cache, layout, heads, kv_heads, position, queries, splits, \
+                            partial, att, stream);                                                             \
     break;
     LLMTRAIN_GROUP_CASE(1)
     LLMTRAIN_GROUP_CASE(2)
@@ -356,6 +356,25 @@ __global__ void bf16_to_f32_kernel(const bf16* __restrict__ in, float* __restric
   }
 }
 
+// One 16-byte piece (8 elements) of a key or value row per thread, pieces numbered (position,
+// kv head, piece) over blocks x; y: 0 keys, 1 values.
+constexpr int kStoreThreads = 256;
+__global__ void __launch_bounds__(kStoreThreads)
+    store_kv_rows_kernel(const bf16* __restrict__ keys, std::int64_t k_stride, const bf16* __restrict__ values,
+                         std::int64_t v_stride, std::int64_t n, int kv_heads, int head_dim, bf16* __restrict__ k_cache,
+                         bf16* __restrict__ v_cache, KvLayout layout, std::int64_t start) {
+  const int pieces = head_dim / 8;
+  const std::int64_t at = static_cast<std::int64_t>(blockIdx.x) * kStoreThreads + threadIdx.x;
+  if (at >= n * kv_heads * pieces) return;
+  const int piece = static_cast<int>(at % pieces);
+  const int head = static_cast<int>(at / pieces % kv_heads);
+  const std::int64_t i = at / (static_cast<std::int64_t>(pieces) * kv_heads);
+  const bool is_v = blockIdx.y == 1;
+  const bf16* src = (is_v ? values + i * v_stride : keys + i * k_stride) + head * head_dim + piece * 8;
+  bf16* dst = (is_v ? v_cache : k_cache) + (start + i) * layout.position_stride + head * layout.head_stride + piece * 8;
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+
 }  // namespace
 
 void matvec(const MatvecArgs& args, Epilogue epilogue, int max_blocks, cudaStream_t stream) {
@@ -386,15 +405,23 @@ std::int64_t attention_partial_floats(int heads, int head_dim, std::int64_t quer
   return queries * heads * splits * (head_dim + 2);
 }
 
-void cached_attention(const bf16* q, std::int64_t q_stride, const bf16* k_cache, const bf16* v_cache, int heads,
-                      int kv_heads, int head_dim, const std::int32_t* position, std::int64_t queries, int splits,
-                      float* partial, bf16* att, cudaStream_t stream) {
+int default_attention_splits(int multiprocessors, std::int64_t kv_heads) {
+  const std::int64_t sms = std::max(1, multiprocessors);
+  return static_cast<int>(std::clamp<std::int64_t>((4 * sms + kv_heads - 1) / kv_heads, 1, 128));
+}
+
+void cached_attention(const bf16* q, std::int64_t q_stride, const bf16* k_cache, const bf16* v_cache, KvLayout layout,
+                      int heads, int kv_heads, int head_dim, const std::int32_t* position, std::int64_t queries,
+                      int splits, float* partial, bf16* att, cudaStream_t stream) {
   if (queries <= 0) return;
   if (splits < 1 || splits > 65535 || queries > 65535)
     throw core::Error("decode attention: splits or queries out of range");
   if (heads % kv_heads != 0) throw core::Error("decode attention: heads must be a multiple of kv_heads");
   if (q_stride % 8 != 0 || !ops::gpu::aligned_16(q))
     throw core::Error("decode attention: q rows must be 16-byte aligned");
+  if (layout.position_stride % 8 != 0 || layout.head_stride % 8 != 0 || !ops::gpu::aligned_16(k_cache) ||
+      !ops::gpu::aligned_16(v_cache))
+    throw core::Error("decode attention: cache rows must be 16-byte aligned");
   // Query heads per block: the largest divisor of the group that is at most 8 (the keys are read
   // once per block, so larger is better).
   const int per_kv = heads / kv_heads;
@@ -406,11 +433,11 @@ void cached_attention(const bf16* q, std::int64_t q_stride, const bf16* k_cache,
     }
   }
   if (head_dim == 64) {
-    dispatch_group<64>(group, q, q_stride, k_cache, v_cache, heads, kv_heads, position, queries, splits, partial, att,
-                       stream);
+    dispatch_group<64>(group, q, q_stride, k_cache, v_cache, layout, heads, kv_heads, position, queries, splits,
+                       partial, att, stream);
   } else if (head_dim == 128) {
-    dispatch_group<128>(group, q, q_stride, k_cache, v_cache, heads, kv_heads, position, queries, splits, partial, att,
-                        stream);
+    dispatch_group<128>(group, q, q_stride, k_cache, v_cache, layout, heads, kv_heads, position, queries, splits,
+                        partial, att, stream);
   } else {
     throw core::Error("decode attention: head_dim must be 64 or 128, got " + std::to_string(head_dim));
   }
@@ -438,6 +465,21 @@ void bf16_to_f32(const bf16* in, float* out, std::int64_t count, cudaStream_t st
   if (count <= 0) return;
   bf16_to_f32_kernel<<<ops::gpu::grid_for(count, 256), 256, 0, stream>>>(in, out, count);
   CUDA_CHECK_LAUNCH("bf16_to_f32_kernel");
+}
+
+void store_kv_rows(const bf16* keys, std::int64_t k_stride, const bf16* values, std::int64_t v_stride, std::int64_t n,
+                   int kv_heads, int head_dim, bf16* k_cache, bf16* v_cache, KvLayout layout, std::int64_t start,
+                   cudaStream_t stream) {
+  if (n <= 0) return;
+  if (head_dim % 8 != 0 || k_stride % 8 != 0 || v_stride % 8 != 0 || layout.position_stride % 8 != 0 ||
+      layout.head_stride % 8 != 0 || !ops::gpu::aligned_16(keys) || !ops::gpu::aligned_16(values) ||
+      !ops::gpu::aligned_16(k_cache) || !ops::gpu::aligned_16(v_cache))
+    throw core::Error("decode store_kv_rows: rows must be 16-byte aligned");
+  const std::int64_t pieces = n * kv_heads * (head_dim / 8);
+  const dim3 grid(static_cast<unsigned>((pieces + kStoreThreads - 1) / kStoreThreads), 2);
+  store_kv_rows_kernel<<<grid, kStoreThreads, 0, stream>>>(keys, k_stride, values, v_stride, n, kv_heads, head_dim,
+                                                           k_cache, v_cache, layout, start);
+  CUDA_CHECK_LAUNCH("store_kv_rows_kernel");
 }
 
 }  // namespace models::qwen3::decode

@@ -2,9 +2,9 @@
 // cache per layer (keys after the q/k norm and RoPE) sized for DecoderOptions::max_tokens, fp32
 // logits [vocab] on the device.
 //
-// prefill() runs the appended tokens through the batched ops of the training forward (cuBLASLt
-// GEMMs, the flash attention kernel when the cache is empty), in chunks of at most
-// max_prefill_chunk tokens, writing keys and values straight into the cache. step() is a few
+// prefill() runs the appended tokens through the batched ops of the training forward
+// (Qwen3CudaPrefill, prefill_cuda.h), in chunks of at most max_prefill_chunk tokens, writing keys
+// and values straight into the cache. step() is a few
 // kernels per layer that read the position from device memory, so they are captured once into a
 // CUDA graph and replayed:
 //   (1) RMSNorm + qkv matrix-vector product (every block recomputes the norm of the 1-row input);
@@ -102,15 +102,35 @@ void qk_norm_rope_append(const bf16* qkv, const bf16* q_norm, const bf16* k_norm
                          float eps, const double* inv_freq, const std::int32_t* position, bf16* q_out, bf16* k_cache,
                          bf16* v_cache, cudaStream_t stream);
 
+// Where one layer's cache keeps kv head h's row at position j: element i at
+// j * position_stride + h * head_stride + i (both multiples of 8). The plain decoder's layout is
+// packed(): [position, kv head, dim]; the megakernel's is [kv head, position, dim].
+struct KvLayout {
+  std::int64_t position_stride = 0;
+  std::int64_t head_stride = 0;
+  static KvLayout packed(int kv_heads, int head_dim) {
+    return {static_cast<std::int64_t>(kv_heads) * head_dim, head_dim};
+  }
+};
+
 // Causal attention of `queries` new positions start + i, start = *position, over cache rows
-// [0, start + i] (the caches already hold them): q [queries, heads * head_dim] with rows
-// q_stride apart, att dense bf16 [queries, heads * head_dim]. Each (kv head, query) is split
-// into at most `splits` key ranges of at least 32 keys, merged by log-sum-exp; `partial` holds
-// attention_partial_floats(...) floats.
+// [0, start + i] (the caches, laid out as `layout` says, already hold them): q [queries, heads *
+// head_dim] with rows q_stride apart, att dense bf16 [queries, heads * head_dim]. Each (kv head,
+// query) is split into at most `splits` key ranges of at least 32 keys, merged by log-sum-exp;
+// `partial` holds attention_partial_floats(...) floats.
 std::int64_t attention_partial_floats(int heads, int head_dim, std::int64_t queries, int splits);
-void cached_attention(const bf16* q, std::int64_t q_stride, const bf16* k_cache, const bf16* v_cache, int heads,
-                      int kv_heads, int head_dim, const std::int32_t* position, std::int64_t queries, int splits,
-                      float* partial, bf16* att, cudaStream_t stream);
+// The splits of a step's attention by default: enough (kv head, key range) blocks to fill the GPU
+// about four times over at long contexts.
+int default_attention_splits(int multiprocessors, std::int64_t kv_heads);
+void cached_attention(const bf16* q, std::int64_t q_stride, const bf16* k_cache, const bf16* v_cache, KvLayout layout,
+                      int heads, int kv_heads, int head_dim, const std::int32_t* position, std::int64_t queries,
+                      int splits, float* partial, bf16* att, cudaStream_t stream);
+
+// Rows i < n of keys [n, kv_heads * head_dim] (rows k_stride apart) and values (v_stride) into
+// positions start + i of one layer's caches laid out as `layout` says (16-byte aligned rows).
+void store_kv_rows(const bf16* keys, std::int64_t k_stride, const bf16* values, std::int64_t v_stride, std::int64_t n,
+                   int kv_heads, int head_dim, bf16* k_cache, bf16* v_cache, KvLayout layout, std::int64_t start,
+                   cudaStream_t stream);
 
 // x [dim] = table[token], token = *device_token when given, else `token`; ids outside
 // [0, vocab) are clamped and raise *invalid_flag.

@@ -11,7 +11,9 @@
 
 #include "core/buffer.h"
 #include "core/error.h"
+#include "models/ops/sampling.h"
 #include "models/qwen3/decode_megakernel_plan.h"
+#include "models/qwen3/prefill_cuda.h"
 
 namespace models::qwen3 {
 
@@ -63,13 +65,15 @@ struct MegakernelDecoder::Impl {
   bool has_logits = false;
   int threads = 0;
 
-  core::Buffer cache;   // k then v
-  core::Buffer state;   // activations, tagged words, counters, abort record (zeroed together)
-  core::Buffer tables;  // units, block starts, group counts, layer weights, rope, ids, logits
+  core::Buffer cache;                        // k then v
+  core::Buffer state;                        // activations, tagged words, counters, abort record (zeroed together)
+  core::Buffer tables;                       // units, block starts, group counts, layer weights, rope, logits
+  std::unique_ptr<Qwen3CudaPrefill> prompt;  // prefill()'s batched path
+  core::Buffer argmax_workspace;             // the greedy id after a prefill (ops::sample_cuda)
   std::size_t state_bytes = 0;
   std::uint64_t* token_word = nullptr;
-  std::int32_t* ids = nullptr;
   float* logits = nullptr;
+  std::int32_t* prompt_id = nullptr;  // that id
 
   Impl(const Qwen3Config& config, optim::Slab& s, const core::DeviceContext& context, MegakernelSettings st)
       : c(config), slab(s), ctx(context), stream(context.stream()), settings(st) {}
@@ -84,6 +88,15 @@ struct MegakernelDecoder::Impl {
   void zero_state() {
     CUDA_CHECK(cudaMemsetAsync(state.data(), 0, state_bytes, stream));
     epoch = 0;
+  }
+
+  // The cache as the batched prompt path writes it: [layers, kv_heads, capacity, head_dim].
+  KvCacheView cache_view() const {
+    const std::int64_t hd = c.head_dim;
+    return {reinterpret_cast<decode::bf16*>(base.k_cache),
+            reinterpret_cast<decode::bf16*>(base.v_cache),
+            c.num_kv_heads * capacity * hd,
+            {hd, capacity * hd}};
   }
 
   void check_room(std::int64_t tokens) const { check_decoder_room(position, tokens, capacity); }
@@ -260,15 +273,15 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
   p.token = reinterpret_cast<std::uint64_t*>(base + token_at);
   m.token_word = p.token;
 
-  // Tables: units, block starts, group counts, layer weights, rope, ids, logits.
+  // Tables: units, block starts, group counts, layer weights, rope, logits.
   at = 0;
   const std::size_t units_at = reserve(m.schedule.units.size() * sizeof(mk::Unit));
   const std::size_t begin_at = reserve(m.schedule.block_begin.size() * 4);
   const std::size_t groups_at = reserve(m.schedule.group_counts.size() * 4);
   const std::size_t layers_at = reserve(layers.size() * sizeof(mk::LayerWeights));
   const std::size_t rope_at = reserve(static_cast<std::size_t>(m.capacity) * hd * 4);
-  const std::size_t ids_at = reserve(static_cast<std::size_t>(m.capacity) * 4);
   const std::size_t logits_at = reserve(static_cast<std::size_t>(d.vocab) * 4);
+  const std::size_t prompt_id_at = reserve(4);
   m.tables = core::Buffer(context.device(), at);
   char* t = static_cast<char*>(m.tables.data());
   std::vector<char> host(rope_at);
@@ -284,9 +297,14 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
   float* rope = reinterpret_cast<float*>(t + rope_at);
   mk::fill_rope_table(rope, m.capacity, d.head_dim, config.rope_theta, m.stream);
   p.rope = rope;
-  m.ids = reinterpret_cast<std::int32_t*>(t + ids_at);
   m.logits = reinterpret_cast<float*>(t + logits_at);
+  m.prompt_id = reinterpret_cast<std::int32_t*>(t + prompt_id_at);
+  m.argmax_workspace = core::Buffer(context.device(), ops::sample_cuda_workspace_bytes(config.vocab_size));
   CUDA_CHECK(cudaMemsetAsync(m.logits, 0, static_cast<std::size_t>(d.vocab) * 4, m.stream));
+  if (settings.max_prefill_chunk <= 0) throw core::InputError("qwen3 megakernel: max_prefill_chunk must be positive");
+  m.prompt = std::make_unique<Qwen3CudaPrefill>(
+      config, slab, context, std::min(m.capacity, settings.max_prefill_chunk),
+      decode::default_attention_splits(context.multiprocessor_count(), config.num_kv_heads));
   m.zero_state();
   context.synchronize();  // the host tables are pageable sources
 }
@@ -325,13 +343,16 @@ void MegakernelDecoder::append(const std::int32_t* device_ids, std::int64_t coun
 
 void MegakernelDecoder::prefill(std::span<const std::int32_t> tokens, float* all_logits) {
   Impl& m = *impl_;
-  const auto count = static_cast<std::int64_t>(tokens.size());
-  if (count == 0) throw core::InputError("decoder: prefill needs at least one token");
-  m.check_room(count);
-  check_decoder_ids(tokens, m.c.vocab_size);
-  core::copy_bytes(m.ids + m.position, tokens.data(), tokens.size() * 4, m.stream);
-  append(m.ids + m.position, count, all_logits);
-  check();
+  if (tokens.empty()) throw core::InputError("decoder: prefill needs at least one token");
+  check_decoder_prompt(tokens, m.position, m.capacity, m.c.vocab_size);
+  m.prompt->run(tokens, m.position, m.cache_view(), m.logits, all_logits);
+  // The kernel's next token reads the cache rows written here (a launch later) and, when greedy,
+  // its id from the token word, which carries the tag of that token's epoch.
+  ops::sample_cuda(m.logits, m.c.vocab_size, {}, 0.0f, m.prompt_id, m.argmax_workspace.data(),
+                   m.argmax_workspace.bytes(), m.stream);
+  mk::set_token_word(m.token_word, m.prompt_id, m.epoch, m.stream);
+  m.position += static_cast<std::int64_t>(tokens.size());
+  m.has_logits = true;
 }
 
 void MegakernelDecoder::step(std::int32_t token, const std::int32_t* device_token) {
@@ -512,7 +533,9 @@ const float* MegakernelDecoder::logits() const { return impl_->logits; }
 std::int64_t MegakernelDecoder::position() const { return impl_->position; }
 std::int64_t MegakernelDecoder::capacity() const { return impl_->capacity; }
 std::size_t MegakernelDecoder::cache_bytes() const { return impl_->cache.bytes(); }
-std::size_t MegakernelDecoder::scratch_bytes() const { return impl_->state.bytes() + impl_->tables.bytes(); }
+std::size_t MegakernelDecoder::scratch_bytes() const {
+  return impl_->state.bytes() + impl_->tables.bytes() + impl_->prompt->scratch_bytes();
+}
 int MegakernelDecoder::blocks() const { return impl_->base.geo.blocks; }
 
 std::size_t MegakernelDecoder::weight_bytes_per_token() const {

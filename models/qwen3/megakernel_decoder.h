@@ -6,9 +6,11 @@
 // range of one row-major matrix (q/k/v and gate/up are contiguous there already), so
 // construction re-lays nothing out (zero bytes, zero time) and the decoder sees the trainer's
 // latest weights. The KV cache is bf16 [layers, kv_heads, capacity, head_dim] (keys after q/k
-// norm and RoPE), sized by DecoderOptions::max_tokens; prompts go through the kernel too
-// (teacher forcing, one launch), so no other layout is ever converted.
-// Activations between units stay fp32 (the plain decoder rounds them to bf16); the logits are fp32.
+// norm and RoPE), sized by DecoderOptions::max_tokens. prefill() runs a prompt through the plain
+// decoder's batched path (Qwen3CudaPrefill: products over many positions, flash attention),
+// which writes this layout, so a long prompt is a few dozen launches, not one pass per token;
+// append() feeds tokens through the kernel instead (teacher forcing, one launch).
+// Activations between units are bf16 where the plain decoder rounds them; the logits are fp32.
 #pragma once
 
 #include <cstdint>
@@ -25,14 +27,15 @@ namespace models::qwen3 {
 
 // How the kernel is laid over the GPU (bench/megakernel_bench sweeps these).
 struct MegakernelSettings {
-  int consumer_warps = 8;        // computing warps per block (one more streams weights)
-  int page_bytes = 32768;        // shared-memory page of the weight/cache ring
-  int pages = 0;                 // pages in the ring; 0: as many as fit
-  int max_splits = 16;           // attention chunks per kv head at long contexts
-  int min_chunk = 128;           // positions per attention chunk, at least
-  int blocks = 0;                // persistent blocks; 0: one per multiprocessor
-  bool evict_first = true;       // stream weights and cache with an L2 evict-first hint
-  double timeout_seconds = 5.0;  // a spin longer than this aborts the launch (core::Error)
+  int consumer_warps = 8;                 // computing warps per block (one more streams weights)
+  int page_bytes = 32768;                 // shared-memory page of the weight/cache ring
+  int pages = 0;                          // pages in the ring; 0: as many as fit
+  int max_splits = 16;                    // attention chunks per kv head at long contexts
+  int min_chunk = 128;                    // positions per attention chunk, at least
+  int blocks = 0;                         // persistent blocks; 0: one per multiprocessor
+  bool evict_first = true;                // stream weights and cache with an L2 evict-first hint
+  double timeout_seconds = 5.0;           // a spin longer than this aborts the launch (core::Error)
+  std::int64_t max_prefill_chunk = 4096;  // prompt tokens per batched pass (bounds its activations)
 };
 
 class MegakernelDecoder final : public Decoder {
@@ -45,14 +48,17 @@ class MegakernelDecoder final : public Decoder {
   ~MegakernelDecoder() override;
 
   void reset() override;
+  // The batched path (see the top); `all_logits`: device fp32 [tokens, vocab] from bf16 lm_head
+  // products, as the plain decoder's. logits() then holds the last token's fp32 logits and the
+  // next greedy() starts from their argmax.
   void prefill(std::span<const std::int32_t> tokens, float* all_logits = nullptr) override;
   void step(std::int32_t token, const std::int32_t* device_token = nullptr) override;
   const float* logits() const override;
   std::int64_t position() const override;
   std::int64_t capacity() const override;
 
-  // Teacher forcing in one launch: appends device ids [count]; every position's logits into
-  // all_logits (device fp32 [count, vocab]) when given.
+  // Teacher forcing through the kernel in one launch: appends device ids [count]; every
+  // position's logits into all_logits (device fp32 [count, vocab]) when given.
   void append(const std::int32_t* device_ids, std::int64_t count, float* all_logits = nullptr);
   // Appends `count` tokens in one launch, each the argmax of the logits before it (the first:
   // of logits(), which a prefill, step or greedy call must have produced); the appended ids go
@@ -75,7 +81,7 @@ class MegakernelDecoder final : public Decoder {
   void stall_next_launch();
 
   std::size_t cache_bytes() const;    // the KV cache
-  std::size_t scratch_bytes() const;  // everything else the decoder allocated
+  std::size_t scratch_bytes() const;  // everything else the decoder allocated (the prompt path too)
   // Bytes one token streams: every weight matrix and the head (norms and the embedding row aside).
   std::size_t weight_bytes_per_token() const;
   // Cache bytes the token at `position` reads (keys and values of positions [0, position)).

@@ -612,40 +612,108 @@ TEST(DecodeKernels, CachedAttentionAcrossSplitBoundaries) {
     const auto k = to_floats(to_bits(test::random_normal(rng, static_cast<std::size_t>(keys * kv_stride), 1.0f)));
     const auto v = to_floats(to_bits(test::random_normal(rng, static_cast<std::size_t>(keys * kv_stride), 1.0f)));
     const auto expected = attention_reference(q, q_stride, k, v, c.heads, c.kv_heads, c.hd, c.start, c.queries);
-    core::Buffer q_d = device_copy(to_bits(q)), k_d = device_copy(to_bits(k)), v_d = device_copy(to_bits(v));
+    core::Buffer q_d = device_copy(to_bits(q));
     core::Buffer pos_d = device_copy(std::vector<std::int32_t>{static_cast<std::int32_t>(c.start)});
     core::Buffer partial(
         gpu.device(),
         static_cast<std::size_t>(decode::attention_partial_floats(c.heads, c.hd, c.queries, c.splits)) * 4);
-    core::Buffer att(gpu.device(), static_cast<std::size_t>(c.queries * c.heads * c.hd) * 2);
-    att.fill_bytes(0xFF);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    decode::cached_attention(ptr<bf16>(q_d), q_stride, ptr<bf16>(k_d), ptr<bf16>(v_d), c.heads, c.kv_heads, c.hd,
-                             ptr<std::int32_t>(pos_d), c.queries, c.splits, ptr<float>(partial), ptr<bf16>(att),
-                             gpu.stream());
-    gpu.synchronize();
-    const auto got = to_floats(test::to_host<std::uint16_t>(att));
     double v_max = 0;
     for (float x : v) v_max = std::max(v_max, static_cast<double>(std::fabs(x)));
-    const std::string what = "heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " hd " +
-                             std::to_string(c.hd) + " start " + std::to_string(c.start) + " queries " +
-                             std::to_string(c.queries) + " splits " + std::to_string(c.splits);
-    int failures = 0;
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      // bf16 output rounding, plus fp32 scores and exponentials (relative 1e-5 of the values).
-      const double tolerance = kHalfUlp * std::fabs(expected[i]) + 1e-4 * v_max;
-      if (!(std::fabs(got[i] - expected[i]) <= tolerance) && failures++ < 5) {
-        ADD_FAILURE() << what << ": element " << i << " got " << got[i] << " expected " << expected[i];
+    // The plain decoder's packed cache, and the megakernel's [kv head, position] with 3 spare rows
+    // per head (a capacity above the keys in use).
+    const std::int64_t capacity = keys + 3;
+    for (const bool packed : {true, false}) {
+      const decode::KvLayout layout =
+          packed ? decode::KvLayout::packed(c.kv_heads, c.hd) : decode::KvLayout{c.hd, capacity * c.hd};
+      auto lay_out = [&](const std::vector<float>& rows) {
+        Bits out(static_cast<std::size_t>(packed ? keys * kv_stride : c.kv_heads * capacity * c.hd), 0xFFFF);
+        for (std::int64_t j = 0; j < keys; ++j)
+          for (int h = 0; h < c.kv_heads; ++h)
+            for (int d = 0; d < c.hd; ++d)
+              out[static_cast<std::size_t>(j * layout.position_stride + h * layout.head_stride + d)] =
+                  core::float_to_bf16(rows[static_cast<std::size_t>(j * kv_stride + h * c.hd + d)]);
+        return out;
+      };
+      core::Buffer k_d = device_copy(lay_out(k)), v_d = device_copy(lay_out(v));
+      core::Buffer att(gpu.device(), static_cast<std::size_t>(c.queries * c.heads * c.hd) * 2);
+      att.fill_bytes(0xFF);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      decode::cached_attention(ptr<bf16>(q_d), q_stride, ptr<bf16>(k_d), ptr<bf16>(v_d), layout, c.heads, c.kv_heads,
+                               c.hd, ptr<std::int32_t>(pos_d), c.queries, c.splits, ptr<float>(partial), ptr<bf16>(att),
+                               gpu.stream());
+      gpu.synchronize();
+      const auto got = to_floats(test::to_host<std::uint16_t>(att));
+      const std::string what = "heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " hd " +
+                               std::to_string(c.hd) + " start " + std::to_string(c.start) + " queries " +
+                               std::to_string(c.queries) + " splits " + std::to_string(c.splits) +
+                               (packed ? " packed" : " head-major");
+      int failures = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        // bf16 output rounding, plus fp32 scores and exponentials (relative 1e-5 of the values).
+        const double tolerance = kHalfUlp * std::fabs(expected[i]) + 1e-4 * v_max;
+        if (!(std::fabs(got[i] - expected[i]) <= tolerance) && failures++ < 5) {
+          ADD_FAILURE() << what << ": element " << i << " got " << got[i] << " expected " << expected[i];
+        }
       }
     }
   }
   // Misuse is refused.
   core::Buffer b(gpu.device(), 1 << 16);
-  EXPECT_THROW(decode::cached_attention(ptr<bf16>(b), 64, ptr<bf16>(b), ptr<bf16>(b), 2, 1, 96, ptr<std::int32_t>(b), 1,
-                                        1, ptr<float>(b), ptr<bf16>(b), gpu.stream()),
-               core::Error);
-  EXPECT_THROW(decode::cached_attention(ptr<bf16>(b) + 1, 64, ptr<bf16>(b), ptr<bf16>(b), 2, 1, 64,
+  const decode::KvLayout packed = decode::KvLayout::packed(1, 64);
+  EXPECT_THROW(decode::cached_attention(ptr<bf16>(b), 64, ptr<bf16>(b), ptr<bf16>(b), packed, 2, 1, 96,
                                         ptr<std::int32_t>(b), 1, 1, ptr<float>(b), ptr<bf16>(b), gpu.stream()),
+               core::Error);
+  EXPECT_THROW(decode::cached_attention(ptr<bf16>(b) + 1, 64, ptr<bf16>(b), ptr<bf16>(b), packed, 2, 1, 64,
+                                        ptr<std::int32_t>(b), 1, 1, ptr<float>(b), ptr<bf16>(b), gpu.stream()),
+               core::Error);
+  EXPECT_THROW(decode::cached_attention(ptr<bf16>(b), 64, ptr<bf16>(b), ptr<bf16>(b), decode::KvLayout{64, 68}, 2, 1,
+                                        64, ptr<std::int32_t>(b), 1, 1, ptr<float>(b), ptr<bf16>(b), gpu.stream()),
+               core::Error);
+}
+
+// Rows of keys and values (strided, as a prefill chunk holds them) into both cache layouts at an
+// offset: every element where the layout says, nothing else written.
+TEST(DecodeKernels, StoreKvRowsIntoEitherLayout) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  const core::DeviceContext gpu(core::Device::cuda(0));
+  struct Case {
+    int kv_heads, hd;
+    std::int64_t n, start, k_stride, v_stride;
+  };
+  for (const Case& c : {Case{1, 64, 1, 0, 64, 64}, Case{3, 64, 37, 5, 200, 320}, Case{8, 128, 70, 11, 1024, 4096},
+                        Case{2, 128, 5, 0, 512, 768}}) {
+    const std::int64_t capacity = c.start + c.n + 2, kv_size = static_cast<std::int64_t>(c.kv_heads) * c.hd;
+    const Bits keys = to_bits(test::random_normal(rng, static_cast<std::size_t>(c.n * c.k_stride)));
+    const Bits values = to_bits(test::random_normal(rng, static_cast<std::size_t>(c.n * c.v_stride)));
+    for (const bool packed : {true, false}) {
+      const decode::KvLayout layout =
+          packed ? decode::KvLayout::packed(c.kv_heads, c.hd) : decode::KvLayout{c.hd, capacity * c.hd};
+      const auto elements = static_cast<std::size_t>(capacity * kv_size);
+      core::Buffer k_d = device_copy(Bits(elements, 0x7777)), v_d = device_copy(Bits(elements, 0x7777));
+      core::Buffer keys_d = device_copy(keys), values_d = device_copy(values);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      decode::store_kv_rows(ptr<bf16>(keys_d), c.k_stride, ptr<bf16>(values_d), c.v_stride, c.n, c.kv_heads, c.hd,
+                            ptr<bf16>(k_d), ptr<bf16>(v_d), layout, c.start, gpu.stream());
+      gpu.synchronize();
+      Bits k_expected(elements, 0x7777), v_expected(elements, 0x7777);
+      for (std::int64_t i = 0; i < c.n; ++i)
+        for (int h = 0; h < c.kv_heads; ++h)
+          for (int d = 0; d < c.hd; ++d) {
+            const auto at =
+                static_cast<std::size_t>((c.start + i) * layout.position_stride + h * layout.head_stride + d);
+            k_expected[at] = keys[static_cast<std::size_t>(i * c.k_stride + h * c.hd + d)];
+            v_expected[at] = values[static_cast<std::size_t>(i * c.v_stride + h * c.hd + d)];
+          }
+      EXPECT_EQ(test::to_host<std::uint16_t>(k_d), k_expected)
+          << "keys, kv heads " << c.kv_heads << " packed " << packed;
+      EXPECT_EQ(test::to_host<std::uint16_t>(v_d), v_expected)
+          << "values, kv heads " << c.kv_heads << " packed " << packed;
+    }
+  }
+  core::Buffer b(gpu.device(), 1 << 16);
+  EXPECT_THROW(decode::store_kv_rows(ptr<bf16>(b), 60, ptr<bf16>(b), 64, 1, 1, 64, ptr<bf16>(b), ptr<bf16>(b),
+                                     decode::KvLayout::packed(1, 64), 0, gpu.stream()),
                core::Error);
 }
 

@@ -100,8 +100,10 @@ std::vector<std::int32_t> fixture_ids(const std::string& name) {
   return std::vector<std::int32_t>(ids64.begin(), ids64.begin() + seq);
 }
 
-// How the megakernel is driven through a sequence.
-enum class Drive { one_launch, prefill_then_steps, chunks };
+// How the megakernel is driven through a sequence: the kernel alone (one launch, one launch per
+// token, launches of 7 tokens), or the batched prompt path (prefill) for ids[0, split) and the
+// kernel after it (a launch per token, or one launch).
+enum class Drive { one_launch, prefill_then_steps, chunks, steps, prefill_then_append };
 
 // Megakernel logits of every position of ids, teacher-forced.
 std::vector<float> mega_logits(q3::MegakernelDecoder& decoder, const std::vector<std::int32_t>& ids, Drive drive,
@@ -110,12 +112,31 @@ std::vector<float> mega_logits(q3::MegakernelDecoder& decoder, const std::vector
   std::vector<float> rows(ids.size() * v);
   decoder.reset();
   core::Buffer all(core::Device::cuda(), ids.size() * v * 4);
+  core::Buffer ids_d(core::Device::cuda(), ids.size() * 4);
+  CUDA_CHECK(cudaMemcpy(ids_d.data(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaDeviceSynchronize());  // the decoder's stream does not wait for the legacy one
   if (drive == Drive::one_launch) {
-    decoder.prefill(ids, all.as<float>());
+    decoder.append(ids_d.as<std::int32_t>(), static_cast<std::int64_t>(ids.size()), all.as<float>());
+    decoder.check();
     rows = download(all.as<float>(), ids.size() * v);
     // logits() holds the last row.
     EXPECT_EQ(download(decoder.logits(), v),
               std::vector<float>(rows.end() - static_cast<std::ptrdiff_t>(v), rows.end()));
+  } else if (drive == Drive::steps) {
+    for (std::size_t t = 0; t < ids.size(); ++t) {
+      decoder.step(ids[t]);
+      const auto row = download(decoder.logits(), v);
+      std::copy(row.begin(), row.end(), rows.begin() + static_cast<std::ptrdiff_t>(t * v));
+    }
+    decoder.check();
+  } else if (drive == Drive::prefill_then_append) {
+    decoder.prefill({ids.data(), split}, all.as<float>());
+    if (split < ids.size()) {
+      decoder.append(ids_d.as<std::int32_t>() + split, static_cast<std::int64_t>(ids.size() - split),
+                     all.as<float>() + split * v);
+      decoder.check();
+    }
+    rows = download(all.as<float>(), ids.size() * v);
   } else if (drive == Drive::prefill_then_steps) {
     decoder.prefill({ids.data(), split}, all.as<float>());
     const auto first = download(all.as<float>(), split * v);
@@ -128,9 +149,6 @@ std::vector<float> mega_logits(q3::MegakernelDecoder& decoder, const std::vector
     decoder.check();
   } else {
     // Device ids appended 7 at a time (each launch several tokens).
-    core::Buffer ids_d(core::Device::cuda(), ids.size() * 4);
-    CUDA_CHECK(cudaMemcpy(ids_d.data(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaDeviceSynchronize());  // the decoder's stream does not wait for the legacy one
     for (std::size_t t = 0; t < ids.size(); t += 7) {
       const std::size_t n = std::min<std::size_t>(7, ids.size() - t);
       decoder.append(ids_d.as<std::int32_t>() + t, static_cast<std::int64_t>(n), all.as<float>() + t * v);
@@ -166,14 +184,16 @@ void check_teacher_forcing(Model& m, const std::vector<std::int32_t>& ids, const
   const auto plain = with_plain ? plain_logits(m, ids) : std::vector<float>();
   for (const auto& settings : geometries) {
     q3::MegakernelDecoder decoder(m.config, *m.device, m.gpu, {.max_tokens = n}, settings);
-    for (Drive drive : {Drive::one_launch, Drive::prefill_then_steps, Drive::chunks}) {
+    for (Drive drive : {Drive::one_launch, Drive::prefill_then_steps, Drive::chunks, Drive::prefill_then_append}) {
       const auto rows = mega_logits(decoder, ids, drive, vocab, std::min<std::size_t>(3, ids.size()));
       std::size_t at_cpu = 0, at_plain = 0;
       const double vs_cpu = worst_rows(rows, cpu, vocab, &at_cpu);
       const double vs_plain = with_plain ? worst_rows(rows, plain, vocab, &at_plain) : 0.0;
       const std::string where = what + " [" + decoder.describe() + "] drive " + std::to_string(static_cast<int>(drive));
       EXPECT_LE(vs_cpu, kVsCpu) << where << ": vs the cpu decoder at position " << at_cpu;
-      if (with_plain) EXPECT_LE(vs_plain, kVsPlain) << where << ": vs the plain cuda decoder at position " << at_plain;
+      if (with_plain) {
+        EXPECT_LE(vs_plain, kVsPlain) << where << ": vs the plain cuda decoder at position " << at_plain;
+      }
       std::printf("[ mega     ] %s: %lld positions, worst normwise %.3g vs cpu%s\n", where.c_str(),
                   static_cast<long long>(n), vs_cpu,
                   with_plain ? (", " + std::to_string(vs_plain) + " vs plain cuda").c_str() : "");
@@ -289,7 +309,7 @@ TEST(MegakernelGpu, Qwen3_06BShapeOneLaunchEqualsSteps) {
   const auto ids = random_ids(rng, 1024, vocab);
   q3::MegakernelDecoder decoder(m.config, *m.device, m.gpu, {.max_tokens = 1024});
   const auto one = mega_logits(decoder, ids, Drive::one_launch, vocab);
-  const auto steps = mega_logits(decoder, ids, Drive::prefill_then_steps, vocab, 1);
+  const auto steps = mega_logits(decoder, ids, Drive::steps, vocab);
   std::size_t differ = 0;
   for (std::size_t t = 0; t < ids.size(); ++t) {
     if (!std::equal(one.begin() + static_cast<std::ptrdiff_t>(t * v),
@@ -360,11 +380,12 @@ TEST(MegakernelGpu, StressLaunchPartitionsAgreeBitForBit) {
     EXPECT_EQ(ids_one, ids_parts) << what << ": one launch vs " << launches << " launches";
     EXPECT_EQ(one_last, parts_last) << what << ": last logits, one launch vs " << launches << " launches";
 
-    // Teacher forcing the same sequence: its logits pick every greedy id.
+    // Teacher forcing the same sequence (the same prompt path, then the kernel in one launch): its
+    // logits pick every greedy id.
     std::vector<std::int32_t> sequence = prompt;
     sequence.insert(sequence.end(), ids_one.begin(), ids_one.end());
     q3::MegakernelDecoder forced(m.config, *m.device, m.gpu, {.max_tokens = total}, c.geometry);
-    const auto rows = mega_logits(forced, sequence, Drive::one_launch, vocab);
+    const auto rows = mega_logits(forced, sequence, Drive::prefill_then_append, vocab, prompt.size());
     std::int64_t wrong = 0;
     for (std::size_t t = 0; t < ids_one.size(); ++t) {
       const float* row = &rows[(prompt.size() - 1 + t) * v];
@@ -458,7 +479,7 @@ TEST(MegakernelGpuPlain, GreedyMatchesPlainDecoderWhereMarginsAllow) {
     std::vector<std::int32_t> sequence = prompt;
     sequence.insert(sequence.end(), expected.begin(), expected.end() - 1);
     q3::MegakernelDecoder forced(m.config, *m.device, m.gpu, {.max_tokens = total});
-    const auto rows = mega_logits(forced, sequence, Drive::one_launch, vocab);
+    const auto rows = mega_logits(forced, sequence, Drive::prefill_then_append, vocab, prompt.size());
     std::int64_t agreed = 0;
     for (std::int64_t t = 0; t < new_tokens; ++t) {
       const auto& p = plain_rows[static_cast<std::size_t>(t)];
@@ -506,6 +527,73 @@ TEST(MegakernelGpuPlain, DeviceSamplingEqualsHostReference) {  // through models
       if (t + 1 < new_tokens) host_driven.step(expected.back());
     }
     EXPECT_EQ(result.ids, expected) << "temperature " << params.temperature;
+  }
+}
+
+// The batched prompt path: the megakernel's prefill runs the plain decoder's (Qwen3CudaPrefill)
+// into its own cache layout, so its logits equal the plain decoder's bit for bit, in one chunk or
+// many (later chunks attend over the cache in each layout) and after earlier tokens; the kernel
+// then continues from that cache (teacher-forced steps within the usual tolerance of the plain
+// decoder's steps) and greedy() starts from the argmax of the prompt's logits.
+TEST(MegakernelGpuPlain, BatchedPrefillEqualsPlainDecoder) {
+  REQUIRE_CUDA();
+  std::mt19937_64 rng(test::fresh_seed());
+  std::vector<Model> models;
+  models.push_back(Model::fixture_model("untied"));
+  models.push_back(Model::random_model(small_config(1000, 136, 232, 2, 8, 2, 64, false), rng()));
+  models.push_back(Model::random_model(small_config(257, 96, 64, 2, 8, 1, 128, true), rng()));
+  models.push_back(Model::random_model(small_config(517, 64, 96, 3, 4, 2, 128, false), rng()));
+  for (Model& m : models) {
+    const std::int64_t vocab = m.config.vocab_size;
+    const auto v = static_cast<std::size_t>(vocab);
+    for (const std::int64_t chunk : {std::int64_t{4096}, std::int64_t{16}}) {
+      for (const std::size_t length : {std::size_t{1}, std::size_t{37}, std::size_t{150}}) {
+        const auto prompt = random_ids(rng, length, vocab);
+        const auto more = random_ids(rng, 20, vocab);
+        const auto later = random_ids(rng, 9, vocab);
+        const std::int64_t total = static_cast<std::int64_t>(length + more.size() + later.size() + 1);
+        q3::CudaDecoderSettings plain_settings;
+        plain_settings.max_prefill_chunk = chunk;
+        q3::MegakernelSettings mega_settings = geometry(8, 32, 0, 16, 128);
+        mega_settings.max_prefill_chunk = chunk;
+        q3::Qwen3CudaDecoder plain(m.config, *m.device, m.gpu, {.max_tokens = total}, plain_settings);
+        q3::MegakernelDecoder mega(m.config, *m.device, m.gpu, {.max_tokens = total}, mega_settings);
+        const std::string what = "hidden " + std::to_string(m.config.hidden_size) + " heads " +
+                                 std::to_string(m.config.num_heads) + "/" + std::to_string(m.config.num_kv_heads) +
+                                 " prompt " + std::to_string(length) + " chunk " + std::to_string(chunk);
+        core::Buffer plain_all(core::Device::cuda(), length * v * 4), mega_all(core::Device::cuda(), length * v * 4);
+        plain.prefill(prompt, plain_all.as<float>());
+        mega.prefill(prompt, mega_all.as<float>());
+        EXPECT_EQ(download(plain_all.as<float>(), length * v), download(mega_all.as<float>(), length * v)) << what;
+        const auto last = download(mega.logits(), v);
+        EXPECT_EQ(download(plain.logits(), v), last) << what << ": last logits";
+        // Teacher-forced steps on each cache.
+        std::vector<float> plain_rows, mega_rows;
+        for (const std::int32_t id : more) {
+          plain.step(id);
+          mega.step(id);
+          const auto p = download(plain.logits(), v), k = download(mega.logits(), v);
+          plain_rows.insert(plain_rows.end(), p.begin(), p.end());
+          mega_rows.insert(mega_rows.end(), k.begin(), k.end());
+        }
+        mega.check();
+        EXPECT_LE(worst_rows(mega_rows, plain_rows, vocab), kVsPlain) << what << ": steps after the prompt";
+        // A second prompt after those tokens: attends over both earlier parts, in each layout.
+        plain.prefill(later);
+        mega.prefill(later);
+        const auto second = download(mega.logits(), v);
+        EXPECT_LE(test::normwise_error(second.data(), download(plain.logits(), v).data(), v), kVsPlain)
+            << what << ": a prompt after earlier tokens";
+        // greedy() starts from the prompt's argmax.
+        core::Buffer id_d(core::Device::cuda(), 4);
+        mega.greedy(1, id_d.as<std::int32_t>());
+        mega.check();
+        std::int32_t id = -1;
+        CUDA_CHECK(cudaMemcpy(&id, id_d.data(), 4, cudaMemcpyDeviceToHost));
+        EXPECT_EQ(id, models::ops::sample_cpu(second, {}, 0.0f)) << what << ": the first greedy id";
+        EXPECT_EQ(mega.position(), total);  // the greedy token appended too
+      }
+    }
   }
 }
 
