@@ -10,7 +10,8 @@
 // shapes with head_dim 64 and 128, 1, 2, 4 and 8 query heads per kv head, hidden sizes not a
 // multiple of 256, tied and untied heads, a 1-token prompt, contexts crossing attention split
 // boundaries, several geometries (1 to 11 consumer warps, a 2-page ring, 3 blocks), one launch for
-// a whole sequence and one launch per token; a random Qwen3-0.6B shape over 1,024 positions.
+// a whole sequence and one launch per token, the batched prefill then the kernel; a random
+// Qwen3-0.6B shape over 1,024 positions. The batched prefill equals the plain decoder's bit for bit.
 // Greedy ids equal the plain decoder's wherever its top-2 margin exceeds twice the logits'
 // difference; a stress run (four shapes and geometries, 1,500 greedy tokens each) gives the same
 // ids and logits bit for bit in one launch and in launches of random lengths, each id the argmax
