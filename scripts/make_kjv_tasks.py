@@ -4,16 +4,19 @@ corpus (data/kjv.txt.gz), with the standard library only:
 
   kjv_verse_completion.jsonl  generative: the end of a verse as the prompt, its last three words
                               the answer (stop at the next verse);
-  kjv_next_verse.jsonl        multiple choice: the end of a verse and the next verse's number as
-                              the context, the start of that verse and of three verses from other
-                              chapters as the endings.
+  kjv_next_verse.jsonl        multiple choice: a verse (its last CONTEXT_CHARS characters at most)
+                              and the next verse's number as the context, the start of that verse
+                              and of three verses from other chapters as the endings.
 
 The validation split is the one launch/quickstart.sh makes with `make_shards --tokenizer byte
 --val-fraction 0.05`: the last round(0.05 * N) bytes of the N-byte text. Items start at the first
 verse wholly inside it. The text is kept as the corpus has it (line breaks where it wraps), so a
-model trained on the corpus sees familiar text, and every item is at most MAX_CHARS characters so
-that it fits a byte-level model's sequence of 96 (configs/quickstart-cpu.yaml). Choices are drawn
-by a fixed splitmix64 stream, so the output depends on nothing but the corpus.
+model trained on the corpus sees familiar text. A completion item is at most MAX_CHARS characters
+(prompt and answer), a next-verse item at most NEXT_VERSE_MAX_CHARS (context and any ending), so
+that both fit a byte-level model's sequence of 256 (the quickstart configs). Choices are drawn by
+a fixed splitmix64 stream, so the output depends on nothing but the corpus. The next-verse
+context is a whole verse where it fits: with 40 characters the quickstart model scored 0.265 /
+0.282 (acc / acc_norm, chance 0.25), with 200 0.290 / 0.297 (docs/evaluation.md).
 
     python3 scripts/make_kjv_tasks.py [--corpus data/kjv.txt.gz] [--out data/tasks]
 """
@@ -24,8 +27,9 @@ import os
 import re
 
 VAL_FRACTION = 0.05
-MAX_CHARS = 90          # context + " " + ending, or prompt + max_new_tokens, in characters
-CONTEXT_CHARS = 40      # the end of the previous verse in a next-verse item
+MAX_CHARS = 90          # a completion item: prompt + " " + answer, in characters
+NEXT_VERSE_MAX_CHARS = 250  # a next-verse item: context + " " + ending
+CONTEXT_CHARS = 200     # the end of the previous verse in a next-verse item
 ENDING_CHARS = 40       # the start of each candidate verse
 PROMPT_CHARS = 60       # the verse before its last words, in a completion item
 ANSWER_WORDS = 3
@@ -148,7 +152,7 @@ def next_verse_items(verses, rng):
                 endings.append(ending)
         label = rng.below(4)
         endings[0], endings[label] = endings[label], endings[0]
-        assert len(context) + 1 + max(len(e) for e in endings) <= MAX_CHARS
+        assert len(context) + 1 + max(len(e) for e in endings) <= NEXT_VERSE_MAX_CHARS
         items.append({"ctx": context, "endings": endings, "label": label, "source": f"{current[0]}:{current[1]}"})
     return items
 
@@ -165,7 +169,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", default=os.path.join(root, "data", "kjv.txt.gz"))
     parser.add_argument("--out", default=os.path.join(root, "data", "tasks"))
+    parser.add_argument("--context-chars", type=int, default=CONTEXT_CHARS, help="next verse: context")
+    parser.add_argument("--ending-chars", type=int, default=ENDING_CHARS, help="next verse: each ending")
+    parser.add_argument("--max-chars", type=int, default=NEXT_VERSE_MAX_CHARS, help="next verse: an item")
     args = parser.parse_args()
+    globals().update(CONTEXT_CHARS=args.context_chars, ENDING_CHARS=args.ending_chars,
+                     NEXT_VERSE_MAX_CHARS=args.max_chars)
     data, start = validation_text(args.corpus)
     verses = parse_verses(data, start)
     os.makedirs(args.out, exist_ok=True)

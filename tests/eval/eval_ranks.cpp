@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   const auto communicator = comm::make_communicator(environment, m.context, {});
   const int rank = communicator->rank(), world = communicator->world();
   text::ByteTokenizer bytes;
-  eval::Evaluator evaluator(*m.spec, bytes, {.max_sequence = 96, .max_sequence_name = "data.seq_len"});
+  eval::Evaluator evaluator(*m.spec, bytes, {.max_sequence = 256, .max_sequence_name = "data.seq_len"});
   const eval::ModelAccess model{.spec = m.spec.get(),
                                 .slab = m.slab.get(),
                                 .context = &m.context,

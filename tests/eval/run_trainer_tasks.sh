@@ -20,7 +20,7 @@ run() {  # OUTPUT_DIR SEQ_LEN
     eval.every=0 data.seq_len="$2" training.max_steps=20 logging.every=10 checkpoint.every=0 \
     "eval.tasks=[$next, $completion]" eval.tasks_every=10 eval.tasks_limit=16
 }
-run "$work/run" 96 > "$work/out.log" 2>&1 || { cat "$work/out.log"; fail "trainer exited non-zero"; }
+run "$work/run" 256 > "$work/out.log" 2>&1 || { cat "$work/out.log"; fail "trainer exited non-zero"; }
 grep -q "step 10 | kjv_next_verse acc [0-9.]* acc_norm [0-9.]* (16 items" "$work/out.log" || fail "no task line: $(cat "$work/out.log")"
 grep -q "step 20 | kjv_verse_completion exact_match [0-9.]* prefix_share [0-9.]* (16 items, .*plain decoder)" \
   "$work/out.log" || fail "no generative task line"

@@ -225,7 +225,7 @@ TEST(EvalLoglik, SplitForwardsEqualOneBatch) {
 TEST(EvalRun, ShippedTasksGreedyAndRankSplit) {
   auto m = test::TinyModel::qwen3(24);
   text::ByteTokenizer bytes;
-  const eval::EvaluatorOptions options{.max_sequence = 96, .max_sequence_name = "data.seq_len"};
+  const eval::EvaluatorOptions options{.max_sequence = 256, .max_sequence_name = "data.seq_len"};
   const std::vector<eval::Task> tasks =
       eval::load_tasks({kTasks + "kjv_next_verse.jsonl", kTasks + "kjv_verse_completion.jsonl"});
   ASSERT_GE(tasks[0].size(), 200u);
