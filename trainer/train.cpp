@@ -490,11 +490,16 @@ class TrainLoop {
         {"grads_gib", static_cast<double>(slab_->grad().bytes() + gradient_sync_->staging_bytes()) / gib},
         {"weight_bytes", slab_->mirror().bytes() + slab_->master().bytes()},
         {"gather_bytes", weight_gather_ ? weight_gather_->buffer_bytes() : 0},
+        {"whole_model_bytes", weight_gather_ ? weight_gather_->whole_bytes() : 0},
         {"state_gib", static_cast<double>(state_bytes) / gib}};
     spdlog::info(
         "memory per rank: weights {:.3f} GiB (mirror + master), gradients {:.3f} GiB (with staging), "
         "optimizer state {:.3f} GiB",
         memory["weights_gib"].get<double>(), memory["grads_gib"].get<double>(), memory["state_gib"].get<double>());
+    if (weight_gather_) {
+      spdlog::info("ZeRO-3: samples and task evaluation gather the whole model, {:.3f} GiB per rank while they run",
+                   static_cast<double>(weight_gather_->whole_bytes()) / gib);
+    }
 
     if (lead_) {
       // Records of steps after the one resumed from (logged before a crash) are dropped first, so
