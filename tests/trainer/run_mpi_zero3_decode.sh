@@ -3,8 +3,9 @@
 # world size, a ZeRO-1 and a ZeRO-3 run of 4 steps (configs/ci-tiny.yaml, or $MPI_CONFIG) sample,
 # compute the validation loss and score both shipped tasks every 2 steps, and the records of
 # metrics.jsonl (samples, validation losses, every task metric at full precision; the seconds left
-# out) must be identical. 7 items a task: on 2 and 3 ranks the ranks score 4/3 and 3/2/2 items,
-# so the scorer's forwards must not communicate (a rank whose share is done would wait forever).
+# out) must be identical. 7 items a task and 7 validation batches: on 2 and 3 ranks the ranks
+# take 4/3 and 3/2/2 of each. Validation runs the ranks in lockstep (a rank short of batches
+# repeats one uncounted); the task scorer's forwards must not communicate at all.
 # usage: run_mpi_zero3_decode.sh BUILD_DIR SOURCE_DIR
 # Environment: MPI_DECODE_WORLDS (default "1 2 3"), MPI_CONFIG and MPI_EXTRA_ARGS as in
 # mpi_common.sh (on GPUs: device=cuda; the script skips when a world has fewer GPUs than ranks).
@@ -26,7 +27,7 @@ work=$(mktemp -d)
 mpi_setup
 tasks="[$source/data/tasks/kjv_next_verse.jsonl, $source/data/tasks/kjv_verse_completion.jsonl]"
 args=(training.max_steps=4 checkpoint.every=0 checkpoint.resume=never data.seq_len=96 sample.every=2 sample.tokens=16
-      eval.every=2 eval.batches=6 "eval.tasks=$tasks" eval.tasks_every=2 eval.tasks_limit=7)
+      eval.every=2 eval.batches=7 "eval.tasks=$tasks" eval.tasks_every=2 eval.tasks_limit=7)
 
 # What ZeRO-3 must reproduce (RUN_DIR LOG): the samples, validation losses and task metrics of
 # metrics.jsonl (not the seconds), and the final sample the log prints.
