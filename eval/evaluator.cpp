@@ -190,13 +190,17 @@ std::vector<double> Evaluator::loglikelihoods(const ModelAccess& model, const Id
 }
 
 void Evaluator::ensure_decoder(const ModelAccess& model, std::int64_t capacity) {
-  if (decoder_ && decoder_slab_ == model.slab && decoder_->capacity() >= capacity) return;
+  const void* weights = model.whole_mirror != nullptr ? model.whole_mirror : model.full_weights;
+  if (decoder_ && decoder_slab_ == model.slab && decoder_weights_ == weights && decoder_->capacity() >= capacity)
+    return;
   decoder_.reset();
   decoder_slab_ = model.slab;
+  decoder_weights_ = weights;
   std::string note;
-  decoder_ =
-      models::choose_decoder(spec_, *model.slab, *model.context,
-                             {.max_tokens = capacity, .full_weights = model.full_weights}, options_.decoder, &note);
+  decoder_ = models::choose_decoder(
+      spec_, *model.slab, *model.context,
+      {.max_tokens = capacity, .full_weights = model.full_weights, .whole_mirror = model.whole_mirror},
+      options_.decoder, &note);
   if (!decoder_) {
     throw core::InputError(spec_.family() + " has no decoder on " + (model.context->is_cuda() ? "cuda" : "cpu") +
                            " for the generative tasks");

@@ -45,6 +45,7 @@ struct ModelAccess {
   models::TrainableModel* scorer = nullptr;
   std::int64_t scorer_tokens = 0;
   const float* full_weights = nullptr;  // cpu: as models::DecoderOptions::full_weights
+  const void* whole_mirror = nullptr;   // cuda: as models::DecoderOptions::whole_mirror
 };
 
 struct EvaluatorOptions {
@@ -109,7 +110,10 @@ class Evaluator {
   EvaluatorOptions options_;
   std::vector<std::unique_ptr<Prepared>> tasks_;
   std::unique_ptr<models::Decoder> decoder_;
-  const optim::Slab* decoder_slab_ = nullptr;  // what decoder_ reads
+  // What decoder_ reads: a model access with other weights (ZeRO-3 gathers them afresh for each
+  // evaluation) builds a new decoder.
+  const optim::Slab* decoder_slab_ = nullptr;
+  const void* decoder_weights_ = nullptr;
   std::string decoder_kind_;
   core::Buffer ids_, targets_;  // the scorer's inputs in the backend's memory
 };

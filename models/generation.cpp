@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -128,6 +129,13 @@ void check_cuda_slab(const optim::Slab& slab, const core::DeviceContext& context
     throw core::Error(what + ": needs a cuda slab and context");
   }
   if (slab.mirror_dtype() != core::DType::bf16) throw core::Error(what + ": the slab's mirror must be bf16");
+}
+
+const void* decoder_mirror_tensor(optim::Slab& slab, const void* whole_mirror, int tensor) {
+  if (whole_mirror == nullptr) return slab.mirror_view(tensor).data;
+  const std::int64_t offset = slab.layout().tensors()[static_cast<std::size_t>(tensor)].offset;
+  return static_cast<const std::byte*>(whole_mirror) +
+         offset * static_cast<std::int64_t>(core::dtype_size(slab.mirror_dtype()));
 }
 
 void check_decoder_prompt(std::span<const std::int32_t> tokens, std::int64_t position, std::int64_t capacity,

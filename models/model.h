@@ -125,6 +125,9 @@ enum class DecoderKind { plain, megakernel };
 struct DecoderOptions {
   std::int64_t max_tokens = 0;          // prompt + new tokens: the state (KV cache) is sized for this
   const float* full_weights = nullptr;  // cpu, as TrainableOptions::full_weights
+  // cuda: the whole model's 16-bit weights laid out as the slab (ZeRO-3 gathers them, its mirror
+  // holding only a shard); nullptr: the slab's mirror, which then holds the whole model.
+  const void* whole_mirror = nullptr;
   DecoderKind kind = DecoderKind::plain;
   std::string* fallback_reason = nullptr;  // set when `kind` was asked for and not built
 };
@@ -170,6 +173,9 @@ void check_decoder_capacity(std::int64_t max_tokens);
 // A CUDA model's or decoder's slab (`what` names it in the core::Error): on the context's cuda
 // device, with a bf16 mirror.
 void check_cuda_slab(const optim::Slab& slab, const core::DeviceContext& context, const std::string& what);
+// Tensor `tensor`'s 16-bit weights for a cuda decoder: inside `whole_mirror` (DecoderOptions::
+// whole_mirror) when given, else the slab's mirror (core::Error when that lacks the tensor).
+const void* decoder_mirror_tensor(optim::Slab& slab, const void* whole_mirror, int tensor);
 
 // What the CPU decoders share: the position and capacity, and the next-token logits in a host
 // vector (sized by the decoder).

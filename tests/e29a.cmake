@@ -9,8 +9,8 @@ add_test(NAME E29a.TrainResumeExport COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mo
          ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
 set_tests_properties(E29a.TrainResumeExport PROPERTIES LABELS "cpu;mpi" TIMEOUT 600)
 # The multi-rank CPU tests (loss parity over 1/2/3 ranks for each optimizer and ZeRO stage; resume
-# on another world size) on an E29a config.
-foreach(script parity reshard)
+# on another world size; ZeRO-3's samples and task scores against ZeRO-1's) on an E29a config.
+foreach(script parity reshard zero3_decode)
   add_test(NAME E29a.Mpi_${script} COMMAND env MPI_CONFIG=${PROJECT_SOURCE_DIR}/configs/e29a-ci-tiny.yaml
            bash ${CMAKE_CURRENT_SOURCE_DIR}/trainer/run_mpi_${script}.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
   set_tests_properties(E29a.Mpi_${script} PROPERTIES LABELS mpi TIMEOUT 900)

@@ -100,6 +100,13 @@ MemoryPlan plan_memory(const RunConfig& config, const models::ModelSpec& spec, i
   plan.terms.push_back(
       {"activations", activations,
        activations ? "micro_batch_size x seq_len tokens" : "not estimated for this family or backend"});
+  // ZeRO-3 gathers the whole model for samples and task evaluation (trainer/weight_gather.h) on top
+  // of everything above; every run ends with a sample, so it is part of every run's peak.
+  const std::int64_t whole = stage >= 3 ? (cuda ? 2 : 4) * P : 0;
+  plan.terms.push_back({"samples and evaluation", whole,
+                        stage < 3 ? "none: decoders read the weights in place"
+                        : cuda    ? "the whole mirror gathered, 2P"
+                                  : "the whole fp32 model gathered, 4P"});
   return plan;
 }
 

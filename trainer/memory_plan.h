@@ -15,6 +15,9 @@
 //                  cuda, fp32 on cpu); NCCL's own buffers are not counted
 //   activations:   cuda: the model's activation memory for micro_batch_size x seq_len tokens
 //                  (ModelSpec::cuda_activation_bytes); cpu: not estimated
+//   samples and evaluation: ZeRO-3's whole-model gather while they run, 2P (cuda, the mirror) or
+//                  4P (cpu, fp32); 0 below ZeRO-3. A decoder's own state (its KV cache) is not
+//                  counted at any stage.
 #pragma once
 
 #include <cstdint>

@@ -25,18 +25,21 @@ TaskEvaluation::TaskEvaluation(const RunConfig& config, const models::ModelSpec&
 }
 
 void TaskEvaluation::attach(const models::ModelSpec& spec, optim::Slab& slab, const core::DeviceContext& context,
-                            ModelRunner& runner, const float* full_weights) {
+                            ModelRunner& runner) {
   model_ = {.spec = &spec,
             .slab = &slab,
             .context = &context,
             .scorer = &runner.model(),
-            .scorer_tokens = runner.max_tokens(),
-            .full_weights = full_weights};
+            .scorer_tokens = runner.max_tokens()};
 }
 
-nlohmann::json TaskEvaluation::run(std::int64_t step, comm::Communicator& comm) {
+nlohmann::json TaskEvaluation::run(std::int64_t step, comm::Communicator& comm, const float* full_weights,
+                                   const void* whole_mirror) {
   if (!evaluator_) throw core::Error("TaskEvaluation::run before attach");
-  const auto results = evaluator_->run(model_, comm.rank(), comm.world(), [&](std::vector<double> values) {
+  eval::ModelAccess model = model_;
+  model.full_weights = full_weights;
+  model.whole_mirror = whole_mirror;
+  const auto results = evaluator_->run(model, comm.rank(), comm.world(), [&](std::vector<double> values) {
     return comm.all_reduce_host(std::move(values), comm::ReduceOp::sum, "evaluation task scores");
   });
   nlohmann::json record = {{"step", step}};

@@ -26,12 +26,13 @@ class TaskEvaluation {
   TaskEvaluation(const RunConfig& config, const models::ModelSpec& spec);
   bool enabled() const { return evaluator_ != nullptr; }
 
-  // The run's model once it exists; `full_weights` as for the model's decoders.
-  void attach(const models::ModelSpec& spec, optim::Slab& slab, const core::DeviceContext& context, ModelRunner& runner,
-              const float* full_weights);
+  // The run's model once it exists.
+  void attach(const models::ModelSpec& spec, optim::Slab& slab, const core::DeviceContext& context,
+              ModelRunner& runner);
 
   // Runs every task (all ranks together) and returns the step's record: {"step", "eval/<task>/<metric>"...}.
-  nlohmann::json run(std::int64_t step, comm::Communicator& comm);
+  // The decoders read `full_weights` (cpu) or `whole_mirror` (cuda), as models::DecoderOptions.
+  nlohmann::json run(std::int64_t step, comm::Communicator& comm, const float* full_weights, const void* whole_mirror);
 
  private:
   std::unique_ptr<text::Tokenizer> tokenizer_;

@@ -194,14 +194,14 @@ double validation_loss(ModelRunner& runner, const text::TokenShard& val, std::in
 }
 
 // A generated continuation of sample.prompt through the decoder sample.decoder picks (`note` gets
-// which) and the run's tokenizer: temperature 0.8, seeded, ids chosen on the backend; it ends at "<|endoftext|>" when
-// the tokenizer has one. The continuation as text (special tokens left out; ids the tokenizer
-// does not know as U+FFFD), or nothing when the family has no decoder on this backend
-// or the prompt leaves no room.
+// which), reading `full_weights` (cpu) or `whole_mirror` (cuda) as models::DecoderOptions does, and the run's
+// tokenizer: temperature 0.8, seeded, ids chosen on the backend; it ends at "<|endoftext|>" when the tokenizer has one.
+// The continuation as text (special tokens left out; ids the tokenizer does not know as U+FFFD), or nothing when the
+// family has no decoder on this backend or the prompt leaves no room.
 std::optional<std::string> sample_text(const models::ModelSpec& spec, optim::Slab& slab,
                                        const core::DeviceContext& context, const float* full_weights,
-                                       text::Tokenizer& tokenizer, const SampleConfig& sample, std::uint64_t seed,
-                                       std::string& note) {
+                                       const void* whole_mirror, text::Tokenizer& tokenizer, const SampleConfig& sample,
+                                       std::uint64_t seed, std::string& note) {
   const std::string& prompt = sample.prompt;
   const std::int64_t tokens = sample.tokens;
   std::vector<std::int32_t> ids;
@@ -212,8 +212,9 @@ std::optional<std::string> sample_text(const models::ModelSpec& spec, optim::Sla
       std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()) + tokens, spec.max_sequence_length());
   if (ids.empty() || static_cast<std::int64_t>(ids.size()) >= capacity) return std::nullopt;
   const models::DecoderChoice choice = models::parse_decoder_choice(sample.decoder);
-  auto decoder = models::choose_decoder(spec, slab, context, {.max_tokens = capacity, .full_weights = full_weights},
-                                        choice, &note);
+  auto decoder = models::choose_decoder(
+      spec, slab, context, {.max_tokens = capacity, .full_weights = full_weights, .whole_mirror = whole_mirror}, choice,
+      &note);
   if (!decoder) return std::nullopt;
   if (choice == models::DecoderChoice::megakernel && decoder->kind() != std::string("megakernel")) {
     spdlog::warn("sample.decoder megakernel: the sample decodes with the {}", note);
@@ -283,7 +284,7 @@ class TrainLoop {
       if (step % config_.logging.every == 0 || step == config_.training.max_steps) log_step(step, lr);
       if (config_.eval.every > 0 && step % config_.eval.every == 0) evaluate(step);
       if (config_.eval.tasks_every > 0 && step % config_.eval.tasks_every == 0) evaluate_tasks(step);
-      // ZeRO-3: every rank takes part in gathering the weights rank 0 decodes from.
+      // ZeRO-3: every rank takes part in gathering the model rank 0 decodes from.
       if ((lead_ || weight_gather_) && config_.sample.every > 0 && step % config_.sample.every == 0) sample(step);
       if (stop || (step == config_.training.max_steps && config_.checkpoint.at_end) ||
           (config_.checkpoint.every > 0 && step % config_.checkpoint.every == 0)) {
@@ -304,21 +305,8 @@ class TrainLoop {
   // The device context and the communicator of this rank.
   void open_devices() {
     check_zero_stage(config_, *spec_);
-    if (config_.parallel.zero_stage == 3) {
-      if (cuda_ && lead_) {
-        spdlog::warn("parallel.zero_stage 3 on cuda has not yet been run on a GPU by its tests (only on cpu)");
-      }
-      // Task evaluation splits items unevenly over the ranks and decodes from whole weights; the
-      // cuda decoders read the whole mirror. Samples on cpu gather the weights for the decode.
-      if (!config_.eval.tasks.empty()) {
-        throw core::InputError(
-            "parallel.zero_stage: 3 does not support eval.tasks yet (remove eval.tasks or use zero_stage 0, 1 or 2)");
-      }
-      if (cuda_ && config_.sample.every > 0) {
-        throw core::InputError(
-            "parallel.zero_stage: 3 on cuda does not support sample.every > 0 yet (set sample.every: 0, or use "
-            "zero_stage 0, 1 or 2)");
-      }
+    if (config_.parallel.zero_stage == 3 && cuda_ && lead_) {
+      spdlog::warn("parallel.zero_stage 3 on cuda has not yet been run on a GPU by its tests (only on cpu)");
     }
     const int gpus = cuda_ ? core::cuda_device_count() : 0;
     if (cuda_ && gpus == 0) {
@@ -465,7 +453,7 @@ class TrainLoop {
     }
     gradient_sync_.emplace(comm, *slab_, context, shard_gradients ? runner_->largest_gradient_range() : 0);
     runner_->set_gradient_sink(&*gradient_sync_);
-    tasks_->attach(*spec_, *slab_, context, *runner_, weight_sync_->full_weights());
+    tasks_->attach(*spec_, *slab_, context, *runner_);
     progress_.sampler_seed = config_.run.seed;
     if (resume_from_) progress_ = load_checkpoint(*resume_from_, *optimizer_, context);
     progress_.seq_len = seq_;
@@ -502,11 +490,16 @@ class TrainLoop {
         {"grads_gib", static_cast<double>(slab_->grad().bytes() + gradient_sync_->staging_bytes()) / gib},
         {"weight_bytes", slab_->mirror().bytes() + slab_->master().bytes()},
         {"gather_bytes", weight_gather_ ? weight_gather_->buffer_bytes() : 0},
+        {"whole_model_bytes", weight_gather_ ? weight_gather_->whole_bytes() : 0},
         {"state_gib", static_cast<double>(state_bytes) / gib}};
     spdlog::info(
         "memory per rank: weights {:.3f} GiB (mirror + master), gradients {:.3f} GiB (with staging), "
         "optimizer state {:.3f} GiB",
         memory["weights_gib"].get<double>(), memory["grads_gib"].get<double>(), memory["state_gib"].get<double>());
+    if (weight_gather_) {
+      spdlog::info("ZeRO-3: samples and task evaluation gather the whole model, {:.3f} GiB per rank while they run",
+                   static_cast<double>(weight_gather_->whole_bytes()) / gib);
+    }
 
     if (lead_) {
       // Records of steps after the one resumed from (logged before a crash) are dropped first, so
@@ -619,20 +612,37 @@ class TrainLoop {
     record({{"step", step}, {"val_loss", val}});
   }
 
-  // The downstream tasks (eval.tasks), all ranks together.
+  // ZeRO-3: the whole model on every rank while `whole` lives (collective), for decoding and task
+  // evaluation; the other stages read the weights in place and leave it empty.
+  void gather_whole_model(std::optional<WeightGather::WholeModel>& whole) {
+    if (weight_gather_) whole.emplace(*weight_gather_);
+  }
+  // What decoders read (models::DecoderOptions): the gathered model, or the weights in place.
+  const float* decoder_full_weights(const std::optional<WeightGather::WholeModel>& whole) const {
+    return whole ? whole->full_weights() : weight_sync_->full_weights();
+  }
+  static const void* decoder_whole_mirror(const std::optional<WeightGather::WholeModel>& whole) {
+    return whole ? whole->whole_mirror() : nullptr;
+  }
+
+  // The downstream tasks (eval.tasks), all ranks together, items split over the ranks as at every
+  // stage (under ZeRO-3 the scorer reads the gathered model, so uneven shares never communicate).
   void evaluate_tasks(std::int64_t step) {
     if (!tasks_->enabled()) return;
-    record(tasks_->run(step, *communicator_));
+    std::optional<WeightGather::WholeModel> whole;
+    gather_whole_model(whole);
+    record(tasks_->run(step, *communicator_, decoder_full_weights(whole), decoder_whole_mirror(whole)));
   }
 
   // A generated sample, logged and recorded (rank 0).
   void sample(std::int64_t step) {
-    const core::Buffer whole = weight_gather_ ? weight_gather_->gather_whole() : core::Buffer();
+    std::optional<WeightGather::WholeModel> whole;
+    gather_whole_model(whole);
     if (!lead_) return;
-    const float* weights = weight_gather_ ? whole.as<float>() : weight_sync_->full_weights();
     std::string decoder;
-    const auto continuation = sample_text(*spec_, *slab_, *context_, weights, sample_tokenizer(), config_.sample,
-                                          config_.run.seed + step, decoder);
+    const auto continuation =
+        sample_text(*spec_, *slab_, *context_, decoder_full_weights(whole), decoder_whole_mirror(whole),
+                    sample_tokenizer(), config_.sample, config_.run.seed + step, decoder);
     if (continuation) {
       const std::string text = config_.sample.prompt + *continuation;
       if (sample_decoder_.empty()) spdlog::info("samples decode with the {}", decoder);
@@ -683,16 +693,12 @@ class TrainLoop {
                  summary_.tokens, summary_.seconds, static_cast<double>(summary_.tokens) / summary_.seconds,
                  summary_.final_loss,
                  summary_.final_val_loss >= 0 ? fmt::format(", validation loss {:.4f}", summary_.final_val_loss) : "");
-    // ZeRO-3 on cuda holds no whole model to decode from (the samples' gather is cpu only).
-    const bool can_sample = !(weight_gather_ && cuda_);
-    if (!can_sample && lead_)
-      spdlog::info("no final sample: ZeRO-3 on cuda does not gather the model for decoding yet");
-    const core::Buffer whole = weight_gather_ && can_sample ? weight_gather_->gather_whole() : core::Buffer();
-    if (lead_ && can_sample) {
-      const float* weights = weight_gather_ ? whole.as<float>() : weight_sync_->full_weights();
+    std::optional<WeightGather::WholeModel> whole;
+    gather_whole_model(whole);
+    if (lead_) {
       std::string decoder;
-      const auto text = sample_text(*spec_, *slab_, *context_, weights, sample_tokenizer(), config_.sample,
-                                    config_.run.seed, decoder);
+      const auto text = sample_text(*spec_, *slab_, *context_, decoder_full_weights(whole), decoder_whole_mirror(whole),
+                                    sample_tokenizer(), config_.sample, config_.run.seed, decoder);
       if (text) {
         if (sample_decoder_.empty()) spdlog::info("samples decode with the {}", decoder);
         std::printf("\n--- sample ---\n%s%s\n--------------\n", config_.sample.prompt.c_str(), text->c_str());

@@ -22,6 +22,10 @@ WeightGather::WeightGather(comm::Communicator& comm, optim::Slab& slab, const co
 }
 
 const void* WeightGather::acquire(optim::Range range) {
+  const std::size_t element = core::dtype_size(dtype_);
+  if (whole_ != nullptr && !range.empty() && range.end <= slab_.layout().total_elements()) {
+    return whole_ + static_cast<std::size_t>(range.begin) * element;
+  }
   if (range.empty() || range.size() > slot_elements_ || range.end > slab_.layout().total_elements()) {
     throw core::Error("weight gather: range [" + std::to_string(range.begin) + ", " + std::to_string(range.end) +
                       ") does not fit a buffer of " + std::to_string(slot_elements_) + " elements");
@@ -29,7 +33,6 @@ const void* WeightGather::acquire(optim::Range range) {
   int slot = 0;
   while (slot < kSlots && busy_[slot]) ++slot;
   if (slot == kSlots) throw core::Error("weight gather: more than two ranges acquired at once");
-  const std::size_t element = core::dtype_size(dtype_);
   auto* base = static_cast<std::byte*>(buffers_.data()) + static_cast<std::size_t>(slot * slot_elements_) * element;
   // This rank's piece first (the master on cpu, the mirror on cuda), then every owner's piece
   // broadcast into place.
@@ -59,17 +62,8 @@ const void* WeightGather::acquire(optim::Range range) {
   return base;
 }
 
-core::Buffer WeightGather::gather_whole() {
-  if (context_.is_cuda()) throw core::Error("weight gather: gather_whole is cpu only");
-  const optim::Range owned = slab_.owned();
-  core::Buffer whole(core::Device::cpu(), static_cast<std::size_t>(slab_.layout().total_elements()) * sizeof(float));
-  std::memcpy(whole.as<float>() + owned.begin, slab_.master().as<float>(),
-              static_cast<std::size_t>(owned.size()) * sizeof(float));
-  comm_.all_gather(whole.data(), core::DType::f32, static_cast<std::size_t>(owned.size()), "weight gather (sample)");
-  return whole;
-}
-
 void WeightGather::release(optim::Range range) {
+  if (whole_ != nullptr) return;  // served from the whole model: nothing to free
   for (int slot = 0; slot < kSlots; ++slot) {
     if (busy_[slot] && held_[slot] == range) {
       busy_[slot] = false;
@@ -77,6 +71,40 @@ void WeightGather::release(optim::Range range) {
     }
   }
   throw core::Error("weight gather: release of a range that is not held");
+}
+
+std::size_t WeightGather::whole_bytes() const {
+  return static_cast<std::size_t>(slab_.layout().total_elements()) * core::dtype_size(dtype_);
+}
+
+WeightGather::WholeModel::WholeModel(WeightGather& gather) : gather_(gather) {
+  if (gather.whole_ != nullptr) throw core::Error("weight gather: the whole model is already gathered");
+  for (const bool busy : gather.busy_) {
+    if (busy) throw core::Error("weight gather: the whole model gathered while a range is held");
+  }
+  const optim::Slab& slab = gather.slab_;
+  const optim::Range owned = slab.owned();
+  const std::size_t element = core::dtype_size(gather.dtype_);
+  weights_ = core::Buffer(gather.context_.device(), gather.whole_bytes());
+  // This rank's shard in place (the master on cpu, the mirror on cuda), then every shard to every
+  // rank: the layout's shards are equal and in rank order.
+  const void* mine = gather.context_.is_cuda() ? slab.mirror().data() : slab.master().data();
+  core::copy_bytes(static_cast<std::byte*>(weights_.data()) + static_cast<std::size_t>(owned.begin) * element, mine,
+                   static_cast<std::size_t>(owned.size()) * element, gather.context_.stream());
+  gather.comm_.all_gather(weights_.data(), gather.dtype_, static_cast<std::size_t>(owned.size()),
+                          "whole-model gather (samples, evaluation)");
+  gather.whole_ = static_cast<const std::byte*>(weights_.data());
+}
+
+// The buffer's release waits for the device (cudaFree synchronises), so no queued read outlives it.
+WeightGather::WholeModel::~WholeModel() { gather_.whole_ = nullptr; }
+
+const float* WeightGather::WholeModel::full_weights() const {
+  return gather_.context_.is_cuda() ? nullptr : weights_.as<float>();
+}
+
+const void* WeightGather::WholeModel::whole_mirror() const {
+  return gather_.context_.is_cuda() ? weights_.data() : nullptr;
 }
 
 }  // namespace trainer

@@ -203,6 +203,7 @@ std::size_t E29aCuda::activation_bytes() const {
 struct E29aCudaDecoder::Impl {
   E29aConfig c;
   optim::Slab& slab;
+  const void* whole_mirror = nullptr;  // DecoderOptions::whole_mirror
   const core::DeviceContext& ctx;
   cudaStream_t stream;
   TensorIndex index;
@@ -228,7 +229,7 @@ struct E29aCudaDecoder::Impl {
   T* at(std::size_t offset) {
     return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset);
   }
-  const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
+  const bf16* w(int tensor) { return static_cast<const bf16*>(decoder_mirror_tensor(slab, whole_mirror, tensor)); }
   LayerStateCuda state(std::size_t l) {
     const std::int64_t d = c.hidden_size;
     return {at<float>(h) + l * d, at<float>(tape) + l * c.n_slots * d};
@@ -268,6 +269,7 @@ E29aCudaDecoder::E29aCudaDecoder(const E29aConfig& config, optim::Slab& slab, co
   check_decoder_capacity(options.max_tokens);
   impl_ = std::make_unique<Impl>(config, slab, context, options.max_tokens);
   Impl& m = *impl_;
+  m.whole_mirror = options.whole_mirror;
   DeviceArena a;
   const auto cap = static_cast<std::size_t>(options.max_tokens), d = static_cast<std::size_t>(config.hidden_size);
   const auto layers = static_cast<std::size_t>(config.num_layers);

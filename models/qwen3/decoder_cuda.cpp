@@ -19,6 +19,7 @@ struct Qwen3CudaDecoder::Impl {
 
   Qwen3Config c;
   optim::Slab& slab;
+  const void* whole_mirror = nullptr;  // DecoderOptions::whole_mirror
   const core::DeviceContext& ctx;
   cudaStream_t stream;
   CudaDecoderSettings settings;
@@ -46,7 +47,7 @@ struct Qwen3CudaDecoder::Impl {
   T* at(std::size_t offset) {
     return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset);
   }
-  const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
+  const bf16* w(int tensor) { return static_cast<const bf16*>(decoder_mirror_tensor(slab, whole_mirror, tensor)); }
   bf16* k_cache(std::size_t layer) {
     return static_cast<bf16*>(cache.data()) + layer * static_cast<std::size_t>(capacity * c.kv_size());
   }
@@ -128,6 +129,7 @@ Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab,
                                    const DecoderOptions& options, CudaDecoderSettings settings)
     : impl_(std::make_unique<Impl>(config, slab, context, settings)) {
   Impl& m = *impl_;
+  m.whole_mirror = options.whole_mirror;
   validate(config, "qwen3 decoder");
   check_cuda_slab(slab, context, "Qwen3CudaDecoder");
   check_decoder_capacity(options.max_tokens);
@@ -155,7 +157,7 @@ Qwen3CudaDecoder::Qwen3CudaDecoder(const Qwen3Config& config, optim::Slab& slab,
   m.cache = core::Buffer(context.device(), m.cache_bytes);
 
   m.prompt = std::make_unique<Qwen3CudaPrefill>(config, slab, context, std::min(m.capacity, settings.max_prefill_chunk),
-                                                m.splits);
+                                                m.splits, options.whole_mirror);
   DeviceArena a;
   const auto d = static_cast<std::size_t>(config.hidden_size);
   const auto f = static_cast<std::size_t>(config.intermediate_size), qs = static_cast<std::size_t>(config.q_size());

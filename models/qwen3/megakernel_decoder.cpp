@@ -55,6 +55,7 @@ const char* what_name(int what) {
 struct MegakernelDecoder::Impl {
   Qwen3Config c;
   optim::Slab& slab;
+  const void* whole_mirror = nullptr;  // DecoderOptions::whole_mirror
   const core::DeviceContext& ctx;
   cudaStream_t stream;
   MegakernelSettings settings;
@@ -79,7 +80,7 @@ struct MegakernelDecoder::Impl {
       : c(config), slab(s), ctx(context), stream(context.stream()), settings(st) {}
 
   const std::uint16_t* w(int tensor) {
-    const auto* p = static_cast<const std::uint16_t*>(slab.mirror_view(tensor).data);
+    const auto* p = static_cast<const std::uint16_t*>(decoder_mirror_tensor(slab, whole_mirror, tensor));
     if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0)
       throw core::Error("MegakernelDecoder: a mirror tensor is not 16-byte aligned");
     return p;
@@ -126,6 +127,7 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
                                      const DecoderOptions& options, MegakernelSettings settings)
     : impl_(std::make_unique<Impl>(config, slab, context, settings)) {
   Impl& m = *impl_;
+  m.whole_mirror = options.whole_mirror;
   validate(config, "qwen3 megakernel decoder");
   if (!context.is_cuda() || !(slab.device() == context.device())) {
     throw core::Error("MegakernelDecoder: needs a cuda slab and context");
@@ -304,7 +306,7 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
   if (settings.max_prefill_chunk <= 0) throw core::InputError("qwen3 megakernel: max_prefill_chunk must be positive");
   m.prompt = std::make_unique<Qwen3CudaPrefill>(
       config, slab, context, std::min(m.capacity, settings.max_prefill_chunk),
-      decode::default_attention_splits(context.multiprocessor_count(), config.num_kv_heads));
+      decode::default_attention_splits(context.multiprocessor_count(), config.num_kv_heads), options.whole_mirror);
   m.zero_state();
   context.synchronize();  // the host tables are pageable sources
 }

@@ -16,9 +16,10 @@ namespace models::qwen3 {
 using decode::bf16;
 
 Qwen3CudaPrefill::Qwen3CudaPrefill(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
-                                   std::int64_t max_chunk, int splits)
+                                   std::int64_t max_chunk, int splits, const void* whole_mirror)
     : c_(config),
       slab_(slab),
+      whole_mirror_(whole_mirror),
       ctx_(context),
       stream_(context.stream()),
       chunk_(max_chunk),
@@ -55,8 +56,8 @@ Qwen3CudaPrefill::Qwen3CudaPrefill(const Qwen3Config& config, optim::Slab& slab,
   memory_.fill_bytes(0, stream_);
 }
 
-const bf16* Qwen3CudaPrefill::w(int tensor) const {
-  return reinterpret_cast<const bf16*>(slab_.mirror_view(tensor).data);
+const bf16* Qwen3CudaPrefill::w(int tensor) {
+  return static_cast<const bf16*>(decoder_mirror_tensor(slab_, whole_mirror_, tensor));
 }
 
 // Tokens [start, start + n) already embedded in x: the layers, keys and values into the cache.

@@ -32,8 +32,9 @@ struct KvCacheView {
 class Qwen3CudaPrefill {
  public:
   // `splits`: key ranges per query of the decode attention (a chunk after the first divides them).
+  // `whole_mirror`: DecoderOptions::whole_mirror (the weights there when given, else the slab's).
   Qwen3CudaPrefill(const Qwen3Config& config, optim::Slab& slab, const core::DeviceContext& context,
-                   std::int64_t max_chunk, int splits);
+                   std::int64_t max_chunk, int splits, const void* whole_mirror);
 
   // Appends `tokens` (valid ids, checked by the caller) at positions [start, start + size): their
   // keys and values into `cache`; the last token's fp32 logits (final norm and lm_head as the
@@ -52,10 +53,11 @@ class Qwen3CudaPrefill {
   T* at(std::size_t offset) {
     return reinterpret_cast<T*>(static_cast<char*>(memory_.data()) + offset);
   }
-  const decode::bf16* w(int tensor) const;
+  const decode::bf16* w(int tensor);
 
   Qwen3Config c_;
   optim::Slab& slab_;
+  const void* whole_mirror_;
   const core::DeviceContext& ctx_;
   cudaStream_t stream_;
   std::int64_t chunk_ = 0;

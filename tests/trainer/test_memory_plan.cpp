@@ -49,6 +49,7 @@ TEST(MemoryPlan, Qwen3_8bZero1OnFourGpus) {
   EXPECT_EQ(term(plan, "gradients"), 4 * kP8b);
   EXPECT_EQ(term(plan, "optimizer state"), 8 * kP8b / 4);  // AdamW's two fp32 moments of the shard
   EXPECT_EQ(term(plan, "communication buffers"), 0);
+  EXPECT_EQ(term(plan, "samples and evaluation"), 0);  // decoders read the whole mirror in place
   EXPECT_GT(term(plan, "activations"), 0);
   EXPECT_EQ(static_cast<std::size_t>(term(plan, "activations")), *trainer::model_spec(c)->cuda_activation_bytes(2048));
   EXPECT_NE(plan.table().find("optimizer state"), std::string::npos);
@@ -66,6 +67,9 @@ TEST(MemoryPlan, Qwen3_8bZero3OnFourGpus) {
   const std::int64_t mlp = 4096 + 2 * 12288 * 4096LL + 4096 * 12288LL;
   const std::int64_t tail = 4096 + 151936 * 4096LL;
   EXPECT_EQ(term(plan, "communication buffers"), 2 * 4 * mlp + 2 * 2 * tail);
+  EXPECT_EQ(term(plan, "samples and evaluation"), 2 * kP8b);  // the whole bf16 mirror, gathered
+  const trainer::RunConfig cpu = config_for("qwen3-8b", "cpu", 3);
+  EXPECT_EQ(term(trainer::plan_memory(cpu, *trainer::model_spec(cpu), 4), "samples and evaluation"), 4 * kP8b);
 }
 
 TEST(MemoryPlan, Qwen3_06bOnTwoCpuRanks) {

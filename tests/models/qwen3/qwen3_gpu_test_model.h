@@ -1,7 +1,7 @@
 // Shared by the GPU decoder tests (plain decoder and megakernel): a Qwen3 model whose fp32 host
 // master holds bf16-representable values and whose GPU slab holds the same weights (bf16 mirror),
 // from a committed fixture folder or initialised with noise on the norms (so they matter); and the
-// normwise relative error the tests compare logits with.
+// check that a decoder reading a copy of the whole mirror (ZeRO-3) gives the slab's logits.
 #pragma once
 
 #include <algorithm>
@@ -12,10 +12,14 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include "core/buffer.h"
 #include "core/device.h"
 #include "core/half.h"
+#include "core/error.h"
 #include "core/rng.h"
+#include "models/model.h"
 #include "models/qwen3/config.h"
 #include "support/qwen3/hf_import.h"
 #include "models/safetensors.h"
@@ -103,5 +107,37 @@ struct Qwen3GpuTestModel {
     return m;
   }
 };
+
+// ZeRO-3's decode (models::DecoderOptions::whole_mirror): the decoder `make(options)` builds from
+// `m` gives, after a 4-token prefill of `ids` and a step for each further id, the same logits bit
+// for bit reading a copy of the whole mirror (the slab's own mirror then poisoned with NaN) as
+// reading the slab.
+template <typename MakeDecoder>
+void expect_whole_mirror_gives_the_slabs_logits(Qwen3GpuTestModel& m, const std::vector<std::int32_t>& ids,
+                                                MakeDecoder make) {
+  const auto vocab = static_cast<std::size_t>(m.config.vocab_size);
+  const auto decode = [&](const models::DecoderOptions& options) {
+    const std::unique_ptr<models::Decoder> decoder = make(options);
+    std::vector<std::vector<float>> rows;
+    const auto keep_logits = [&] {
+      rows.emplace_back(vocab);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      CUDA_CHECK(cudaMemcpy(rows.back().data(), decoder->logits(), vocab * 4, cudaMemcpyDeviceToHost));
+    };
+    decoder->prefill({ids.data(), 4});
+    keep_logits();
+    for (std::size_t t = 4; t < ids.size(); ++t) {
+      decoder->step(ids[t]);
+      keep_logits();
+    }
+    return rows;
+  };
+  const auto max_tokens = static_cast<std::int64_t>(ids.size());
+  const auto expected = decode({.max_tokens = max_tokens});
+  core::Buffer whole(m.gpu.device(), m.device->mirror().bytes());
+  core::copy_bytes(whole.data(), m.device->mirror().data(), whole.bytes(), m.gpu.stream());
+  m.device->mirror().fill_bytes(0xFF, m.gpu.stream());
+  EXPECT_EQ(decode({.max_tokens = max_tokens, .whole_mirror = whole.data()}), expected);
+}
 
 }  // namespace test

@@ -277,6 +277,15 @@ TEST(DecoderGpu, DeviceTokenEqualsHostTokenAndBadIdsAreFlagged) {
   EXPECT_EQ(flag, 1);
 }
 
+TEST(DecoderGpu, WholeMirrorGivesTheSlabsLogits) {  // ZeRO-3's decode
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  Model m = Model::fixture_model("untied");
+  test::expect_whole_mirror_gives_the_slabs_logits(m, random_ids(rng, 12, m.config.vocab_size), [&](auto options) {
+    return std::make_unique<q3::Qwen3CudaDecoder>(m.config, *m.device, m.gpu, options);
+  });
+}
+
 TEST(DecoderGpu, GenerateSamplesOnTheDeviceAsTheHostReferenceWould) {
   REQUIRE_GPU();
   Model m = Model::fixture_model("tied");

@@ -598,6 +598,15 @@ TEST(MegakernelGpuPlain, BatchedPrefillEqualsPlainDecoder) {
   }
 }
 
+TEST(MegakernelGpu, WholeMirrorGivesTheSlabsLogits) {  // ZeRO-3's decode
+  REQUIRE_CUDA();
+  std::mt19937_64 rng(test::fresh_seed());
+  Model m = Model::fixture_model("tied");
+  test::expect_whole_mirror_gives_the_slabs_logits(m, random_ids(rng, 12, m.config.vocab_size), [&](auto options) {
+    return std::make_unique<q3::MegakernelDecoder>(m.config, *m.device, m.gpu, options);
+  });
+}
+
 TEST(MegakernelGpu, StalledWaitAbortsAtTheDeadline) {
   REQUIRE_CUDA();
   Model m = Model::fixture_model("untied");
