@@ -289,6 +289,10 @@ TEST_F(ConfigFiles, RejectsBadConfigsNamingFileLineKeyAndExpectation) {
        {"training.precision=bf16"},
        "command line override 'training.precision=bf16': training.precision: expected fp32 (device cpu), got bf16"},
       {b, {"training.precision=fp32"}, "training.precision: expected bf16 (device cuda), got fp32"},
+      {b + "optimizer:\n  type: muon\n",
+       {},
+       "run.yaml:10: optimizer.type: expected adamw, adamw8bit or adafactor on device cuda (muon runs on cpu only), "
+       "got muon"},
       {replaced(b, "qwen3-tiny", "qwen3-7b"),
        {},
        "run.yaml:4: model.preset: expected one of [qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-tiny, qwen3-test], got 'qwen3-7b'"},
@@ -360,6 +364,7 @@ TEST_F(ConfigFiles, ResolvedYamlRoundTrips) {
           "sample: {every: 5, prompt: \"  line one:\\n\\tline # two \"}\n",
       base() + "optimizer: {type: adafactor, relative_step: false}\nschedule: {type: wsd, decay_ratio: 0.1}\n",
       base() + "optimizer: {type: adamw8bit, lr: 6.1e-4, betas: [0.85, 0.975], min_8bit_size: 17}\n",
+      base() + "device: cpu\noptimizer: {type: muon, muon: {lr: 0.02, ns_steps: 3, adjust_lr: match_rms_adamw}}\n",
   };
   for (const std::string& yaml : configs) {
     const trainer::RunConfig original =
