@@ -702,10 +702,6 @@ const std::vector<SectionSchema>& schema() {
                      }
                    }
                    c.optimizer.grad_clip = c.training.grad_clip;
-                   if (c.optimizer.type == "muon" && c.device == Device::cuda) {
-                     s.check(false, "type", "adamw, adamw8bit or adafactor on device cuda (muon runs on cpu only)",
-                             "muon");
-                   }
                  },
                  [](YAML::Emitter& out, const RunConfig& c) { emit_optimizer_config(out, c.optimizer); },
                  [] {

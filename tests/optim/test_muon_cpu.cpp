@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "models/e29a/config.h"
+#include "models/qwen3/config.h"
 #include "optim/muon.h"
 #include "optim/newton_schulz.h"
 #include "optim/sharded_run_support.h"
@@ -191,6 +193,40 @@ TEST(MuonCpu, PlanCutsPartsAndStackedMatrices) {
   bad[4].stacked_rows = 7;
   const optim::SlabLayout bad_layout(bad, 1);
   EXPECT_THROW(optim::make_muon_plan(bad_layout, {0, bad_layout.total_elements()}), core::Error);
+}
+
+// The families mark the matrices Muon takes: Qwen3's q, k, v, o, gate, up and down; E29a's W_x and
+// W_z (its fused input projection's halves), W_h and W_write; no embedding, head, norm or tape.
+TEST(MuonCpu, ModelFamiliesMarkTheirHiddenMatrices) {
+  auto names_of = [](const optim::SlabLayout& layout) {
+    const auto plan = optim::make_muon_plan(layout, {0, layout.total_elements()});
+    std::vector<std::string> names;
+    for (const auto& m : plan.matrices) {
+      names.push_back(layout.parameters()[static_cast<std::size_t>(m.tensor)].spec.name + " " + std::to_string(m.rows) +
+                      "x" + std::to_string(m.cols));
+    }
+    return names;
+  };
+  models::qwen3::Qwen3Config q;
+  q.vocab_size = 256;
+  q.hidden_size = 64;
+  q.intermediate_size = 128;
+  q.num_layers = 1;
+  q.num_heads = 2;
+  q.num_kv_heads = 1;
+  q.head_dim = 32;
+  q.tie_word_embeddings = false;
+  EXPECT_EQ(
+      names_of(optim::SlabLayout(models::qwen3::parameter_specs(q), 1)),
+      (std::vector<std::string>{"layers.0.q 64x64", "layers.0.k 32x64", "layers.0.v 32x64", "layers.0.o_proj 64x64",
+                                "layers.0.gate 128x64", "layers.0.up 128x64", "layers.0.down 64x128"}));
+  models::e29a::E29aConfig e;
+  e.hidden_size = 16;
+  e.num_layers = 1;
+  e.tie_word_embeddings = false;
+  EXPECT_EQ(names_of(optim::SlabLayout(models::e29a::parameter_specs(e), 1)),
+            (std::vector<std::string>{"layers.0.w_xz 16x16", "layers.0.w_xz 16x16", "layers.0.w_h 16x16",
+                                      "layers.0.w_write 16x16"}));
 }
 
 // Muon (torch.optim.Muon) for the matrices of the plan and AdamW for the rest, in double.

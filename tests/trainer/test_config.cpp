@@ -289,10 +289,6 @@ TEST_F(ConfigFiles, RejectsBadConfigsNamingFileLineKeyAndExpectation) {
        {"training.precision=bf16"},
        "command line override 'training.precision=bf16': training.precision: expected fp32 (device cpu), got bf16"},
       {b, {"training.precision=fp32"}, "training.precision: expected bf16 (device cuda), got fp32"},
-      {b + "optimizer:\n  type: muon\n",
-       {},
-       "run.yaml:10: optimizer.type: expected adamw, adamw8bit or adafactor on device cuda (muon runs on cpu only), "
-       "got muon"},
       {replaced(b, "qwen3-tiny", "qwen3-7b"),
        {},
        "run.yaml:4: model.preset: expected one of [qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-tiny, qwen3-test], got 'qwen3-7b'"},
