@@ -38,7 +38,7 @@ void Muon::prepare_cuda(const core::DeviceContext& context, std::int64_t chunk_e
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return shape(a) < shape(b); });
   std::vector<MuonMatrixInfo> info;
   std::vector<int> table_index(plan_.matrices.size(), -1);
-  std::int64_t x = 0, gram = 0;
+  std::int64_t x = 0, gram = 0;  // elements of the X and Gram buffers, every matrix 256-byte aligned
   for (std::size_t k = 0; k < order.size(); ++k) {
     const MuonMatrix& m = plan_.matrices[static_cast<std::size_t>(order[k])];
     const auto [r, c] = shape(order[k]);
@@ -49,13 +49,13 @@ void Muon::prepare_cuda(const core::DeviceContext& context, std::int64_t chunk_e
         ++batch;
       }
       groups_.push_back({x, gram, std::make_unique<NewtonSchulzGemms>(context.cublaslt(), r, c, batch)});
-      gram += batch * r * r;
+      gram += batch * NewtonSchulzGemms::gram_stride(r);
     }
     const ParamSpec& spec = tensors[static_cast<std::size_t>(m.tensor)].spec;
     table_index[static_cast<std::size_t>(order[k])] = static_cast<int>(info.size());
     info.push_back({m.offset, m.rows, m.cols, m.packed, x, spec.lr_scale, spec.decay ? 1.0f : 0.0f,
                     muon_adjusted_lr(1.0, config_.muon.adjust_lr, m.rows, m.cols)});
-    x += r * c;
+    x += NewtonSchulzGemms::x_stride(r, c);
   }
   std::vector<MuonChunk> chunks;
   for (const int index : plan_.touched) {

@@ -9,12 +9,12 @@ namespace optim {
 
 namespace {
 
-cublasLtMatrixLayout_t strided_layout(std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t batch) {
+cublasLtMatrixLayout_t strided_layout(std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t batch,
+                                      std::int64_t stride) {
   cublasLtMatrixLayout_t layout = nullptr;
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_16BF, static_cast<std::uint64_t>(rows),
                                           static_cast<std::uint64_t>(cols), ld));
   const auto count = static_cast<std::int32_t>(batch);
-  const std::int64_t stride = rows * cols;
   CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
   CUBLAS_CHECK(
       cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
@@ -30,9 +30,10 @@ NewtonSchulzGemms::NewtonSchulzGemms(cublasLtHandle_t handle, std::int64_t r, st
                       std::to_string(batch) + " (expected 1 <= rows <= cols, 1 <= batch < 2^31)");
   }
   // Column-major: M = X^T is [c, r] with ld c; A and B are [r, r] with ld r.
-  make(gram_, true, false, r, r, c, c, c, r, 1.0f, 0.0f, "A = X X^T");
-  make(poly_, false, false, r, r, r, r, r, r, kMuonNsC, kMuonNsB, "B = c A A + b A");
-  make(step_, false, true, c, r, r, c, r, c, 1.0f, kMuonNsA, "X' = B X + a X");
+  const std::int64_t xs = x_stride(r, c), gs = gram_stride(r);
+  make(gram_, {true, c, r, c, xs}, {false, c, r, c, xs}, {false, r, r, r, gs}, 1.0f, 0.0f, "A = X X^T");
+  make(poly_, {false, r, r, r, gs}, {false, r, r, r, gs}, {false, r, r, r, gs}, kMuonNsC, kMuonNsB, "B = c A A + b A");
+  make(step_, {false, c, r, c, xs}, {true, r, r, r, gs}, {false, c, r, c, xs}, 1.0f, kMuonNsA, "X' = B X + a X");
 }
 
 NewtonSchulzGemms::NewtonSchulzGemms(NewtonSchulzGemms&& other) noexcept
@@ -60,18 +61,17 @@ void NewtonSchulzGemms::destroy(Product& p) {
   p = Product{};
 }
 
-void NewtonSchulzGemms::make(Product& p, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                             std::int64_t lda, std::int64_t ldb, std::int64_t ldd, float alpha, float beta,
+void NewtonSchulzGemms::make(Product& p, const Operand& a, const Operand& b, const Operand& d, float alpha, float beta,
                              const std::string& what) {
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-  // Stored shapes (before op): A is [m, k] or [k, m]; B is [k, n] or [n, k].
-  p.a = trans_a ? strided_layout(k, m, lda, batch_) : strided_layout(m, k, lda, batch_);
-  p.b = trans_b ? strided_layout(n, k, ldb, batch_) : strided_layout(k, n, ldb, batch_);
-  p.c = strided_layout(m, n, ldd, batch_);
-  p.d = strided_layout(m, n, ldd, batch_);
+  p.a = strided_layout(a.rows, a.cols, a.ld, batch_, a.stride);
+  p.b = strided_layout(b.rows, b.cols, b.ld, batch_, b.stride);
+  p.c = strided_layout(d.rows, d.cols, d.ld, batch_, d.stride);
+  p.d = strided_layout(d.rows, d.cols, d.ld, batch_, d.stride);
   p.alpha = alpha;
   p.beta = beta;
   cublasLtMatmulPreference_t preference = nullptr;
