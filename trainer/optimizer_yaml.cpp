@@ -81,7 +81,7 @@ void read_muon(const YAML::Node& node, const std::string& file, OptimizerConfig&
   }
   optim::MuonConfig& m = c.muon;
   for (const auto& item : node) {
-    const std::string name = item.first.as<std::string>();
+    const std::string name = item.first.IsScalar() ? item.first.Scalar() : got(item.first);
     const std::string key = "muon." + name;
     const YAML::Node& v = item.second;
     if (name == "lr") {

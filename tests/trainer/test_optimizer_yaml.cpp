@@ -114,6 +114,7 @@ TEST(OptimizerConfig, RejectsBadValuesNamingFileLineAndKey) {
       {"optimizer:\n  type: muon\n  muon:\n    lr: 0.02\n    momentun: 0.9\n",
        "run.yaml:5: optimizer.muon.momentun: unknown key (known: lr, momentum, nesterov, ns_steps, eps, weight_decay, "
        "adjust_lr)"},
+      {"optimizer:\n  type: muon\n  muon: {[1]: 2}\n", "optimizer.muon.a non-scalar value: unknown key"},
       {"optimizer:\n  type: muon\n  muon: {momentum: 1.0}\n", "optimizer.muon.momentum: expected a number in [0, 1)"},
       {"optimizer:\n  type: muon\n  muon: {lr: fast}\n",
        "run.yaml:3: optimizer.muon.lr: expected a number, got 'fast'"},
