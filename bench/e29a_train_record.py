@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Summarises E29a training runs of the shipped upstream configs into bench/results/e29a_train.jsonl
-(one line per run: final and lowest validation loss, the largest logged gradient norm over the
-run's median) and draws their validation curves into one PNG.
+"""Summarises training runs into a results file (default: the E29a upstream configs' runs into
+bench/results/e29a_train.jsonl; one line per run: final and lowest validation loss, the largest
+logged gradient norm over the run's median) and draws their validation curves into one PNG.
 
 usage: e29a_train_record.py --device NAME --commit SHA --png OUT.png CONFIG=METRICS.jsonl ...
+       [--bench NAME --output RESULTS.jsonl --title TITLE]   (bench/muon_quality.sh uses these)
 (matplotlib is needed for --png only.)"""
 import argparse
 import datetime
@@ -41,6 +42,8 @@ def main():
     parser.add_argument("--commit", required=True)
     parser.add_argument("--png")
     parser.add_argument("--output", default="bench/results/e29a_train.jsonl")
+    parser.add_argument("--bench", default="e29a_train")
+    parser.add_argument("--title", default="E29a upstream configs")
     parser.add_argument("runs", nargs="+", help="CONFIG=METRICS.jsonl")
     args = parser.parse_args()
     curves = []
@@ -48,7 +51,7 @@ def main():
         for run in args.runs:
             config, path = run.split("=", 1)
             summary, val = summarise(config, path)
-            summary.update({"bench": "e29a_train", "device": args.device, "commit": args.commit,
+            summary.update({"bench": args.bench, "device": args.device, "commit": args.commit,
                             "date": datetime.date.today().isoformat()})
             out.write(json.dumps(summary) + "\n")
             print(json.dumps(summary))
@@ -62,7 +65,7 @@ def main():
             ax.plot([s for s, _ in val], [v for _, v in val], marker=".", label=config)
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss (nats per byte)")
-        ax.set_title(f"E29a upstream configs, {args.device}, commit {args.commit}")
+        ax.set_title(f"{args.title}, {args.device}, commit {args.commit}")
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()

@@ -8,6 +8,10 @@
 //   adamw8bit: as adamw with 1-byte m and v (+ 2 fp32 scales per 256 elements): 26 + 2/32
 //   adafactor: g read 3 times (row/column statistics, sum of U*U, update), w read twice and
 //              written once, mirror 2, g=0 4: 30 (ours reads g once more for the global norm: 34)
+//   muon:      AdamW's 38 for the embedding and norms; a hidden-matrix element: stats read g (4),
+//              momentum reads g and buf, writes buf and the assembly (16), the normalisation reads
+//              the assembly and writes bf16 X (6), the update reads X and w, writes w, mirror,
+//              g=0 (16): 42, plus Newton-Schulz's products (counted as FLOPs, `ns_flop`)
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -41,7 +45,26 @@ double step_bytes_per_element(const std::string& type, const optim::SlabLayout& 
   if (type == "adamw") return 38.0;
   if (type == "adamw8bit") return 26.0 + 2.0 * 4.0 * 2.0 / 256.0;
   if (type == "adafactor") return 30.0;
+  if (type == "muon") {
+    double matrix = 0;
+    for (const auto& t : layout.parameters()) matrix += t.spec.hidden_matrix ? static_cast<double>(t.numel) : 0.0;
+    const auto all = static_cast<double>(layout.parameter_count());
+    return (42.0 * matrix + 38.0 * (all - matrix)) / all;
+  }
   throw core::Error("no byte count for optimizer type '" + type + "'");
+}
+
+// FLOPs of Newton-Schulz per step (muon): per [r, c] matrix, r <= c, and iteration, X X^T (2 r^2 c),
+// A A (2 r^3) and B X (2 r^2 c).
+double newton_schulz_flop(const optim::SlabLayout& layout, std::int64_t steps) {
+  double flop = 0;
+  for (const auto& t : layout.parameters()) {
+    if (!t.spec.hidden_matrix) continue;
+    const double r = static_cast<double>(std::min(t.spec.shape[0], t.spec.shape[1]));
+    const double c = static_cast<double>(std::max(t.spec.shape[0], t.spec.shape[1]));
+    flop += static_cast<double>(steps) * (4.0 * r * r * c + 2.0 * r * r * r);
+  }
+  return flop;
 }
 
 double median(std::vector<double> v) {
@@ -88,7 +111,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Fused optimizer step benchmark (Qwen3-0.6B parameter list)"};
   int warmup = 5, reps = 30;
   std::string type = "adamw";
-  app.add_option("--optimizer", type, "adamw | adamw8bit | adafactor");
+  app.add_option("--optimizer", type, "adamw | adamw8bit | adafactor | muon");
   std::vector<std::int64_t> chunks = {4096, 16384, 65536};
   app.add_option("--warmup", warmup, "untimed steps");
   app.add_option("--reps", reps, "timed steps (median reported)");
@@ -105,6 +128,9 @@ int main(int argc, char** argv) {
     if (type == "adafactor") {
       for (auto& spec : specs) spec.factored = spec.shape.size() == 2;
     }
+    if (type == "muon") {  // q, k, v, o, gate, up, down; the embedding (the tied head) takes AdamW
+      for (auto& spec : specs) spec.hidden_matrix = spec.shape.size() == 2 && spec.name != "model.embed_tokens.weight";
+    }
     const optim::SlabLayout layout(specs, 1);
     const auto elements = layout.parameter_count();
     const double bytes_per_element = step_bytes_per_element(type, layout);
@@ -114,6 +140,7 @@ int main(int argc, char** argv) {
     optim::OptimizerConfig config;
     config.type = type;
     config.lr = type == "adafactor" ? 1e-2 : 3e-4;
+    config.muon.lr = 0.02;
     config.beta1 = 0.9;
     config.beta2 = 0.95;
     config.weight_decay = 0.1;
@@ -187,6 +214,15 @@ int main(int argc, char** argv) {
         {"fraction_of_copy", bytes / (best_ms * 1e-3) / 1e9 / copy_gbps},
         {"sweep", sweep},
     };
+    if (type == "muon") {
+      // Newton-Schulz's rate is bounded below by its FLOPs over the whole update phase (which also
+      // holds the normalisation, the matrices' update and AdamW's launch).
+      const double flop = newton_schulz_flop(layout, config.muon.ns_steps);
+      out["ns_flop"] = flop;
+      for (auto& entry : out["sweep"]) {
+        entry["update_phase_tflops"] = flop / (entry["phase_ms"][2].get<double>() * 1e-3) / 1e12;
+      }
+    }
     std::printf("%s\n", out.dump().c_str());
     return 0;
   } catch (const std::exception& e) {

@@ -38,16 +38,50 @@ def median_ms(step, warmup, reps):
     return statistics.median(times)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=30)
-    args = ap.parse_args()
-    dev = torch.device("cuda")
+def qwen3_0_6b_tensors(dev):
+    """The parameters (normal, std 0.02), their bf16 model copy and gradient buffers, per shape."""
     shapes = qwen3_0_6b_shapes()
     params = [torch.nn.Parameter(torch.randn(s, device=dev) * 0.02) for s, _ in shapes]
     model_bf16 = [p.detach().to(torch.bfloat16) for p in params]
     grads = [torch.empty_like(p) for p in params]
+    return shapes, params, model_bf16, grads
+
+
+def time_steps(params, grads, model_bf16, optimizers, set_to_none, warmup, reps):
+    """Median ms of clip_grad_norm_ + every optimizer's step + the bf16 copy + zero_grad, with fresh
+    gradients written (untimed) before each step."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for i in range(warmup + reps):
+        for p, g in zip(params, grads):
+            if p.grad is None:
+                p.grad = g
+            p.grad.normal_(0.0, 1e-3)
+        start.record()
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        for opt in optimizers:
+            opt.step()
+        torch._foreach_copy_(model_bf16, [p.detach() for p in params])
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+        stop.record()
+        stop.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def timing_args():
+    """--warmup (untimed steps) and --reps (timed steps, median reported)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=30)
+    return ap.parse_args()
+
+
+def main():
+    args = timing_args()
+    shapes, params, model_bf16, grads = qwen3_0_6b_tensors(torch.device("cuda"))
     decay = [p for p, (_, d) in zip(params, shapes) if d]
     no_decay = [p for p, (_, d) in zip(params, shapes) if not d]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -56,23 +90,7 @@ def main():
     assert len(params) == 310 and elements == 596049920, (len(params), elements)
 
     def run(set_to_none):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for i in range(args.warmup + args.reps):
-            for p, g in zip(params, grads):  # fresh gradients, untimed
-                if p.grad is None:
-                    p.grad = g
-                p.grad.normal_(0.0, 1e-3)
-            start.record()
-            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-            opt.step()
-            torch._foreach_copy_(model_bf16, [p.detach() for p in params])
-            opt.zero_grad(set_to_none=set_to_none)
-            stop.record()
-            stop.synchronize()
-            if i >= args.warmup:
-                times.append(start.elapsed_time(stop))
-        return statistics.median(times)
+        return time_steps(params, grads, model_bf16, [opt], set_to_none, args.warmup, args.reps)
 
     same_work_ms = run(False)
     default_ms = run(True)

@@ -5,18 +5,12 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "optim/device_table.h"
 #include "optim/update_epilogue.h"
 
 namespace optim {
 
 namespace {
-
-template <typename T>
-core::Buffer table_on_device(const core::DeviceContext& context, const std::vector<T>& host) {
-  core::Buffer b(context.device(), host.size() * sizeof(T));
-  core::copy_bytes(b.data(), host.data(), b.bytes(), context.stream());
-  return b;
-}
 
 core::Buffer zeroed(const core::DeviceContext& context, std::size_t bytes) {
   core::Buffer b(context.device(), bytes);

@@ -22,6 +22,18 @@ AdamWStepParams adamw_step_params(const OptimizerConfig& config, double lr) {
   return with_shared_step_fields(params, config, lr);
 }
 
+AdamWSpanCpu adamw_owned_span_cpu(Slab& slab, core::Buffer& m, core::Buffer& v) {
+  // The moments cover the owned range, like master; the mirror is indexed globally (ZeRO-3 holds
+  // only the owned part of it).
+  return {slab.master().as<float>(),
+          m.as<float>(),
+          v.as<float>(),
+          slab.grad_origin(),
+          static_cast<std::uint16_t*>(slab.mirror_origin()),
+          slab.mirror_dtype() == core::DType::bf16,
+          slab.owned().begin};
+}
+
 void adamw_update_span_cpu(const AdamWSpanCpu& span, std::int64_t offset, std::int64_t length,
                            const AdamWElementParams& e, bool skip) {
   for (std::int64_t k = 0; k < length; ++k) {
@@ -49,34 +61,30 @@ void AdamW::update(double lr) {
                       context().stream());
 }
 
-void AdamW::update_cpu(const AdamWStepParams& params) {
-  StepScalars& s = *scalars();
-  const bool skip = skips_step(params.policy, s.nonfinite);
-  const float clip = clip_coefficient(s.grad_sq_sum, params.max_norm);
-  const long long t = s.step + 1;
-  // The moments cover the owned range, like master; the mirror is indexed globally (ZeRO-3 holds
-  // only the owned part of it).
-  const AdamWSpanCpu owned{slab_.master().as<float>(),
-                           exp_avg_.as<float>(),
-                           exp_avg_sq_.as<float>(),
-                           slab_.grad_origin(),
-                           static_cast<std::uint16_t*>(slab_.mirror_origin()),
-                           slab_.mirror_dtype() == core::DType::bf16,
-                           slab_.owned().begin};
-  const auto& segments = slab_.segments();
-  const auto& work = chunks();
-  const auto count = static_cast<std::int64_t>(work.size());
-
+void adamw_update_chunks_cpu(const AdamWSpanCpu& owned, const std::vector<WorkChunk>& chunks,
+                             const std::vector<Segment>& segments, const AdamWStepParams& params,
+                             const StepScalars& scalars, bool skip, const std::vector<bool>& excluded) {
+  const float clip = clip_coefficient(scalars.grad_sq_sum, params.max_norm);
+  const long long t = scalars.step + 1;
+  const auto count = static_cast<std::int64_t>(chunks.size());
 #pragma omp parallel for schedule(dynamic, 4)
   for (std::int64_t c = 0; c < count; ++c) {
-    const WorkChunk& chunk = work[static_cast<std::size_t>(c)];
+    const WorkChunk& chunk = chunks[static_cast<std::size_t>(c)];
     const Segment& seg = segments[static_cast<std::size_t>(chunk.segment)];
+    if (!excluded.empty() && excluded[static_cast<std::size_t>(seg.tensor)]) continue;
     const AdamWElementParams e = adamw_element_params(params, clip, t, seg.lr_scale, seg.decay);
     AdamWSpanCpu span = owned;
     span.m += chunk.offset - owned.owned_begin;
     span.v += chunk.offset - owned.owned_begin;
     adamw_update_span_cpu(span, chunk.offset, chunk.length, e, skip);
   }
+}
+
+void AdamW::update_cpu(const AdamWStepParams& params) {
+  StepScalars& s = *scalars();
+  const bool skip = skips_step(params.policy, s.nonfinite);
+  adamw_update_chunks_cpu(adamw_owned_span_cpu(slab_, exp_avg_, exp_avg_sq_), chunks(), slab_.segments(), params, s,
+                          skip);
   finish_update(s, skip);
 }
 

@@ -41,8 +41,17 @@ struct AdamWSpanCpu {
   bool bf16;
   std::int64_t owned_begin;
 };
+// The span over `slab`'s owned range with moments `m` and `v` (cpu buffers covering it).
+AdamWSpanCpu adamw_owned_span_cpu(Slab& slab, core::Buffer& m, core::Buffer& v);
 void adamw_update_span_cpu(const AdamWSpanCpu& span, std::int64_t offset, std::int64_t length,
                            const AdamWElementParams& e, bool skip);
+
+// AdamW's CPU update of `chunks` (of `segments`), m and v covering the owned range like master,
+// with the clip and step taken from `scalars`; chunks of a logical tensor t with
+// `excluded[t]` (when not empty) are left to another update (Muon's matrices).
+void adamw_update_chunks_cpu(const AdamWSpanCpu& owned, const std::vector<WorkChunk>& chunks,
+                             const std::vector<Segment>& segments, const AdamWStepParams& params,
+                             const StepScalars& scalars, bool skip, const std::vector<bool>& excluded = {});
 
 // Arguments of the update launch: buffers by their base pointers; master and state cover the
 // owned range starting at global index `owned_begin`, the mirror the whole slab; grad is

@@ -7,6 +7,7 @@
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
 #include "optim/grad_stats.h"
+#include "optim/muon.h"
 
 namespace optim {
 
@@ -147,12 +148,15 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, Slab& s
   if (config.type == "adamw") return std::make_unique<AdamW>(config, slab, context, chunk_elements);
   if (config.type == "adamw8bit") return std::make_unique<AdamW8bit>(config, slab, context, chunk_elements);
   if (config.type == "adafactor") return std::make_unique<Adafactor>(config, slab, context, chunk_elements);
-  throw core::InputError("optimizer.type: unknown optimizer '" + config.type + "' (expected adamw)");
+  if (config.type == "muon") return std::make_unique<Muon>(config, slab, context, chunk_elements);
+  throw core::InputError("optimizer.type: unknown optimizer '" + config.type +
+                         "' (expected adamw, adamw8bit, adafactor or muon)");
 }
 
 std::int64_t optimizer_state_bytes(const OptimizerConfig& config, const SlabLayout& layout, Range owned,
                                    std::int64_t chunk_elements) {
-  if (config.type == "adamw") return 2 * owned.size() * static_cast<std::int64_t>(sizeof(float));
+  if (config.type == "adamw" || config.type == "muon")
+    return 2 * owned.size() * static_cast<std::int64_t>(sizeof(float));
   const std::vector<Segment> segments = make_segments(layout, owned);
   if (config.type == "adamw8bit") {
     return plan_adamw8bit(layout, segments, owned, config.adamw8bit.min_8bit_size, chunk_elements).state_bytes();
@@ -162,7 +166,8 @@ std::int64_t optimizer_state_bytes(const OptimizerConfig& config, const SlabLayo
     const std::int64_t momentum = config.adafactor.beta1 ? owned.size() : 0;
     return (plan.row_col_state_size + plan.v_state_size + momentum) * static_cast<std::int64_t>(sizeof(float));
   }
-  throw core::InputError("optimizer.type: unknown optimizer '" + config.type + "' (expected adamw)");
+  throw core::InputError("optimizer.type: unknown optimizer '" + config.type +
+                         "' (expected adamw, adamw8bit, adafactor or muon)");
 }
 
 }  // namespace optim

@@ -59,7 +59,7 @@ struct StateBuffer {
 // A small buffer of per-rank partial sums that must be summed across ranks between phases.
 struct Partial {
   void* data;         // device memory on cuda
-  core::DType dtype;  // f64 or u64
+  core::DType dtype;  // f64, u64, or f32 (Muon's assembled matrices)
   std::size_t count;
 };
 

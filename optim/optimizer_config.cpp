@@ -21,9 +21,9 @@ const char* nonfinite_policy_name(NonFinitePolicy policy) {
 }
 
 void validate(const OptimizerConfig& c, const std::string& where) {
-  if (c.type != "adamw" && c.type != "adamw8bit" && c.type != "adafactor") {
-    throw core::InputError(where + ": optimizer.type: expected one of [adamw, adamw8bit, adafactor], got '" + c.type +
-                           "'");
+  if (c.type != "adamw" && c.type != "adamw8bit" && c.type != "adafactor" && c.type != "muon") {
+    throw core::InputError(where + ": optimizer.type: expected one of [adamw, adamw8bit, adafactor, muon], got '" +
+                           c.type + "'");
   }
   check(std::isfinite(c.lr) && c.lr >= 0, where, "lr", "a finite number >= 0", c.lr);
   check(c.beta1 >= 0 && c.beta1 < 1, where, "betas[0]", "a number in [0, 1)", c.beta1);
@@ -42,6 +42,16 @@ void validate(const OptimizerConfig& c, const std::string& where) {
         a.clip_threshold);
   check(a.decay_rate < 0 && a.decay_rate >= -1, where, "decay_rate", "a number in [-1, 0)", a.decay_rate);
   if (a.beta1) check(*a.beta1 >= 0 && *a.beta1 < 1, where, "beta1", "a number in [0, 1) or null", *a.beta1);
+  const MuonConfig& m = c.muon;
+  check(std::isfinite(m.lr) && m.lr >= 0, where, "muon.lr", "a finite number >= 0", m.lr);
+  check(m.momentum >= 0 && m.momentum < 1, where, "muon.momentum", "a number in [0, 1)", m.momentum);
+  check(m.ns_steps >= 1 && m.ns_steps < 100, where, "muon.ns_steps", "an integer in [1, 99]",
+        static_cast<double>(m.ns_steps));
+  check(std::isfinite(m.eps) && m.eps > 0, where, "muon.eps", "a finite number > 0", m.eps);
+  if (m.weight_decay) {
+    check(std::isfinite(*m.weight_decay) && *m.weight_decay >= 0, where, "muon.weight_decay",
+          "a finite number >= 0 or null (null: optimizer.weight_decay)", *m.weight_decay);
+  }
 }
 
 }  // namespace optim

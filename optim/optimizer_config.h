@@ -29,6 +29,12 @@ enum class DecayScale {
   alpha,  // the relative step size incl. parameter scale: w -= alpha*wd*w (Hugging Face)
 };
 
+// Muon's learning-rate adjustment per matrix [rows, cols] (torch.optim.Muon's adjust_lr_fn).
+enum class MuonAdjustLr {
+  original,         // lr * sqrt(max(1, rows / cols)) (Keller Jordan's Muon; torch's default)
+  match_rms_adamw,  // lr * 0.2 * sqrt(max(rows, cols)) (Moonlight: the update's RMS of AdamW's)
+};
+
 struct AdamW8bitConfig {
   std::int64_t min_8bit_size = 4096;  // tensors with fewer elements keep fp32 state
   Quantization quantization = Quantization::companded;
@@ -51,17 +57,32 @@ struct AdafactorConfig {
   bool operator==(const AdafactorConfig&) const = default;
 };
 
+// Muon for the hidden matrices (ParamSpec::hidden_matrix); every other tensor takes AdamW with the
+// config's lr, betas, eps and weight_decay. Defaults are torch.optim.Muon's.
+struct MuonConfig {
+  double lr = 1e-3;  // peak rate of the matrices (the schedule scales it as it scales optimizer.lr)
+  double momentum = 0.95;
+  bool nesterov = true;
+  std::int64_t ns_steps = 5;           // Newton-Schulz iterations
+  double eps = 1e-7;                   // floor of the Frobenius norm the update is divided by
+  std::optional<double> weight_decay;  // unset: optimizer.weight_decay
+  MuonAdjustLr adjust_lr = MuonAdjustLr::original;
+
+  bool operator==(const MuonConfig&) const = default;
+};
+
 struct OptimizerConfig {
-  std::string type = "adamw";  // adamw | adamw8bit | adafactor
+  std::string type = "adamw";  // adamw | adamw8bit | adafactor | muon
   double lr = 3e-4;            // peak learning rate (a schedule scales it per step)
-  double beta1 = 0.9;          // adamw, adamw8bit
-  double beta2 = 0.95;         // adamw, adamw8bit
-  double eps = 1e-8;           // adamw, adamw8bit
+  double beta1 = 0.9;          // adamw, adamw8bit, muon (its AdamW tensors)
+  double beta2 = 0.95;         // adamw, adamw8bit, muon
+  double eps = 1e-8;           // adamw, adamw8bit, muon
   double weight_decay = 0.1;   // decoupled; applied only to tensors with decay
   double grad_clip = 1.0;      // max global L2 norm of the gradients; 0 disables clipping
   NonFinitePolicy nonfinite = NonFinitePolicy::skip_step;
   AdamW8bitConfig adamw8bit;
   AdafactorConfig adafactor;
+  MuonConfig muon;
 
   bool operator==(const OptimizerConfig&) const = default;
 };

@@ -27,6 +27,12 @@ struct ParamSpec {
   bool decay = true;      // weight decay applies (norm weights and biases: false)
   bool factored = false;  // Adafactor keeps row/column statistics (2-D tensors only)
   float lr_scale = 1.0f;  // multiplies the step's learning rate for this tensor
+  // A 2-D weight between hidden activations (not an embedding, output head, norm, bias or state):
+  // matrix-wise optimizers (Muon) update these as matrices, everything else element by element.
+  bool hidden_matrix = false;
+  // hidden_matrix only: 0, or the rows of each of the independent matrices stacked in the
+  // (logical) tensor, e.g. E29a's input projection [W_x; W_z], which are then updated one by one.
+  std::int64_t stacked_rows = 0;
   InitKind init = InitKind::normal;
   float init_std = 0.02f;  // standard deviation for InitKind::normal
   float init_gain = 1.0f;  // scale of InitKind::xavier_uniform and InitKind::orthogonal

@@ -355,6 +355,16 @@ json optimizer_json(const optim::OptimizerConfig& c) {
                       {"eps1_mode", a.eps1_mode == optim::Eps1Mode::add ? "add" : "clamp"},
                       {"decay_scale", a.decay_scale == optim::DecayScale::lr ? "lr" : "alpha"}};
   }
+  if (c.type == "muon") {
+    const optim::MuonConfig& m = c.muon;
+    j["muon"] = {{"lr", m.lr},
+                 {"momentum", m.momentum},
+                 {"nesterov", m.nesterov},
+                 {"ns_steps", m.ns_steps},
+                 {"eps", m.eps},
+                 {"weight_decay", m.weight_decay ? json(*m.weight_decay) : json(nullptr)},
+                 {"adjust_lr", m.adjust_lr == optim::MuonAdjustLr::original ? "original" : "match_rms_adamw"}};
+  }
   return j;
 }
 

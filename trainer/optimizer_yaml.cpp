@@ -61,6 +61,70 @@ const Choices<optim::Quantization> kQuantization{
     {{"companded", optim::Quantization::companded}, {"linear", optim::Quantization::linear}}};
 const Choices<optim::Eps1Mode> kEps1Mode{{{"add", optim::Eps1Mode::add}, {"clamp", optim::Eps1Mode::clamp}}};
 const Choices<optim::DecayScale> kDecayScale{{{"lr", optim::DecayScale::lr}, {"alpha", optim::DecayScale::alpha}}};
+const Choices<optim::MuonAdjustLr> kMuonAdjustLr{
+    {{"original", optim::MuonAdjustLr::original}, {"match_rms_adamw", optim::MuonAdjustLr::match_rms_adamw}}};
+
+// The keys of the `muon` subsection, in the order they are written.
+const std::vector<std::string> kMuonKeys = {"lr",  "momentum",     "nesterov", "ns_steps",
+                                            "eps", "weight_decay", "adjust_lr"};
+
+std::string muon_keys() {
+  std::string known;
+  for (const auto& k : kMuonKeys) known += (known.empty() ? "" : ", ") + k;
+  return known;
+}
+
+void read_muon(const YAML::Node& node, const std::string& file, OptimizerConfig& c) {
+  if (!node.IsMap()) {
+    throw core::InputError(location(file, node, "muon") + ": expected a mapping of Muon settings (keys: " +
+                           muon_keys() + "), got '" + got(node) + "'");
+  }
+  optim::MuonConfig& m = c.muon;
+  for (const auto& item : node) {
+    const std::string name = item.first.IsScalar() ? item.first.Scalar() : got(item.first);
+    const std::string key = "muon." + name;
+    const YAML::Node& v = item.second;
+    if (name == "lr") {
+      m.lr = number(v, file, key);
+    } else if (name == "momentum") {
+      m.momentum = number(v, file, key);
+    } else if (name == "nesterov") {
+      m.nesterov = read_as<bool>(v, file, key, "true or false");
+    } else if (name == "ns_steps") {
+      m.ns_steps = read_as<std::int64_t>(v, file, key, "an integer");
+    } else if (name == "eps") {
+      m.eps = number(v, file, key);
+    } else if (name == "weight_decay") {
+      if (v.IsNull()) {
+        m.weight_decay.reset();
+      } else {
+        m.weight_decay = number(v, file, key);
+      }
+    } else if (name == "adjust_lr") {
+      m.adjust_lr = kMuonAdjustLr.read(v, file, key);
+    } else {
+      throw core::InputError(location(file, item.first, key) + ": unknown key (known: " + muon_keys() + ")");
+    }
+  }
+}
+
+void write_muon(YAML::Emitter& o, const OptimizerConfig& c) {
+  const optim::MuonConfig& m = c.muon;
+  o << YAML::Key << "muon" << YAML::Value << YAML::BeginMap;
+  o << YAML::Key << "lr" << YAML::Value << yaml_number(m.lr);
+  o << YAML::Key << "momentum" << YAML::Value << yaml_number(m.momentum);
+  o << YAML::Key << "nesterov" << YAML::Value << m.nesterov;
+  o << YAML::Key << "ns_steps" << YAML::Value << m.ns_steps;
+  o << YAML::Key << "eps" << YAML::Value << yaml_number(m.eps);
+  o << YAML::Key << "weight_decay" << YAML::Value;
+  if (m.weight_decay) {
+    o << yaml_number(*m.weight_decay);
+  } else {
+    o << YAML::Null;
+  }
+  o << YAML::Key << "adjust_lr" << YAML::Value << kMuonAdjustLr.name(m.adjust_lr);
+  o << YAML::EndMap;
+}
 
 using Read = void (*)(const YAML::Node&, const std::string&, OptimizerConfig&);
 using Write = void (*)(YAML::Emitter&, const OptimizerConfig&);
@@ -110,7 +174,7 @@ const std::vector<Key>& keys() {
        [](const YAML::Node& n, const std::string& f, OptimizerConfig& c) { c.grad_clip = number(n, f, "grad_clip"); },
        nullptr},
       LLMTRAIN_OPT_CHOICE("nonfinite", "", nonfinite, kNonFinite),
-      {"betas", "adamw, adamw8bit",
+      {"betas", "adamw, adamw8bit, muon",
        [](const YAML::Node& n, const std::string& f, OptimizerConfig& c) {
          if (!n.IsSequence() || n.size() != 2) {
            throw core::InputError(location(f, n, "betas") + ": expected a list of two numbers [beta1, beta2]");
@@ -122,7 +186,7 @@ const std::vector<Key>& keys() {
          o << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq << yaml_number(c.beta1)
            << yaml_number(c.beta2) << YAML::EndSeq;
        }},
-      LLMTRAIN_OPT_NUMBER("eps", "adamw, adamw8bit", eps),
+      LLMTRAIN_OPT_NUMBER("eps", "adamw, adamw8bit, muon", eps),
       {"min_8bit_size", "adamw8bit",
        [](const YAML::Node& n, const std::string& f, OptimizerConfig& c) {
          c.adamw8bit.min_8bit_size = read_as<std::int64_t>(n, f, "min_8bit_size", "an integer");
@@ -156,6 +220,7 @@ const std::vector<Key>& keys() {
       LLMTRAIN_OPT_BOOL("warmup_init", adafactor.warmup_init),
       LLMTRAIN_OPT_CHOICE("eps1_mode", "adafactor", adafactor.eps1_mode, kEps1Mode),
       LLMTRAIN_OPT_CHOICE("decay_scale", "adafactor", adafactor.decay_scale, kDecayScale),
+      {"muon", "muon", read_muon, write_muon},
   };
   return table;
 }

@@ -1,6 +1,8 @@
 // Parameter specs and Hugging Face tensor names of the E29a language model (config.h).
 #include "models/e29a/config.h"
 
+#include <algorithm>
+
 namespace models::e29a {
 
 std::string layer_prefix(std::int64_t layer) { return "layers." + std::to_string(layer) + "."; }
@@ -15,11 +17,14 @@ std::vector<optim::ParamSpec> parameter_specs(const E29aConfig& c) {
   using optim::InitKind;
   const std::int64_t d = c.hidden_size;
   std::vector<optim::ParamSpec> p;
-  auto matrix = [&](std::string name, std::int64_t rows, InitKind init, float gain) {
+  // stacked: the rows of each matrix stacked in it (0: one matrix); < 0: not a hidden matrix.
+  auto matrix = [&](std::string name, std::int64_t rows, InitKind init, float gain, std::int64_t stacked) {
     p.push_back({.name = std::move(name),
                  .shape = {rows, d},
                  .decay = true,
                  .factored = true,
+                 .hidden_matrix = stacked >= 0,
+                 .stacked_rows = std::max<std::int64_t>(stacked, 0),
                  .init = init,
                  .init_std = 0.02f,
                  .init_gain = gain});
@@ -27,14 +32,14 @@ std::vector<optim::ParamSpec> parameter_specs(const E29aConfig& c) {
   auto vector = [&](std::string name, InitKind init) {
     p.push_back({.name = std::move(name), .shape = {d}, .decay = false, .init = init});
   };
-  matrix("embed_tokens", c.vocab_size, InitKind::normal, 1.0f);
+  matrix("embed_tokens", c.vocab_size, InitKind::normal, 1.0f, -1);
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
     const std::string prefix = layer_prefix(l);
     vector(prefix + "norm", InitKind::ones);
-    matrix(prefix + "w_xz", 2 * d, InitKind::xavier_uniform, 1.0f);
-    matrix(prefix + "w_h", d, InitKind::orthogonal, 0.9f);
+    matrix(prefix + "w_xz", 2 * d, InitKind::xavier_uniform, 1.0f, d);  // W_x over W_z
+    matrix(prefix + "w_h", d, InitKind::orthogonal, 0.9f, 0);
     vector(prefix + "b_h", InitKind::zeros);
-    matrix(prefix + "w_write", d, InitKind::xavier_uniform, 1.0f);
+    matrix(prefix + "w_write", d, InitKind::xavier_uniform, 1.0f, 0);
     // The initial tape is a state, not a weight: no decay.
     p.push_back({.name = prefix + "tape0",
                  .shape = {c.n_slots, d},
@@ -44,7 +49,7 @@ std::vector<optim::ParamSpec> parameter_specs(const E29aConfig& c) {
                  .init_std = static_cast<float>(c.tape_init_std)});
   }
   vector("final_norm", InitKind::ones);
-  if (!c.tie_word_embeddings) matrix("lm_head", c.vocab_size, InitKind::normal, 1.0f);
+  if (!c.tie_word_embeddings) matrix("lm_head", c.vocab_size, InitKind::normal, 1.0f, -1);
   return p;
 }
 

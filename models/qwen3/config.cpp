@@ -22,32 +22,33 @@ std::int64_t Qwen3Config::parameter_count() const {
 std::vector<optim::ParamSpec> parameter_specs(const Qwen3Config& c) {
   using optim::InitKind;
   std::vector<optim::ParamSpec> p;
-  auto matrix = [&](std::string name, std::int64_t rows, std::int64_t cols) {
+  auto matrix = [&](std::string name, std::int64_t rows, std::int64_t cols, bool hidden) {
     p.push_back({.name = std::move(name),
                  .shape = {rows, cols},
                  .decay = true,
                  .factored = true,
+                 .hidden_matrix = hidden,
                  .init = InitKind::normal,
                  .init_std = 0.02f});
   };
   auto norm = [&](std::string name, std::int64_t n) {
     p.push_back({.name = std::move(name), .shape = {n}, .decay = false, .init = InitKind::ones});
   };
-  matrix("embed_tokens", c.vocab_size, c.hidden_size);
+  matrix("embed_tokens", c.vocab_size, c.hidden_size, false);
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     norm(layer(i) + "input_norm", c.hidden_size);
-    matrix(layer(i) + "qkv", c.qkv_size(), c.hidden_size);
+    matrix(layer(i) + "qkv", c.qkv_size(), c.hidden_size, true);
     p.back().parts = {{layer(i) + "q", c.q_size()}, {layer(i) + "k", c.kv_size()}, {layer(i) + "v", c.kv_size()}};
     norm(layer(i) + "q_norm", c.head_dim);
     norm(layer(i) + "k_norm", c.head_dim);
-    matrix(layer(i) + "o_proj", c.hidden_size, c.q_size());
+    matrix(layer(i) + "o_proj", c.hidden_size, c.q_size(), true);
     norm(layer(i) + "post_norm", c.hidden_size);
-    matrix(layer(i) + "gate_up", 2 * c.intermediate_size, c.hidden_size);
+    matrix(layer(i) + "gate_up", 2 * c.intermediate_size, c.hidden_size, true);
     p.back().parts = {{layer(i) + "gate", c.intermediate_size}, {layer(i) + "up", c.intermediate_size}};
-    matrix(layer(i) + "down", c.hidden_size, c.intermediate_size);
+    matrix(layer(i) + "down", c.hidden_size, c.intermediate_size, true);
   }
   norm("final_norm", c.hidden_size);
-  if (!c.tie_word_embeddings) matrix("lm_head", c.vocab_size, c.hidden_size);
+  if (!c.tie_word_embeddings) matrix("lm_head", c.vocab_size, c.hidden_size, false);
   return p;
 }
 

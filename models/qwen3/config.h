@@ -45,9 +45,9 @@ std::vector<std::string> preset_names();
 
 // Parameter specs in slab order: embed_tokens; per layer input_norm, qkv, q_norm, k_norm,
 // o_proj, post_norm, gate_up, down; final_norm; lm_head (untied only). 2-D weights are marked
-// factored (Adafactor) and decayed; norm weights neither. Initialisation: normal(0, 0.02) for
-// matrices (Hugging Face's initializer_range), ones for norms. qkv has the parts q, k and v and
-// gate_up the parts gate and up: stored fused for the GEMMs, separate tensors to the optimizers.
+// factored (Adafactor) and decayed, those of the layers also hidden matrices; norm weights none of these.
+// Initialisation: normal(0, 0.02) for matrices (Hugging Face's initializer_range), ones for norms. qkv has the parts q,
+// k and v and gate_up the parts gate and up: stored fused for the GEMMs, separate tensors to the optimizers.
 std::vector<optim::ParamSpec> parameter_specs(const Qwen3Config& config);
 
 // Where a Hugging Face tensor lives in ours: tensor name and first row (q/k/v and gate/up are

@@ -1,8 +1,11 @@
 // Ten steps of training a Hugging Face Qwen3 fixture on one fixed window, our cpu model and
 // optimizers against torch.optim.AdamW and torch.optim.Adafactor on the transformers model
-// (tests/fixtures/make_optimizer_trajectory.py, an fp64 oracle): the weights after the last step
-// agree within 1e-5 normwise for every logical tensor (q, k, v, gate and up each on its own: Adafactor's
-// statistics are per tensor, so a fused q/k/v would differ by about 1e-3).
+// (tests/fixtures/make_optimizer_trajectory.py, an fp64 oracle), and against torch.optim.Muon for
+// the hidden matrices with AdamW for the rest (tests/fixtures/make_muon_trajectory.py, the same
+// oracle with Newton-Schulz in fp64; skipped while that fixture is absent): the weights after the
+// last step agree within 1e-5 normwise for every logical tensor (q, k, v, gate and up each on its
+// own: Adafactor's statistics and Muon's orthogonalisation are per tensor, so a fused q/k/v would
+// differ by about 1e-3).
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -37,8 +40,8 @@ fs::path expected_folder(const std::string& name) {
   return dir;
 }
 
-void check_case(const std::string& name) {
-  std::ifstream in(kFixtures / "qwen3/trajectory/trajectory.json");
+void check_case(const std::string& name, const std::string& record_file = "trajectory.json") {
+  std::ifstream in(kFixtures / "qwen3/trajectory" / record_file);
   ASSERT_TRUE(in) << "missing fixture (made by tests/fixtures/make_optimizer_trajectory.py)";
   const json record = json::parse(in);
   const json& c = record.at("cases").at(name);
@@ -88,5 +91,18 @@ void check_case(const std::string& name) {
 
 TEST(OptimizerTrajectory, AdamWMatchesTorchOnTheTransformersModel) { check_case("adamw"); }
 TEST(OptimizerTrajectory, AdafactorMatchesTorchOnTheTransformersModel) { check_case("adafactor"); }
+
+// The Muon fixture is generated where torch is installed (make_muon_trajectory.py).
+void check_muon_case(const std::string& name) {
+  const std::string record = "muon_trajectory.json";
+  if (!fs::exists(kFixtures / "qwen3/trajectory" / record)) {
+    GTEST_SKIP() << "tests/fixtures/qwen3/trajectory/" << record
+                 << " is absent: make it with python3 tests/fixtures/make_muon_trajectory.py (torch, transformers)";
+  }
+  check_case(name, record);
+}
+
+TEST(OptimizerTrajectory, MuonMatchesTorchOnTheTransformersModel) { check_muon_case("muon"); }
+TEST(OptimizerTrajectory, MuonMoonlightAdjustmentMatchesTorch) { check_muon_case("muon_moonlight"); }
 
 }  // namespace

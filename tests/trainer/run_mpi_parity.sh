@@ -7,7 +7,7 @@
 # master) plus the two fp32 gather buffers of the largest layer, not the whole model (ci-tiny's
 # numbers, worked out by hand below). ZeRO-3's samples, validation losses and task scores:
 # run_mpi_zero3_decode.sh.
-# usage: run_mpi_parity.sh BUILD_DIR SOURCE_DIR [OPTIMIZERS...]   (default: adamw adamw8bit adafactor)
+# usage: run_mpi_parity.sh BUILD_DIR SOURCE_DIR [OPTIMIZERS...]   (default: adamw adamw8bit adafactor muon)
 # Environment: MPI_PARITY_WORLDS (default "2 3"), MPI_PARITY_FLOOR (a micro-batch size: also run
 # the reference with it and report the difference, the reduction-order noise of the device),
 # MPI_PARITY_STAGES (default "0 1 2 3"), MPI_PARITY_ONE_MICRO (a global batch G: the N-rank runs use
@@ -19,7 +19,7 @@ build=$1
 source=$2
 shift 2
 optimizers=("$@")
-[ ${#optimizers[@]} -gt 0 ] || optimizers=(adamw adamw8bit adafactor)
+[ ${#optimizers[@]} -gt 0 ] || optimizers=(adamw adamw8bit adafactor muon)
 read -r -a worlds <<< "${MPI_PARITY_WORLDS:-2 3}"
 read -r -a stages <<< "${MPI_PARITY_STAGES:-0 1 2 3}"
 steps=6
@@ -47,13 +47,15 @@ failures=()
 printf '%-10s %3s %5s  %s\n' optimizer np stage "max relative loss difference (tolerance $MPI_REL_TOL)"
 for opt in "${optimizers[@]}"; do
   case $opt in
-    adamw | adamw8bit | adafactor) ;;
-    *) echo "FAIL: unknown optimizer '$opt' (expected adamw, adamw8bit or adafactor)"; exit 1 ;;
+    adamw | adamw8bit | adafactor | muon) ;;
+    *) echo "FAIL: unknown optimizer '$opt' (expected adamw, adamw8bit, adafactor or muon)"; exit 1 ;;
   esac
   # ci-tiny sets lr 3e-3 and weight_decay 0. Adafactor needs no other keys (relative_step: its
   # step size is min(lr, 1/sqrt(t)) x rms(w)); lr 1e-2, Hugging Face's default, makes it move.
+  # Muon's matrices take Keller Jordan's lr 0.02 (its matrices are assembled across the shards).
   args=(optimizer.type="$opt" training.max_steps="$steps" checkpoint.every=0 checkpoint.resume=never)
   [ "$opt" = adafactor ] && args+=(optimizer.lr=1e-2)
+  [ "$opt" = muon ] && args+=("optimizer.muon={lr: 0.02}")
   ref="$work/$opt.ref"
   code=0
   mpi_train 1 "$ref.log" run.output_dir="$ref" "${args[@]}" || code=$?

@@ -2,7 +2,8 @@
 # Checkpoints resume on another world size and ZeRO stage: for each (N ranks -> M ranks, optimizer,
 # ZeRO stage before -> after) of
 #   2 -> 1 adamw ZeRO-1,  1 -> 3 adafactor ZeRO-2,  3 -> 2 adamw8bit ZeRO-1,
-#   3 -> 2 adamw ZeRO-3,  2 -> 3 adafactor ZeRO-1 -> 3,  3 -> 2 adamw8bit ZeRO-3 -> 2
+#   3 -> 2 adamw ZeRO-3,  2 -> 3 adafactor ZeRO-1 -> 3,  3 -> 2 adamw8bit ZeRO-3 -> 2,
+#   2 -> 3 muon ZeRO-1 -> 3
 # (each optimizer's state resharded, into and out of ZeRO-3) a run of configs/ci-tiny.yaml with N ranks saves
 # checkpoints at steps 4 and 8 of an 8-step schedule; the step-8 checkpoint is deleted and a run
 # with M ranks and checkpoint.resume=auto continues from step 4 to 8. Its losses at steps 5..8 must
@@ -25,7 +26,8 @@ mpi_setup
 one_rank_tol=${MPI_RESHARD_ONE_RANK_TOL:-$MPI_REL_TOL}
 
 # from to optimizer zero_stage [zero_stage of the resumed run]
-cases=("2 1 adamw 1" "1 3 adafactor 2" "3 2 adamw8bit 1" "3 2 adamw 3" "2 3 adafactor 1 3" "3 2 adamw8bit 3 2")
+cases=("2 1 adamw 1" "1 3 adafactor 2" "3 2 adamw8bit 1" "3 2 adamw 3" "2 3 adafactor 1 3" "3 2 adamw8bit 3 2"
+  "2 3 muon 1 3")
 failures=()
 for spec in "${cases[@]}"; do
   read -r from to opt stage resumed_stage <<< "$spec"
@@ -33,6 +35,7 @@ for spec in "${cases[@]}"; do
   name="$opt ZeRO-$stage $from -> ZeRO-$resumed_stage $to ranks"
   args=(optimizer.type="$opt" training.max_steps="$steps" checkpoint.keep_last=0)
   [ "$opt" = adafactor ] && args+=(optimizer.lr=1e-2)
+  [ "$opt" = muon ] && args+=("optimizer.muon={lr: 0.02}")
   echo "== $name"
 
   # The reference: one rank, uninterrupted.

@@ -200,11 +200,11 @@ TEST_F(Checkpoints, SaveAndLoadRoundTrip) {
 }
 
 // For every optimizer (8-bit AdamW: quantised and small-tensor state; Adafactor: row/column
-// statistics and packed v): 8 steps in one go and 4 + 4 with a resume give identical losses and
-// byte-identical final checkpoints.
+// statistics and packed v; Muon: the matrices' momentum buffers): 8 steps in one go and 4 + 4 with a resume give
+// identical losses and byte-identical final checkpoints.
 TEST_F(Checkpoints, ResumeIsBitExact) {
   const std::int64_t steps = 8, half = 4;
-  for (const std::string type : {"adamw", "adamw8bit", "adafactor"}) {
+  for (const std::string type : {"adamw", "adamw8bit", "adafactor", "muon"}) {
     SCOPED_TRACE(type);
     const std::vector<std::string> optimizer = {"optimizer.type=" + type};
     const std::string whole_run = "whole-" + type, split_run = "split-" + type;

@@ -360,6 +360,7 @@ TEST_F(ConfigFiles, ResolvedYamlRoundTrips) {
           "sample: {every: 5, prompt: \"  line one:\\n\\tline # two \"}\n",
       base() + "optimizer: {type: adafactor, relative_step: false}\nschedule: {type: wsd, decay_ratio: 0.1}\n",
       base() + "optimizer: {type: adamw8bit, lr: 6.1e-4, betas: [0.85, 0.975], min_8bit_size: 17}\n",
+      base() + "device: cpu\noptimizer: {type: muon, muon: {lr: 0.02, ns_steps: 3, adjust_lr: match_rms_adamw}}\n",
   };
   for (const std::string& yaml : configs) {
     const trainer::RunConfig original =
