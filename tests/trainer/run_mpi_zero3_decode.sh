@@ -26,7 +26,7 @@ work=$(mktemp -d)
 . "$(dirname "$0")/mpi_common.sh"
 mpi_setup
 tasks="[$source/data/tasks/kjv_next_verse.jsonl, $source/data/tasks/kjv_verse_completion.jsonl]"
-args=(training.max_steps=4 checkpoint.every=0 checkpoint.resume=never data.seq_len=96 sample.every=2 sample.tokens=16
+args=(training.max_steps=4 checkpoint.every=0 checkpoint.resume=never data.seq_len=256 sample.every=2 sample.tokens=16
       eval.every=2 eval.batches=7 "eval.tasks=$tasks" eval.tasks_every=2 eval.tasks_limit=7)
 
 # What ZeRO-3 must reproduce (RUN_DIR LOG): the samples, validation losses and task metrics of
