@@ -305,9 +305,6 @@ class TrainLoop {
   // The device context and the communicator of this rank.
   void open_devices() {
     check_zero_stage(config_, *spec_);
-    if (config_.parallel.zero_stage == 3 && cuda_ && lead_) {
-      spdlog::warn("parallel.zero_stage 3 on cuda has not yet been run on a GPU by its tests (only on cpu)");
-    }
     const int gpus = cuda_ ? core::cuda_device_count() : 0;
     if (cuda_ && gpus == 0) {
       throw core::InputError("device: cuda was requested but no CUDA device is available (use device=cpu)");
