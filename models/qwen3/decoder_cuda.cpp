@@ -75,6 +75,7 @@ struct Qwen3CudaDecoder::Impl {
     const std::int64_t d = c.hidden_size, qs = c.q_size(), f = c.intermediate_size;
     const float eps = static_cast<float>(c.rms_norm_eps);
     const std::int32_t* pos = at<std::int32_t>(device_position);
+    const auto layout = decode::KvLayout::packed(static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim));
     // A branch's first product: the residual row x, RMS-normalised with `norm`, times `weight`
     // [rows, d], into `out` through `epilogue`.
     auto normed_matvec = [&](int weight, std::int64_t rows, int norm, bf16* out, decode::Epilogue epilogue) {
@@ -93,7 +94,7 @@ struct Qwen3CudaDecoder::Impl {
       decode::qk_norm_rope_append(at<bf16>(qkv), w(lw.q_norm), w(lw.k_norm), static_cast<int>(c.num_heads),
                                   static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim), eps,
                                   at<double>(inv_freq), pos, at<bf16>(q), k_cache(l), v_cache(l), stream);
-      decode::cached_attention(at<bf16>(q), qs, k_cache(l), v_cache(l), cache_view().at, static_cast<int>(c.num_heads),
+      decode::cached_attention(at<bf16>(q), qs, k_cache(l), v_cache(l), layout, static_cast<int>(c.num_heads),
                                static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim), pos, 1, splits,
                                at<float>(partial), at<bf16>(att), stream);
       decode::matvec({.weight = w(lw.o_proj), .rows = d, .in = qs, .x = at<bf16>(att), .out = at<bf16>(x)},

@@ -152,6 +152,7 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
   if (config.hidden_size % 8 != 0 || config.intermediate_size % 8 != 0) {
     throw core::InputError("qwen3 megakernel: hidden and intermediate sizes must be multiples of 8");
   }
+  if (settings.max_prefill_chunk <= 0) throw core::InputError("qwen3 megakernel: max_prefill_chunk must be positive");
 
   mk::Dims d;
   d.hidden = static_cast<int>(config.hidden_size);
@@ -303,7 +304,6 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
   m.prompt_id = reinterpret_cast<std::int32_t*>(t + prompt_id_at);
   m.argmax_workspace = core::Buffer(context.device(), ops::sample_cuda_workspace_bytes(config.vocab_size));
   CUDA_CHECK(cudaMemsetAsync(m.logits, 0, static_cast<std::size_t>(d.vocab) * 4, m.stream));
-  if (settings.max_prefill_chunk <= 0) throw core::InputError("qwen3 megakernel: max_prefill_chunk must be positive");
   m.prompt = std::make_unique<Qwen3CudaPrefill>(
       config, slab, context, std::min(m.capacity, settings.max_prefill_chunk),
       decode::default_attention_splits(context.multiprocessor_count(), config.num_kv_heads), options.whole_mirror);
