@@ -5,7 +5,8 @@
 // the time, best of 5). The floor of a token at position p is (weight bytes + cache bytes of the p
 // earlier positions) / bandwidth; a run's floor sums it over its tokens.
 // Per geometry variant (--variants, e.g. "w8-p32-n0-s16-c128": consumer warps, page KB, pages (0:
-// as many as fit), max attention splits, min chunk; "-noevict", "-b<blocks>" optional):
+// as many as fit), max attention splits, min chunk; "-noevict", "-b<blocks>", "-f<pages in flight>"
+// optional; p0: the page size the decoder picks for the model):
 //   prompt --prompt tokens (teacher-forced), then --new-tokens greedy tokens in one launch, and
 //   the same with one launch per token; then at each --contexts position (a cache of random rows),
 //   --context-tokens greedy tokens in one launch; and a --prefill-tokens prompt (default 512)
@@ -124,6 +125,7 @@ q3::MegakernelSettings parse_variant(const std::string& text) {
       case 's': s.max_splits = value; break;
       case 'c': s.min_chunk = value; break;
       case 'b': s.blocks = value; break;
+      case 'f': s.inflight_pages = value; break;
       default: throw core::InputError("variant '" + text + "': unknown part '" + part + "'");
     }
   }
@@ -144,7 +146,7 @@ std::vector<std::string> split_list(const std::string& text) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Qwen3 decode megakernel benchmark"};
-  std::string presets = "qwen3-0.6b", variants = "w8-p32-n0-s16-c128", contexts = "1024,8192,32768", out;
+  std::string presets = "qwen3-0.6b", variants = "w8-p0-n0-s16-c128", contexts = "1024,8192,32768", out;
   std::int64_t prompt = 32, new_tokens = 1024, context_tokens = 128, prefill_tokens = 512;
   int repeats = 3;
   bool plain = true, per_token = true;

@@ -301,6 +301,7 @@ __device__ void run_producer(const Params& p, unsigned char* smem, std::uint64_t
   const std::uint64_t policy = evict_first_policy();
   const bool hint = p.evict_first != 0;
   Ring ring;
+  Ring oldest;  // the page issued `g.inflight` pages before the next one
   std::int64_t issued = 0;
   for (int t = 0; t < p.tokens; ++t) {
     const std::int64_t position = p.position + t;
@@ -329,6 +330,14 @@ __device__ void run_producer(const Params& p, unsigned char* smem, std::uint64_t
           while (!mbar_test(empty + ring.slot, ring.phase ^ 1u)) {
             if (!w.again(ring.phase ^ 1u, 0)) return drain(full, ring, g.pages, issued);
           }
+        }
+        if (g.inflight > 0 && issued >= g.inflight) {
+          // At most g.inflight pages in flight: copies queued in L2 delay every hand-off behind them.
+          Waiter w(p, {-1, u.layer, t}, wait_page_full);
+          while (!mbar_test(full + oldest.slot, oldest.phase)) {
+            if (!w.again(oldest.phase, 0)) return drain(full, ring, g.pages, issued);
+          }
+          oldest.advance(g.pages);
         }
         unsigned char* dst = smem + static_cast<std::size_t>(ring.slot) * g.page_bytes;
         std::uint64_t* bar = full + ring.slot;

@@ -51,6 +51,7 @@ struct Geometry {
   int pages = 0;           // pages in the ring
   int max_splits = 0;      // attention chunks per kv head, at most (the chunk slots)
   int min_chunk = 0;       // positions per attention chunk, at least (rounded up to whole pages)
+  int inflight = 0;        // pages a producer has in flight at most (0: the whole ring)
 };
 
 // Elements of one row of a matrix unit (its dot-product length).
@@ -282,7 +283,8 @@ struct Schedule {
   int max_unit_rows = 0;  // largest o_proj or down unit (residual rows staged in shared memory)
 };
 
-// Matrix phases are cut into min(rows, blocks) row ranges of near-equal size, unit i on block i;
+// Matrix phases are cut into at most `blocks` row ranges of near-equal size (whole 8-row granules
+// except lm_head's), unit i on block i;
 // attention slot s (kv head s % kv_heads, chunk s / kv_heads) on block s % blocks; the argmax on
 // the last block. Every block lists its units layer by layer in phase order.
 Schedule build_schedule(const Dims& d, const Geometry& g);

@@ -50,6 +50,19 @@ const char* what_name(int what) {
   }
 }
 
+// Page size when the settings leave it open. With one page in flight a block streams about one
+// page per copy latency: 32 KB where a token is bound by its chain of hand-offs (a layer's weights
+// are a few hundred KB a block: Qwen3-0.6B), 48 KB where the weights bound it (Qwen3-1.7B, 0.76 MB
+// a block); measured on an H100 (docs/megakernel.md). Never less than the longest row.
+int default_page_bytes(const mk::Dims& d, int blocks) {
+  const std::int64_t layer_bytes =
+      2 * (static_cast<std::int64_t>(d.qkv_size) * d.hidden + static_cast<std::int64_t>(d.hidden) * d.q_size +
+           3 * static_cast<std::int64_t>(d.ffn) * d.hidden);
+  const int page = layer_bytes / std::max(1, blocks) > 512 * 1024 ? 48 * 1024 : 32 * 1024;
+  const int longest_row = 2 * std::max({d.hidden, d.q_size, d.ffn});
+  return std::max(page, (longest_row + 1023) / 1024 * 1024);
+}
+
 }  // namespace
 
 struct MegakernelDecoder::Impl {
@@ -171,9 +184,10 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
   mk::Geometry g;
   g.blocks = settings.blocks > 0 ? settings.blocks : std::max(1, context.multiprocessor_count());
   g.consumer_warps = settings.consumer_warps;
-  g.page_bytes = settings.page_bytes;
+  g.page_bytes = settings.page_bytes > 0 ? settings.page_bytes : default_page_bytes(d, g.blocks);
   g.max_splits = settings.max_splits;
   g.min_chunk = settings.min_chunk;
+  g.inflight = settings.inflight_pages;
   const int max_smem = mk::megakernel_max_smem(d.head_dim, d.group);
   if (settings.pages > 0) {
     g.pages = settings.pages;
@@ -556,7 +570,8 @@ std::size_t MegakernelDecoder::cache_bytes_read(std::int64_t position) const {
 std::string MegakernelDecoder::describe() const {
   const mk::Geometry& g = impl_->base.geo;
   return std::to_string(g.blocks) + " blocks x " + std::to_string(g.consumer_warps) + "+1 warps, " +
-         std::to_string(g.pages) + " pages x " + std::to_string(g.page_bytes / 1024) + " KB, splits " +
+         std::to_string(g.pages) + " pages x " + std::to_string(g.page_bytes / 1024) + " KB (" +
+         (g.inflight > 0 ? std::to_string(g.inflight) : std::string("all")) + " in flight), splits " +
          std::to_string(g.max_splits) + ", min chunk " + std::to_string(g.min_chunk);
 }
 

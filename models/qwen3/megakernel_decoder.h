@@ -28,7 +28,8 @@ namespace models::qwen3 {
 // How the kernel is laid over the GPU (bench/megakernel_bench sweeps these).
 struct MegakernelSettings {
   int consumer_warps = 8;                 // computing warps per block (one more streams weights)
-  int page_bytes = 32768;                 // shared-memory page of the weight/cache ring
+  int page_bytes = 0;                     // shared-memory page of the weight/cache ring; 0: by the model
+  int inflight_pages = 1;                 // copies a block has in flight (0: as many as free pages)
   int pages = 0;                          // pages in the ring; 0: as many as fit
   int max_splits = 16;                    // attention chunks per kv head at long contexts
   int min_chunk = 128;                    // positions per attention chunk, at least

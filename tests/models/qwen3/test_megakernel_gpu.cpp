@@ -332,7 +332,7 @@ TEST(MegakernelGpu, Qwen3_06BShapeOneLaunchEqualsSteps) {
 // The cross-block protocol under load (racecheck sees only shared memory): random shapes, seeds,
 // geometries and prompts; 1,500 greedy tokens in one launch and again in launches of random
 // lengths must agree bit for bit (ids and the last logits: a lost or early hand-off would change
-// some value), and every id must be the argmax of the same sequence's teacher-forced logits.
+// some value), and every id must be the argmax of the logits it follows.
 TEST(MegakernelGpu, StressLaunchPartitionsAgreeBitForBit) {
   REQUIRE_CUDA();
   std::mt19937_64 rng(test::fresh_seed());
@@ -359,6 +359,7 @@ TEST(MegakernelGpu, StressLaunchPartitionsAgreeBitForBit) {
 
     q3::MegakernelDecoder one(m.config, *m.device, m.gpu, {.max_tokens = total}, c.geometry);
     one.prefill(prompt);
+    const auto after_prompt = download(one.logits(), v);
     one.greedy(kNew - 1, one_d.as<std::int32_t>());
     one.check();
     const auto one_last = download(one.logits(), v);
@@ -382,13 +383,15 @@ TEST(MegakernelGpu, StressLaunchPartitionsAgreeBitForBit) {
     EXPECT_EQ(one_last, parts_last) << what << ": last logits, one launch vs " << launches << " launches";
 
     // Teacher forcing the same sequence (the same prompt path, then the kernel in one launch): its
-    // logits pick every greedy id.
+    // logits pick every greedy id after the first. The first is the argmax of the prompt's last
+    // logits; the forced run asks the prompt pass for every position's logits, a product of
+    // another shape whose rounding may differ (an exact tie in one and not the other was seen).
+    std::int64_t wrong = models::ops::sample_cpu({after_prompt.data(), v}, {}, 0.0f) != ids_one[0] ? 1 : 0;
     std::vector<std::int32_t> sequence = prompt;
     sequence.insert(sequence.end(), ids_one.begin(), ids_one.end());
     q3::MegakernelDecoder forced(m.config, *m.device, m.gpu, {.max_tokens = total}, c.geometry);
     const auto rows = mega_logits(forced, sequence, Drive::prefill_then_append, vocab, prompt.size());
-    std::int64_t wrong = 0;
-    for (std::size_t t = 0; t < ids_one.size(); ++t) {
+    for (std::size_t t = 1; t < ids_one.size(); ++t) {
       const float* row = &rows[(prompt.size() - 1 + t) * v];
       if (models::ops::sample_cpu({row, v}, {}, 0.0f) != ids_one[t]) ++wrong;
     }
