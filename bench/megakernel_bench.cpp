@@ -146,7 +146,7 @@ std::vector<std::string> split_list(const std::string& text) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Qwen3 decode megakernel benchmark"};
-  std::string presets = "qwen3-0.6b", variants = "w8-p0-n0-s16-c128", contexts = "1024,8192,32768", out;
+  std::string presets = "qwen3-0.6b", variants = "w8-p0-n0-s16-c64", contexts = "1024,8192,32768", out;
   std::int64_t prompt = 32, new_tokens = 1024, context_tokens = 128, prefill_tokens = 512;
   int repeats = 3;
   bool plain = true, per_token = true;

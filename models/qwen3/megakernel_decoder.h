@@ -32,7 +32,7 @@ struct MegakernelSettings {
   int inflight_pages = 1;                 // copies a block has in flight (0: as many as free pages)
   int pages = 0;                          // pages in the ring; 0: as many as fit
   int max_splits = 16;                    // attention chunks per kv head at long contexts
-  int min_chunk = 128;                    // positions per attention chunk, at least
+  int min_chunk = 64;                     // positions per attention chunk, at least
   int blocks = 0;                         // persistent blocks; 0: one per multiprocessor
   bool evict_first = true;                // stream weights and cache with an L2 evict-first hint
   double timeout_seconds = 5.0;           // a spin longer than this aborts the launch (core::Error)
