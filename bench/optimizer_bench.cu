@@ -17,6 +17,7 @@
 // the same shapes in the same run (bench/plain_gemm.h: `gemm_tflops`), and their ratio
 // `ns_over_gemm`; `gemm_square_tflops` is a large square product's rate, the GPU's bf16 rate.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -145,11 +146,15 @@ void time_newton_schulz(const core::DeviceContext& ctx, const optim::SlabLayout&
   core::Buffer gram(ctx.device(), static_cast<std::size_t>(buffers.gram_elements) * bf16);
   core::Buffer poly(ctx.device(), static_cast<std::size_t>(buffers.gram_elements) * bf16);
   core::Buffer workspace(ctx.device(), bench::PlainGemm::kWorkspaceBytes);
-  // Small values keep X's singular values below 1, where the iteration stays bounded.
-  fill_bf16(x[0], 11, 1e-4f, ctx.stream());
-  fill_bf16(x[1], 12, 1e-4f, ctx.stream());
-  fill_bf16(gram, 13, 1e-4f, ctx.stream());
-  fill_bf16(poly, 14, 1e-4f, ctx.stream());
+  // X's Frobenius norm at most 1, as the optimizer's normalisation leaves it, so the iterates stay
+  // bounded (the ping-pong overwrites x[0] from one timed call to the next).
+  std::int64_t largest = 1;
+  for (const optim::NewtonSchulzGroup& g : buffers.groups) largest = std::max(largest, g.r * g.c);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(largest));
+  fill_bf16(x[0], 11, scale, ctx.stream());
+  fill_bf16(x[1], 12, scale, ctx.stream());
+  fill_bf16(gram, 13, scale, ctx.stream());
+  fill_bf16(poly, 14, scale, ctx.stream());
   auto at = [&](core::Buffer& b, std::int64_t element) {
     return static_cast<char*>(b.data()) + element * static_cast<std::int64_t>(bf16);
   };
@@ -167,7 +172,9 @@ void time_newton_schulz(const core::DeviceContext& ctx, const optim::SlabLayout&
     }
   });
 
-  // The same products, plain: A = X X^T ([r, r] from [r, c]), A A, B X ([r, c] from [r, r] and [r, c]).
+  // The same products, plain: A = X X^T ([r, r] from [r, c]), A A, B X ([r, c] from [r, r] and
+  // [r, c]). They read only x[0] and gram (left bounded by the iterations above) and write only
+  // poly and x[1], so their operands do not grow from one call to the next.
   struct Plain {
     std::unique_ptr<bench::PlainGemm> gemm;
     const void *a, *b;
@@ -180,11 +187,11 @@ void time_newton_schulz(const core::DeviceContext& ctx, const optim::SlabLayout&
     const bench::GemmShape products[3] = {{g.r, g.r, g.c, g.batch, xs, xs, gs},
                                           {g.r, g.r, g.r, g.batch, gs, gs, gs},
                                           {g.r, g.c, g.r, g.batch, gs, xs, xs}};
-    plain.push_back({std::make_unique<bench::PlainGemm>(ctx.cublaslt(), products[0]), at(x[0], g.x), at(x[1], g.x),
-                     at(gram, g.gram)});
+    plain.push_back({std::make_unique<bench::PlainGemm>(ctx.cublaslt(), products[0]), at(x[0], g.x), at(x[0], g.x),
+                     at(poly, g.gram)});
     plain.push_back({std::make_unique<bench::PlainGemm>(ctx.cublaslt(), products[1]), at(gram, g.gram),
                      at(gram, g.gram), at(poly, g.gram)});
-    plain.push_back({std::make_unique<bench::PlainGemm>(ctx.cublaslt(), products[2]), at(poly, g.gram), at(x[0], g.x),
+    plain.push_back({std::make_unique<bench::PlainGemm>(ctx.cublaslt(), products[2]), at(gram, g.gram), at(x[0], g.x),
                      at(x[1], g.x)});
   }
   const double gemm_ms = median_ms(ctx, warmup, reps, [&] {

@@ -13,8 +13,8 @@ PlainGemm::PlainGemm(cublasLtHandle_t handle, const GemmShape& shape) : handle_(
   b_ = optim::bf16_strided_layout(shape.k, shape.n, shape.k, shape.batch, shape.stride_b);
   d_ = optim::bf16_strided_layout(shape.m, shape.n, shape.m, shape.batch, shape.stride_d);
   algo_ = optim::first_algorithm(handle_, desc_, a_, b_, d_, d_, kWorkspaceBytes,
-                                 "plain product [" + std::to_string(shape.m) + ", " + std::to_string(shape.k) + "] x [" +
-                                     std::to_string(shape.k) + ", " + std::to_string(shape.n) + "] x " +
+                                 "plain product [" + std::to_string(shape.m) + ", " + std::to_string(shape.k) +
+                                     "] x [" + std::to_string(shape.k) + ", " + std::to_string(shape.n) + "] x " +
                                      std::to_string(shape.batch));
 }
 

@@ -14,7 +14,9 @@ namespace bench {
 struct GemmShape {
   std::int64_t m = 0, n = 0, k = 0, batch = 1;
   std::int64_t stride_a = 0, stride_b = 0, stride_d = 0;  // elements between a batch's matrices
-  double flop() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(batch); }
+  double flop() const {
+    return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(batch);
+  }
 };
 
 class PlainGemm {

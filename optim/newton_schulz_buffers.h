@@ -20,8 +20,8 @@ struct NewtonSchulzGroup {
 };
 
 struct NewtonSchulzBuffers {
-  std::vector<int> order;         // plan.touched sorted by shape (stable): the X buffers' order
-  std::vector<std::int64_t> x;    // per entry of order: its first element in the X buffers
+  std::vector<int> order;       // plan.touched sorted by shape (stable): the X buffers' order
+  std::vector<std::int64_t> x;  // per entry of order: its first element in the X buffers
   std::vector<NewtonSchulzGroup> groups;
   std::int64_t x_elements = 0;     // of each of the two X buffers (the iterations alternate)
   std::int64_t gram_elements = 0;  // of the Gram buffer and of the polynomial buffer
