@@ -39,7 +39,8 @@ class CompiledMuon:
 
     def __init__(self, muon, mode):
         self.muon = muon
-        self.update = torch.compile(matrix_update, mode=mode, dynamic=False, fullgraph=True)
+        # No fullgraph: a graph break in a later torch version still runs, in pieces.
+        self.update = torch.compile(matrix_update, mode=mode, dynamic=False)
 
     @torch.no_grad()
     def step(self):
