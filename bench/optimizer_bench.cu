@@ -12,17 +12,30 @@
 //              momentum reads g and buf, writes buf and the assembly (16), the normalisation reads
 //              the assembly and writes bf16 X (6), the update reads X and w, writes w, mirror,
 //              g=0 (16): 42, plus Newton-Schulz's products (counted as FLOPs, `ns_flop`)
+// With muon it also times Newton-Schulz's products alone (the step's cuBLASLt products over every
+// matrix, as the optimizer batches them by shape: `ns_tflops`) and plain bf16 cuBLASLt products of
+// the same shapes in the same run (bench/plain_gemm.h: `gemm_tflops`), and their ratio
+// `ns_over_gemm`; `gemm_square_tflops` is a large square product's rate, the GPU's bf16 rate.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include <cuda_bf16.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/plain_gemm.h"
 #include "bench/qwen3_params.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "optim/muon_gemm.h"
+#include "optim/muon_load.h"
+#include "optim/muon_plan.h"
+#include "optim/newton_schulz_buffers.h"
 #include "optim/optimizer.h"
 
 namespace {
@@ -40,6 +53,19 @@ void fill(core::Buffer& b, std::uint64_t seed, float scale, cudaStream_t stream)
   CUDA_CHECK_LAUNCH("fill_normal");
 }
 
+__global__ void fill_normal_bf16(__nv_bfloat16* x, std::int64_t n, std::uint64_t seed, float scale) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    x[i] = __float2bfloat16(scale * core::normal01(seed, static_cast<std::uint64_t>(i)));
+  }
+}
+
+void fill_bf16(core::Buffer& b, std::uint64_t seed, float scale, cudaStream_t stream) {
+  const auto n = static_cast<std::int64_t>(b.bytes() / 2);
+  fill_normal_bf16<<<4096, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(b.data()), n, seed, scale);
+  CUDA_CHECK_LAUNCH("fill_normal_bf16");
+}
+
 // Bytes per parameter element a step must move at least (see the header comment).
 double step_bytes_per_element(const std::string& type, const optim::SlabLayout& layout) {
   if (type == "adamw") return 38.0;
@@ -52,19 +78,6 @@ double step_bytes_per_element(const std::string& type, const optim::SlabLayout& 
     return (42.0 * matrix + 38.0 * (all - matrix)) / all;
   }
   throw core::Error("no byte count for optimizer type '" + type + "'");
-}
-
-// FLOPs of Newton-Schulz per step (muon): per [r, c] matrix, r <= c, and iteration, X X^T (2 r^2 c),
-// A A (2 r^3) and B X (2 r^2 c).
-double newton_schulz_flop(const optim::SlabLayout& layout, std::int64_t steps) {
-  double flop = 0;
-  for (const auto& t : layout.parameters()) {
-    if (!t.spec.hidden_matrix) continue;
-    const double r = static_cast<double>(std::min(t.spec.shape[0], t.spec.shape[1]));
-    const double c = static_cast<double>(std::max(t.spec.shape[0], t.spec.shape[1]));
-    flop += static_cast<double>(steps) * (4.0 * r * r * c + 2.0 * r * r * r);
-  }
-  return flop;
 }
 
 double median(std::vector<double> v) {
@@ -103,6 +116,109 @@ double copy_bandwidth_gbps(const core::DeviceContext& ctx, std::size_t bytes, in
     if (i >= 3) ms.push_back(e);
   }
   return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3) / 1e9;
+}
+
+// Median ms of `reps` timed calls of run() after `warmup` untimed ones.
+template <typename Run>
+double median_ms(const core::DeviceContext& ctx, int warmup, int reps, const Run& run) {
+  Timer t;
+  std::vector<double> ms;
+  for (int i = 0; i < warmup + reps; ++i) {
+    CUDA_CHECK(cudaEventRecord(t.start, ctx.stream()));
+    run();
+    CUDA_CHECK(cudaEventRecord(t.stop, ctx.stream()));
+    const double e = t.elapsed_ms();
+    if (i >= warmup) ms.push_back(e);
+  }
+  return median(ms);
+}
+
+// Newton-Schulz's products alone, as Muon runs them (every matrix of the layout, one strided batch
+// per shape and product, `steps` iterations), against plain bf16 products of the same shapes on the
+// same buffers, and a large square product. `flop`: Newton-Schulz's per step. Adds the figures to `out`.
+void time_newton_schulz(const core::DeviceContext& ctx, const optim::SlabLayout& layout, std::int64_t steps,
+                        double flop, int warmup, int reps, nlohmann::json& out) {
+  const optim::MuonPlan plan = optim::make_muon_plan(layout, {0, layout.total_elements()});
+  const optim::NewtonSchulzBuffers buffers = optim::newton_schulz_buffers(plan);
+  const std::size_t bf16 = 2;
+  core::Buffer x[2] = {core::Buffer(ctx.device(), static_cast<std::size_t>(buffers.x_elements) * bf16),
+                       core::Buffer(ctx.device(), static_cast<std::size_t>(buffers.x_elements) * bf16)};
+  core::Buffer gram(ctx.device(), static_cast<std::size_t>(buffers.gram_elements) * bf16);
+  core::Buffer poly(ctx.device(), static_cast<std::size_t>(buffers.gram_elements) * bf16);
+  core::Buffer workspace(ctx.device(), bench::PlainGemm::kWorkspaceBytes);
+  // X's Frobenius norm at most 1, as the optimizer's normalisation leaves it, so the iterates stay
+  // bounded (the ping-pong overwrites x[0] from one timed call to the next).
+  std::int64_t largest = 1;
+  for (const optim::NewtonSchulzGroup& g : buffers.groups) largest = std::max(largest, g.r * g.c);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(largest));
+  fill_bf16(x[0], 11, scale, ctx.stream());
+  fill_bf16(x[1], 12, scale, ctx.stream());
+  fill_bf16(gram, 13, scale, ctx.stream());
+  fill_bf16(poly, 14, scale, ctx.stream());
+  auto at = [&](core::Buffer& b, std::int64_t element) {
+    return static_cast<char*>(b.data()) + element * static_cast<std::int64_t>(bf16);
+  };
+  std::vector<std::unique_ptr<optim::NewtonSchulzGemms>> gemms;
+  for (const optim::NewtonSchulzGroup& g : buffers.groups) {
+    gemms.push_back(std::make_unique<optim::NewtonSchulzGemms>(ctx.cublaslt(), g.r, g.c, g.batch));
+  }
+  const double ns_ms = median_ms(ctx, warmup, reps, [&] {
+    for (std::int64_t step = 0; step < steps; ++step) {
+      const int from = static_cast<int>(step % 2);
+      for (std::size_t k = 0; k < gemms.size(); ++k) {
+        const optim::NewtonSchulzGroup& g = buffers.groups[k];
+        gemms[k]->iterate(at(x[from], g.x), at(x[1 - from], g.x), at(gram, g.gram), at(poly, g.gram), ctx.stream());
+      }
+    }
+  });
+
+  // The same products, plain: A = X X^T ([r, r] from [r, c]), A A, B X ([r, c] from [r, r] and
+  // [r, c]). They read only x[0] and gram (left bounded by the iterations above) and write only
+  // poly and x[1], so their operands do not grow from one call to the next.
+  struct Plain {
+    std::unique_ptr<bench::PlainGemm> gemm;
+    const void *a, *b;
+    void* d;
+  };
+  std::vector<Plain> plain;
+  for (const optim::NewtonSchulzGroup& g : buffers.groups) {
+    const std::int64_t xs = optim::NewtonSchulzGemms::x_stride(g.r, g.c),
+                       gs = optim::NewtonSchulzGemms::gram_stride(g.r);
+    const bench::GemmShape products[3] = {{g.r, g.r, g.c, g.batch, xs, xs, gs},
+                                          {g.r, g.r, g.r, g.batch, gs, gs, gs},
+                                          {g.r, g.c, g.r, g.batch, gs, xs, xs}};
+    plain.push_back({std::make_unique<bench::PlainGemm>(ctx.cublaslt(), products[0]), at(x[0], g.x), at(x[0], g.x),
+                     at(poly, g.gram)});
+    plain.push_back({std::make_unique<bench::PlainGemm>(ctx.cublaslt(), products[1]), at(gram, g.gram),
+                     at(gram, g.gram), at(poly, g.gram)});
+    plain.push_back({std::make_unique<bench::PlainGemm>(ctx.cublaslt(), products[2]), at(gram, g.gram), at(x[0], g.x),
+                     at(x[1], g.x)});
+  }
+  const double gemm_ms = median_ms(ctx, warmup, reps, [&] {
+    for (std::int64_t step = 0; step < steps; ++step) {
+      for (const Plain& p : plain) p.gemm->run(p.a, p.b, p.d, workspace.data(), ctx.stream());
+    }
+  });
+
+  const std::int64_t n = 8192;
+  core::Buffer square[3] = {core::Buffer(ctx.device(), static_cast<std::size_t>(n * n) * bf16),
+                            core::Buffer(ctx.device(), static_cast<std::size_t>(n * n) * bf16),
+                            core::Buffer(ctx.device(), static_cast<std::size_t>(n * n) * bf16)};
+  fill_bf16(square[0], 21, 1e-2f, ctx.stream());
+  fill_bf16(square[1], 22, 1e-2f, ctx.stream());
+  const bench::GemmShape shape{n, n, n, 1, n * n, n * n, n * n};
+  const bench::PlainGemm big(ctx.cublaslt(), shape);
+  const double square_ms = median_ms(ctx, warmup, reps, [&] {
+    big.run(square[0].data(), square[1].data(), square[2].data(), workspace.data(), ctx.stream());
+  });
+
+  out["ns_ms"] = ns_ms;
+  out["ns_tflops"] = flop / (ns_ms * 1e-3) / 1e12;
+  out["gemm_ms"] = gemm_ms;
+  out["gemm_tflops"] = flop / (gemm_ms * 1e-3) / 1e12;
+  out["ns_over_gemm"] = gemm_ms / ns_ms;
+  out["gemm_square_tflops"] = shape.flop() / (square_ms * 1e-3) / 1e12;
+  out["ns_over_square"] = (flop / ns_ms) / (shape.flop() / square_ms);
 }
 
 }  // namespace
@@ -217,11 +333,12 @@ int main(int argc, char** argv) {
     if (type == "muon") {
       // Newton-Schulz's rate is bounded below by its FLOPs over the whole update phase (which also
       // holds the normalisation, the matrices' update and AdamW's launch).
-      const double flop = newton_schulz_flop(layout, config.muon.ns_steps);
+      const double flop = optim::muon_load(layout, 1, config.muon.ns_steps).flop;
       out["ns_flop"] = flop;
       for (auto& entry : out["sweep"]) {
         entry["update_phase_tflops"] = flop / (entry["phase_ms"][2].get<double>() * 1e-3) / 1e12;
       }
+      time_newton_schulz(ctx, layout, config.muon.ns_steps, flop, warmup, reps, out);
     }
     std::printf("%s\n", out.dump().c_str());
     return 0;

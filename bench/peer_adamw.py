@@ -71,11 +71,14 @@ def time_steps(params, grads, model_bf16, optimizers, set_to_none, warmup, reps)
     return statistics.median(times)
 
 
-def timing_args():
-    """--warmup (untimed steps) and --reps (timed steps, median reported)."""
+def timing_args(add_arguments=None):
+    """--warmup (untimed steps) and --reps (timed steps, median reported), and what
+    add_arguments(parser) adds."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=30)
+    if add_arguments is not None:
+        add_arguments(ap)
     return ap.parse_args()
 
 

@@ -1,7 +1,8 @@
-// One full training step of Qwen3 on one GPU (forward, backward, AdamW with clipping), random
-// tokens: median step time, tokens/s, MFU ((6N + 6*L*H*hd*T) FLOPs per token against 989 TFLOP/s
-// dense bf16) and device memory in use. The transformers peer is bench/peer_qwen3_train.py;
-// bench/record.py joins the two.
+// One full training step of Qwen3 on one GPU (forward, backward, the optimizer with clipping:
+// AdamW, or with --optimizer muon Muon for the hidden matrices), random tokens: median step time,
+// the optimizer's part of it (`optimizer_ms`, its median, and `optimizer_share` of the step),
+// tokens/s, MFU ((6N + 6*L*H*hd*T) FLOPs per token against 989 TFLOP/s dense bf16) and device
+// memory in use. The transformers peer is bench/peer_qwen3_train.py; bench/record.py joins the two.
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -17,7 +18,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"Qwen3 training-step benchmark"};
-  std::string preset = "qwen3-0.6b", recompute = "none";
+  std::string preset = "qwen3-0.6b", recompute = "none", optimizer_type = "adamw";
   std::int64_t batch = 8, seq = 2048;
   int warmup = 3, steps = 10;
   app.add_option("--preset", preset);
@@ -26,6 +27,8 @@ int main(int argc, char** argv) {
   app.add_option("--recompute", recompute, "none | mlp | full");
   app.add_option("--warmup", warmup);
   app.add_option("--steps", steps);
+  app.add_option("--optimizer", optimizer_type, "adamw | muon (Muon's defaults, muon.lr 0.02)")
+      ->check(CLI::IsMember({"adamw", "muon"}));
   CLI11_PARSE(app, argc, argv);
   try {
     std::size_t free0 = 0, total = 0;
@@ -41,6 +44,7 @@ int main(int argc, char** argv) {
     const auto model_owner = spec->trainable(slab, ctx, {.max_tokens = batch * seq});
     models::TrainableModel& model = *model_owner;
     optim::OptimizerConfig oc;
+    oc.type = optimizer_type;
     oc.lr = 3e-4;
     oc.grad_clip = 1.0;
     const auto optimizer = optim::make_optimizer(oc, slab, ctx);
@@ -66,33 +70,44 @@ int main(int argc, char** argv) {
     core::copy_bytes(targets_d.data(), targets.data(), targets_d.bytes(), ctx.stream());
     ctx.synchronize();
 
-    cudaEvent_t start, stop;
+    cudaEvent_t start, backward_done, stop;
     CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&backward_done));
     CUDA_CHECK(cudaEventCreate(&stop));
-    std::vector<double> ms;
+    std::vector<double> ms, optimizer_ms;
     for (int i = 0; i < warmup + steps; ++i) {
       CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
       model.forward_backward(ids_d.as<std::int32_t>(), targets_d.as<std::int32_t>(), batch, seq, 1.0f);
+      CUDA_CHECK(cudaEventRecord(backward_done, ctx.stream()));
       optimizer->step(oc.lr);
       CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
       CUDA_CHECK(cudaEventSynchronize(stop));
-      float e = 0;
+      float e = 0, opt = 0;
       CUDA_CHECK(cudaEventElapsedTime(&e, start, stop));
-      if (i >= warmup) ms.push_back(e);
+      CUDA_CHECK(cudaEventElapsedTime(&opt, backward_done, stop));
+      if (i >= warmup) {
+        ms.push_back(e);
+        optimizer_ms.push_back(opt);
+      }
     }
     std::size_t free1 = 0;
     CUDA_CHECK(cudaMemGetInfo(&free1, &total));
     float loss = 0;
     CUDA_CHECK(cudaMemcpy(&loss, model.loss(), 4, cudaMemcpyDeviceToHost));
     std::sort(ms.begin(), ms.end());
+    std::sort(optimizer_ms.begin(), optimizer_ms.end());
     const double med = ms[ms.size() / 2];
+    const double optimizer_med = optimizer_ms[optimizer_ms.size() / 2];
     const double params = static_cast<double>(spec->parameter_count());
     const double flops_per_token = spec->flops_per_token(seq);
     const double tok_s = static_cast<double>(n) / (med * 1e-3);
     const nlohmann::json out = {
-        {"bench", preset + " train step"},
+        {"bench", preset + (optimizer_type == "adamw" ? " train step" : " train step, " + optimizer_type)},
+        {"optimizer", optimizer_type},
         {"device", ctx.device_name()},
         {"ours_ms", med},
+        {"optimizer_ms", optimizer_med},
+        {"optimizer_share", optimizer_med / med},
         {"tok_s", tok_s},
         {"mfu", tok_s * flops_per_token / 989e12},
         {"memory_gib", static_cast<double>(free0 - free1) / (1 << 30)},

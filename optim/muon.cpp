@@ -7,6 +7,7 @@
 #include "optim/device_table.h"
 #include "optim/muon_math.h"
 #include "optim/newton_schulz.h"
+#include "optim/newton_schulz_buffers.h"
 #include "optim/update_epilogue.h"
 
 namespace optim {
@@ -28,34 +29,18 @@ Muon::Muon(const OptimizerConfig& config, Slab& slab, const core::DeviceContext&
 void Muon::prepare_cuda(const core::DeviceContext& context, std::int64_t chunk_elements) {
   const auto& tensors = slab_.layout().parameters();
   const Range owned = slab_.owned();
-  // The touched matrices grouped by Newton-Schulz shape [min, max]: each group's matrices are
-  // consecutive in the X buffers, as the strided-batched products need.
-  std::vector<int> order = plan_.touched;
-  auto shape = [&](int index) {
-    const MuonMatrix& m = plan_.matrices[static_cast<std::size_t>(index)];
-    return std::make_pair(std::min(m.rows, m.cols), std::max(m.rows, m.cols));
-  };
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return shape(a) < shape(b); });
+  const NewtonSchulzBuffers buffers = newton_schulz_buffers(plan_);
+  for (const NewtonSchulzGroup& g : buffers.groups) {
+    groups_.push_back({g.x, g.gram, std::make_unique<NewtonSchulzGemms>(context.cublaslt(), g.r, g.c, g.batch)});
+  }
   std::vector<MuonMatrixInfo> info;
   std::vector<int> table_index(plan_.matrices.size(), -1);
-  std::int64_t x = 0, gram = 0;  // elements of the X and Gram buffers, every matrix 256-byte aligned
-  for (std::size_t k = 0; k < order.size(); ++k) {
-    const MuonMatrix& m = plan_.matrices[static_cast<std::size_t>(order[k])];
-    const auto [r, c] = shape(order[k]);
-    if (k == 0 || shape(order[k - 1]) != shape(order[k])) {
-      std::int64_t batch = 0;
-      while (k + static_cast<std::size_t>(batch) < order.size() &&
-             shape(order[k + static_cast<std::size_t>(batch)]) == shape(order[k])) {
-        ++batch;
-      }
-      groups_.push_back({x, gram, std::make_unique<NewtonSchulzGemms>(context.cublaslt(), r, c, batch)});
-      gram += batch * NewtonSchulzGemms::gram_stride(r);
-    }
+  for (std::size_t k = 0; k < buffers.order.size(); ++k) {
+    const MuonMatrix& m = plan_.matrices[static_cast<std::size_t>(buffers.order[k])];
     const ParamSpec& spec = tensors[static_cast<std::size_t>(m.tensor)].spec;
-    table_index[static_cast<std::size_t>(order[k])] = static_cast<int>(info.size());
-    info.push_back({m.offset, m.rows, m.cols, m.packed, x, spec.lr_scale, spec.decay ? 1.0f : 0.0f,
+    table_index[static_cast<std::size_t>(buffers.order[k])] = static_cast<int>(info.size());
+    info.push_back({m.offset, m.rows, m.cols, m.packed, buffers.x[k], spec.lr_scale, spec.decay ? 1.0f : 0.0f,
                     muon_adjusted_lr(1.0, config_.muon.adjust_lr, m.rows, m.cols)});
-    x += NewtonSchulzGemms::x_stride(r, c);
   }
   std::vector<MuonChunk> chunks;
   for (const int index : plan_.touched) {
@@ -78,9 +63,9 @@ void Muon::prepare_cuda(const core::DeviceContext& context, std::int64_t chunk_e
   matrix_info_ = table_on_device(context, info);
   adamw_chunks_ = table_on_device(context, adamw);
   const std::size_t bf16 = 2;
-  for (auto& buffer : x_) buffer = core::Buffer(context.device(), static_cast<std::size_t>(x) * bf16);
-  gram_ = core::Buffer(context.device(), static_cast<std::size_t>(gram) * bf16);
-  poly_ = core::Buffer(context.device(), static_cast<std::size_t>(gram) * bf16);
+  for (auto& buffer : x_) buffer = core::Buffer(context.device(), static_cast<std::size_t>(buffers.x_elements) * bf16);
+  gram_ = core::Buffer(context.device(), static_cast<std::size_t>(buffers.gram_elements) * bf16);
+  poly_ = core::Buffer(context.device(), static_cast<std::size_t>(buffers.gram_elements) * bf16);
   context.synchronize();  // the host tables must outlive the copies
 }
 
@@ -88,6 +73,12 @@ std::vector<Partial> Muon::phase_partials(int phase) {
   if (phase == 0) return Optimizer::phase_partials(0);
   if (phase == 1) return {{assembly_.data(), core::DType::f32, static_cast<std::size_t>(plan_.packed_elements)}};
   return {};
+}
+
+std::int64_t Muon::buffer_bytes() const {
+  std::size_t bytes = assembly_.bytes() + gram_.bytes() + poly_.bytes();
+  for (const auto& buffer : x_) bytes += buffer.bytes();
+  return static_cast<std::int64_t>(bytes);
 }
 
 std::vector<StateBuffer> Muon::state_buffers() {

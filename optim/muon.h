@@ -74,6 +74,9 @@ class Muon final : public Optimizer {
   std::vector<StateBuffer> state_buffers() override;
 
   const MuonPlan& plan() const { return plan_; }
+  // Bytes of the working buffers beyond the state: the fp32 assembly buffer, and on cuda the bf16
+  // Newton-Schulz buffers (muon_load.h plans them without allocating).
+  std::int64_t buffer_bytes() const;
   // Per owned element: AdamW's m, or Muon's momentum buffer for hidden-matrix elements.
   core::Buffer& exp_avg() { return exp_avg_; }
   core::Buffer& exp_avg_sq() { return exp_avg_sq_; }  // AdamW's v (0 for hidden-matrix elements)

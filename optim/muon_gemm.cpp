@@ -7,10 +7,8 @@
 
 namespace optim {
 
-namespace {
-
-cublasLtMatrixLayout_t strided_layout(std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t batch,
-                                      std::int64_t stride) {
+cublasLtMatrixLayout_t bf16_strided_layout(std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t batch,
+                                           std::int64_t stride) {
   cublasLtMatrixLayout_t layout = nullptr;
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_16BF, static_cast<std::uint64_t>(rows),
                                           static_cast<std::uint64_t>(cols), ld));
@@ -21,7 +19,24 @@ cublasLtMatrixLayout_t strided_layout(std::int64_t rows, std::int64_t cols, std:
   return layout;
 }
 
-}  // namespace
+cublasLtMatmulAlgo_t first_algorithm(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                                     cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                     std::uint64_t workspace_bytes, const std::string& what) {
+  cublasLtMatmulPreference_t preference = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes));
+  const cublasStatus_t heuristic =
+      status == CUBLAS_STATUS_SUCCESS
+          ? cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, c, d, preference, 1, &result, &found)
+          : status;
+  (void)cublasLtMatmulPreferenceDestroy(preference);
+  CUBLAS_CHECK(heuristic);
+  if (found < 1) throw core::Error("cuBLASLt has no algorithm for " + what);
+  return result.algo;
+}
 
 NewtonSchulzGemms::NewtonSchulzGemms(cublasLtHandle_t handle, std::int64_t r, std::int64_t c, std::int64_t batch)
     : handle_(handle), r_(r), c_(c), batch_(batch) {
@@ -68,30 +83,15 @@ void NewtonSchulzGemms::make(Product& p, const Operand& a, const Operand& b, con
   const cublasOperation_t op_b = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-  p.a = strided_layout(a.rows, a.cols, a.ld, batch_, a.stride);
-  p.b = strided_layout(b.rows, b.cols, b.ld, batch_, b.stride);
-  p.c = strided_layout(d.rows, d.cols, d.ld, batch_, d.stride);
-  p.d = strided_layout(d.rows, d.cols, d.ld, batch_, d.stride);
+  p.a = bf16_strided_layout(a.rows, a.cols, a.ld, batch_, a.stride);
+  p.b = bf16_strided_layout(b.rows, b.cols, b.ld, batch_, b.stride);
+  p.c = bf16_strided_layout(d.rows, d.cols, d.ld, batch_, d.stride);
+  p.d = bf16_strided_layout(d.rows, d.cols, d.ld, batch_, d.stride);
   p.alpha = alpha;
   p.beta = beta;
-  cublasLtMatmulPreference_t preference = nullptr;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-  const std::uint64_t no_workspace = 0;
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
-      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace, sizeof(no_workspace));
-  const cublasStatus_t heuristic =
-      status == CUBLAS_STATUS_SUCCESS
-          ? cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.d, preference, 1, &result, &found)
-          : status;
-  (void)cublasLtMatmulPreferenceDestroy(preference);
-  CUBLAS_CHECK(heuristic);
-  if (found < 1) {
-    throw core::Error("newton-schulz products: cuBLASLt has no algorithm for " + what + " at [" + std::to_string(r_) +
-                      ", " + std::to_string(c_) + "] x " + std::to_string(batch_));
-  }
-  p.algo = result.algo;
+  p.algo = first_algorithm(handle_, p.desc, p.a, p.b, p.c, p.d, 0,
+                           "newton-schulz product " + what + " at [" + std::to_string(r_) + ", " + std::to_string(c_) +
+                               "] x " + std::to_string(batch_));
 }
 
 void NewtonSchulzGemms::run(const Product& p, const void* a, const void* b, const void* c, void* d,

@@ -15,6 +15,16 @@
 
 namespace optim {
 
+// A column-major bf16 [rows, cols] layout with leading dimension ld, `batch` matrices `stride`
+// elements apart.
+cublasLtMatrixLayout_t bf16_strided_layout(std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t batch,
+                                           std::int64_t stride);
+// cuBLASLt's first heuristic choice for D = op(A) op(B) (+ C) within `workspace_bytes`; throws
+// core::Error naming `what` when it has none.
+cublasLtMatmulAlgo_t first_algorithm(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                                     cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                     std::uint64_t workspace_bytes, const std::string& what);
+
 class NewtonSchulzGemms {
  public:
   NewtonSchulzGemms(cublasLtHandle_t handle, std::int64_t r, std::int64_t c, std::int64_t batch);

@@ -23,6 +23,25 @@ std::int64_t largest(const std::vector<optim::Range>& ranges) {
 
 std::string gib(std::int64_t bytes) { return fmt::format("{:.2f}", static_cast<double>(bytes) / kGiB); }
 
+// Muon's Newton-Schulz work per rank: the matrices its shard touches (optim/muon_load.h).
+std::string muon_table(const optim::MuonLoad& load, bool cuda) {
+  const double even = load.flop / static_cast<double>(load.ranks.size());
+  std::string out =
+      fmt::format("muon: Newton-Schulz ({} iterations) of the matrices each rank's shard touches\n", load.ns_steps);
+  out += fmt::format("{:<6} {:>9} {:>12} {:>9} {:>14}\n", "rank", "matrices", "TFLOP/step", "of even",
+                     cuda ? "buffers GiB" : "assembly GiB");
+  for (std::size_t r = 0; r < load.ranks.size(); ++r) {
+    const optim::MuonRankLoad& rank = load.ranks[r];
+    out += fmt::format("{:<6} {:>9} {:>12.4f} {:>8.2f}x {:>14}\n", r, rank.matrices, rank.flop / 1e12,
+                       even > 0 ? rank.flop / even : 1.0, gib(rank.bytes(cuda)));
+  }
+  out += fmt::format(
+      "busiest rank {:.2f}x an even split ({:.4f} TFLOP / {}); redundant work {:.1f}% (matrices split "
+      "between ranks)\n",
+      load.busiest_over_even(), load.flop / 1e12, load.ranks.size(), 100.0 * load.redundant());
+  return out;
+}
+
 }  // namespace
 
 bool shards_gradients(const RunConfig& config, int world) {
@@ -77,6 +96,11 @@ MemoryPlan plan_memory(const RunConfig& config, const models::ModelSpec& spec, i
   plan.terms.push_back({"gradients", 4 * cover.grad.size(), shard_grads ? "4S" : "4P"});
   plan.terms.push_back({"optimizer state", optim::optimizer_state_bytes(config.optimizer, layout, cover.owned),
                         config.optimizer.type + " over " + (stage >= 1 ? "S" : "P")});
+  if (config.optimizer.type == "muon") {
+    plan.muon = optim::muon_load(layout, stage, config.optimizer.muon.ns_steps);
+    plan.terms.push_back({"optimizer buffers", plan.muon->largest_bytes(cuda),
+                          cuda ? "muon: assembly 4M + bf16 Newton-Schulz, busiest rank" : "muon: assembly 4M"});
+  }
 
   std::int64_t comm = 0;
   std::string comm_formula;
@@ -123,6 +147,7 @@ std::string MemoryPlan::table() const {
                    : fmt::format("{:<22} {:>16} {:>9}  {}\n", t.name, "-", "-", t.formula);
   }
   out += fmt::format("{:<22} {:>16} {:>9}\n", "total", total_bytes(), gib(total_bytes()));
+  if (muon) out += muon_table(*muon, cuda);
   return out;
 }
 

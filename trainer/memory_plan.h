@@ -10,7 +10,9 @@
 //                  + on cpu at ZeRO-1/2 with N > 1 the whole-model fp32 copy the cpu model reads (4P)
 //   gradients:     4P, or 4S where they are sharded (cuda, ZeRO >= 2, N > 1, no accumulation)
 //   optimizer:     the optimizer's state over S (adamw 8 bytes an element, adamw8bit about 2,
-//                  adafactor its row/column statistics)
+//                  adafactor its row/column statistics); muon's working buffers besides: the
+//                  fp32 assembly buffer of every hidden matrix (4M, M their elements) and on cuda
+//                  the bf16 Newton-Schulz buffers of the busiest rank's matrices (optim/muon_load.h)
 //   communication: sharded gradients' staging 2 x 4R; ZeRO-3's gather buffers 2 x G (bf16 on
 //                  cuda, fp32 on cpu); NCCL's own buffers are not counted
 //   activations:   cuda: the model's activation memory for micro_batch_size x seq_len tokens
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "optim/muon_load.h"
 #include "trainer/config.h"
 
 namespace trainer {
@@ -47,10 +50,11 @@ struct MemoryPlan {
   std::int64_t micro_tokens = 0;   // micro_batch_size x seq_len
   std::int64_t accumulation = 1;
   std::int64_t tokens_per_step = 0;
-  std::vector<MemoryTerm> terms;  // weights, gradients, optimizer state, communication, activations
+  std::vector<MemoryTerm> terms;        // weights, gradients, optimizer state, communication, activations
+  std::optional<optim::MuonLoad> muon;  // muon: the Newton-Schulz work and buffers of each rank
 
   std::int64_t total_bytes() const;  // of the estimated terms
-  // The table `trainer --plan` prints.
+  // The table `trainer --plan` prints (with muon, each rank's Newton-Schulz load after it).
   std::string table() const;
 };
 

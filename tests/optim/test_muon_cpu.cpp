@@ -2,7 +2,8 @@
 // awkward shapes, the singular values it leaves, whole steps (matrices and the AdamW rest) against
 // torch.optim.Muon's formulas evaluated independently in double, the plan of matrices (parts left
 // unsplit by the layout, stacked matrices), simulated ZeRO shards stepping exactly like one rank,
-// and both non-finite policies.
+// both non-finite policies, and the per-rank load (Newton-Schulz FLOPs and buffers) against hand
+// counts.
 #include <cmath>
 #include <random>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "models/e29a/config.h"
 #include "models/qwen3/config.h"
 #include "optim/muon.h"
+#include "optim/muon_load.h"
 #include "optim/newton_schulz.h"
 #include "optim/sharded_run_support.h"
 #include "support/test_support.h"
@@ -193,6 +195,64 @@ TEST(MuonCpu, PlanCutsPartsAndStackedMatrices) {
   bad[4].stacked_rows = 7;
   const optim::SlabLayout bad_layout(bad, 1);
   EXPECT_THROW(optim::make_muon_plan(bad_layout, {0, bad_layout.total_elements()}), core::Error);
+}
+
+// Each rank orthogonalises the matrices its shard touches. An AdamW embedding [64, 8] (512
+// elements) and matrices a [8, 16], b [16, 16], c [32, 8] lie at 0, 512, 640 and 896 (1152
+// elements, 1536 on 2 ranks): rank 0 owns [0, 768) (a and the first half of b), rank 1 [768, 1536)
+// (b's second half and c). Per iteration (r = min, c = max: 4 r^2 c + 2 r^3): a 5120, b 24576,
+// c (as [8, 32]) 9216, 38912 in all. The bf16 Newton-Schulz buffers hold X twice and the Gram and
+// polynomial scratch, each matrix rounded up to 128 elements: rank 0 X 128 + 256, Gram 128 + 256;
+// rank 1 X 256 + 256, Gram 256 + 128.
+TEST(MuonCpu, LoadPerRankMatchesHandCounts) {
+  const std::vector<ParamSpec> specs = {{.name = "embed", .shape = {64, 8}},
+                                        {.name = "a", .shape = {8, 16}, .hidden_matrix = true},
+                                        {.name = "b", .shape = {16, 16}, .hidden_matrix = true},
+                                        {.name = "c", .shape = {32, 8}, .hidden_matrix = true}};
+  const optim::SlabLayout two(specs, 2);
+  ASSERT_EQ(two.tensor("c").offset, 896);
+  ASSERT_EQ(two.total_elements(), 1536);
+  EXPECT_EQ(optim::newton_schulz_flop(32, 8, 1), 9216.0);
+  EXPECT_EQ(optim::newton_schulz_flop(8, 32, 5), 5 * 9216.0);
+  const optim::MuonLoad load = optim::muon_load(two, 1, 1);
+  ASSERT_EQ(load.ranks.size(), 2u);
+  EXPECT_EQ(load.flop, 38912.0);
+  EXPECT_EQ(load.ranks[0].matrices, 2);
+  EXPECT_EQ(load.ranks[0].flop, 5120.0 + 24576.0);
+  EXPECT_EQ(load.ranks[1].matrices, 2);
+  EXPECT_EQ(load.ranks[1].flop, 24576.0 + 9216.0);
+  EXPECT_DOUBLE_EQ(load.busiest_over_even(), 33792.0 / (38912.0 / 2));
+  EXPECT_DOUBLE_EQ(load.redundant(), 24576.0 / 38912.0);
+  for (const auto& rank : load.ranks) EXPECT_EQ(rank.assembly_bytes, 4 * (128 + 256 + 256));
+  EXPECT_EQ(load.ranks[0].newton_schulz_bytes, 2 * (2 * (128 + 256) + 2 * (128 + 256)));
+  EXPECT_EQ(load.ranks[1].newton_schulz_bytes, 2 * (2 * (256 + 256) + 2 * (256 + 128)));
+  EXPECT_EQ(load.largest_bytes(false), 4 * 640);
+  EXPECT_EQ(load.largest_bytes(true), 4 * 640 + 3584);
+  // ZeRO-0: every rank owns, and orthogonalises, everything; one rank is balanced by definition.
+  const optim::MuonLoad zero0 = optim::muon_load(two, 0, 1);
+  for (const auto& rank : zero0.ranks) EXPECT_EQ(rank.flop, 38912.0);
+  EXPECT_DOUBLE_EQ(zero0.redundant(), 1.0);
+  const optim::MuonLoad one = optim::muon_load(optim::SlabLayout(specs, 1), 1, 5);
+  EXPECT_EQ(one.ranks[0].flop, 5 * 38912.0);
+  EXPECT_DOUBLE_EQ(one.busiest_over_even(), 1.0);
+  EXPECT_DOUBLE_EQ(one.redundant(), 0.0);
+}
+
+// The planned buffers are what Muon allocates (cpu: the assembly buffer), rank by rank.
+TEST(MuonCpu, PlannedBuffersMatchAllocation) {
+  const auto specs = muon_specs();
+  for (int world : {1, 3}) {
+    const optim::SlabLayout layout(specs, world);
+    const optim::MuonLoad load = optim::muon_load(layout, 1, 5);
+    test::ShardedRunOf<optim::Muon> cpu(core::Device::cpu(), specs, world, muon_config(0));
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(cpu.opts[static_cast<std::size_t>(r)]->buffer_bytes(),
+                load.ranks[static_cast<std::size_t>(r)].bytes(false))
+          << "rank " << r << " of " << world;
+      EXPECT_EQ(static_cast<std::int64_t>(cpu.opts[static_cast<std::size_t>(r)]->plan().touched.size()),
+                load.ranks[static_cast<std::size_t>(r)].matrices);
+    }
+  }
 }
 
 // The families mark the matrices Muon takes: Qwen3's q, k, v, o, gate, up and down; E29a's W_x and

@@ -1,6 +1,7 @@
 // The CUDA Muon step against the CPU reference on fresh random data: matrices of several shapes
 // (tall, wide, parts, stacked, shapes shared by several matrices so the products are batched),
-// the AdamW rest, simulated ZeRO shards (1 to 4 ranks), and a skipped step.
+// the AdamW rest, simulated ZeRO shards (1 to 4 ranks), and a skipped step; the buffers the memory
+// plan counts (muon_load.h) against what the GPU optimizer allocates.
 // Tolerance: the GPU's Newton-Schulz runs in bf16 with fp32 accumulation, the CPU's in fp32, so a
 // matrix's update (weight after minus before) agrees within 5e-2 normwise (bf16 keeps 8 bits and
 // five iterations compound the roundings: a host emulation of the bf16 iteration on these shapes
@@ -12,6 +13,7 @@
 
 #include "core/half.h"
 #include "optim/muon.h"
+#include "optim/muon_load.h"
 #include "optim/sharded_run_support.h"
 #include "support/test_support.h"
 
@@ -147,6 +149,20 @@ TEST(MuonGpu, SkippedStepOnlyZeroesGradients) {
   EXPECT_TRUE(report.skipped);
   EXPECT_EQ(report.step, 0);
   EXPECT_EQ(report.skipped_steps, 1);
+}
+
+TEST(MuonGpu, PlannedBuffersMatchAllocation) {
+  REQUIRE_GPU();
+  const auto specs = gpu_specs();
+  for (int world : {1, 3}) {
+    const optim::MuonLoad load = optim::muon_load(optim::SlabLayout(specs, world), 1, 5);
+    test::ShardedRunOf<optim::Muon> gpu(core::Device::cuda(0), specs, world, gpu_config(0));
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(gpu.opts[static_cast<std::size_t>(r)]->buffer_bytes(),
+                load.ranks[static_cast<std::size_t>(r)].bytes(true))
+          << "rank " << r << " of " << world;
+    }
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The memory plan (`trainer --plan`): per-rank bytes of each term against hand-computed values
-// for the Qwen3-0.6B and 8B shapes, and the optimizers' planned state against what they allocate.
+// for the Qwen3-0.6B and 8B shapes, and the optimizers' planned state against what they allocate;
+// Muon's working buffers and its Newton-Schulz load per rank.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -123,6 +124,39 @@ TEST(MemoryPlan, OptimizerStateMatchesAllocation) {
       }
     }
   }
+}
+
+// Qwen3-0.6B's hidden matrices per layer: q [2048, 1024], k and v [1024, 1024], o [1024, 2048],
+// gate and up [3072, 1024], down [1024, 3072]: 15 x 2^20 elements, so the fp32 assembly buffer is
+// 4 x 28 x 15 x 2^20 bytes on every rank. Newton-Schulz per iteration (4 r^2 c + 2 r^3 with
+// r = 1024): q and o 10 x 2^30, k and v 6 x 2^30, gate, up and down 14 x 2^30: 74 x 2^30 a layer.
+TEST(MemoryPlan, MuonCountsItsBuffersAndLoad) {
+  constexpr std::int64_t kAssembly = 4LL * 28 * 15 * (1 << 20);
+  const trainer::RunConfig c = config_for("qwen3-0.6b", "cuda", 1, "muon");
+  const trainer::MemoryPlan plan = trainer::plan_memory(c, *trainer::model_spec(c), 4);
+  ASSERT_TRUE(plan.muon.has_value());
+  const optim::MuonLoad& load = *plan.muon;
+  ASSERT_EQ(load.ranks.size(), 4u);
+  EXPECT_EQ(load.flop, 5.0 * 28 * 74 * (1LL << 30));
+  std::int64_t matrices = 0;
+  for (const optim::MuonRankLoad& rank : load.ranks) {
+    EXPECT_EQ(rank.assembly_bytes, kAssembly);
+    matrices += rank.matrices;
+  }
+  EXPECT_GE(matrices, 7 * 28);           // each matrix at least once, split ones more often
+  EXPECT_EQ(load.ranks[0].matrices, 0);  // the first shard holds only the 155M-element embedding
+  EXPECT_EQ(load.ranks[0].newton_schulz_bytes, 0);
+  EXPECT_GT(load.busiest_over_even(), 1.0);
+  EXPECT_EQ(term(plan, "optimizer buffers"), load.largest_bytes(true));
+  EXPECT_GT(load.largest_bytes(true), kAssembly);
+  EXPECT_EQ(term(plan, "optimizer state"), 8 * plan.slab_elements / 4);
+  EXPECT_NE(plan.table().find("busiest rank"), std::string::npos) << plan.table();
+  const trainer::RunConfig cpu = config_for("qwen3-0.6b", "cpu", 1, "muon");
+  EXPECT_EQ(term(trainer::plan_memory(cpu, *trainer::model_spec(cpu), 4), "optimizer buffers"), kAssembly);
+  const trainer::MemoryPlan adamw =
+      trainer::plan_memory(config_for("qwen3-0.6b", "cuda", 1), *trainer::model_spec(c), 4);
+  EXPECT_FALSE(adamw.muon.has_value());
+  for (const trainer::MemoryTerm& t : adamw.terms) EXPECT_NE(t.name, "optimizer buffers");
 }
 
 TEST(MemoryPlan, ZeroThreeNeedsLayerwiseWeights) {
