@@ -3,23 +3,24 @@
 //
 // Each block runs its list of units (decode_megakernel_plan.h) for every token. Warp 0 is the
 // producer: one thread walks the same list and streams each unit's weight rows (or KV-cache rows)
-// into a ring of shared-memory pages with bulk copies completing on mbarriers, never waiting for
+// into a ring of shared-memory pages with bulk copies completing on mbarriers, one page in flight
+// at a time (queued copies would delay every hand-off behind them in L2), never waiting for
 // activations, so the next units' weights load while the consumers wait or compute. The other
-// warps are consumers: per unit they wait for its input (tagged words of this token), compute from
-// the pages, write tagged outputs and bump the phase's counter.
+// warps are consumers: per unit they wait for its inputs, compute from the pages, store bf16
+// outputs and bump the phase's counter.
 //
 // Synchronisation between blocks (docs/megakernel.md has the argument in full):
-// - Activations are 64-bit words (fp32 value, epoch + 1), written and read as single 64-bit
-//   relaxed gpu-scope accesses (L2, never a stale L1 line). A reader spins until every word it
-//   needs carries this token's tag; no fence sits on the critical path.
-// - Counters are hints: the consumer leader polls its phase counter before reading (one word
-//   instead of a whole vector), relaxed, since the tags decide.
+// - Activations are plain bf16 arrays. A unit stores its outputs, its consumers meet at a barrier
+//   and one thread release-adds the phase counter; a consumer leader acquires it until the phase
+//   is complete for this token, then its block reads the inputs through L2.
+// - A few small words are tagged 64-bit words (value, epoch + 1): lm_head partials, arrival bases
+//   and the token word (the next greedy id).
 // - The KV cache is plain bf16. Every thread that stored cache rows fences, the block meets at a
 //   barrier, and one thread release-adds the layer's cache counter; a producer acquires that
 //   counter (every append of the earlier tokens) and fences the async proxy before streaming
 //   cache rows.
 // - Attention chunks of one kv head arrive on an atomic counter; the last one merges them (in
-//   chunk order) from their tagged partials, so o_proj reads one merged vector.
+//   chunk order), so o_proj reads one merged vector.
 // - Buffers are per layer and every unit of token t completes before the argmax of t, on which
 //   token t + 1's first units wait, so nothing is overwritten while it is still being read.
 // - Every spin has a deadline: on timeout the kernel records where it stood and all blocks leave.
