@@ -19,6 +19,7 @@ ResidualCuda::ResidualCuda(const core::DeviceContext& context, Residual kind, st
   unit_ = core::Buffer(context.device(), d * sizeof(std::uint16_t));
   dunit_ = core::Buffer(context.device(), d * sizeof(float));
   core::copy_bytes(unit_.data(), ones.data(), unit_.bytes(), context.stream());
+  dunit_.fill_bytes(0, context.stream());  // the backward adds to it
   // The host vector goes away on return: the copy must have read it.
   CUDA_CHECK(cudaStreamSynchronize(context.stream()));
 }
