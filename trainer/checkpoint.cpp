@@ -809,8 +809,13 @@ ManifestModel manifest_model_of(const json& manifest, const std::string& where) 
     models::Shape shape = models::base_shape(family, "");
     for (const models::ConfigField& f : family.fields()) {
       if (!f.shape) continue;
-      if (!m["shape"].contains(f.key)) throw core::InputError(where + ": model.shape." + f.key + ": missing");
-      shape[f.key] = m["shape"][f.key];
+      if (m["shape"].contains(f.key)) {
+        shape[f.key] = m["shape"][f.key];
+        continue;
+      }
+      // A manifest written before the field existed reads it as config.json does an absent key.
+      if (f.hf_default.is_null()) throw core::InputError(where + ": model.shape." + f.key + ": missing");
+      shape[f.key] = f.hf_default;
     }
     models::check_shape(family, shape, where);
     out.shape = models::weights_shape(family, shape);

@@ -1,6 +1,7 @@
 // The E29a language model's shape and parameters: token embedding (byte or BPE vocabulary), per
-// layer x = x + E29a(RMSNorm(x)) (layer.h has the layer's equations), final RMSNorm, a tied or
-// untied head. Slab order, layer by layer (one layer's tensors are one contiguous range):
+// layer x = x + E29a(RMSNorm(x)) or its normed sum (`residual`, residual.h; layer.h has the
+// layer's equations), final RMSNorm, a tied or untied head. Slab order, layer by layer (one
+// layer's tensors are one contiguous range):
 //   embed_tokens [V, D]
 //   layers.l.norm [D], layers.l.w_xz [2D, D], layers.l.w_h [D, D], layers.l.b_h [D],
 //   layers.l.w_write [D, D], layers.l.tape0 [N, D]          (l = 0 .. L-1)
@@ -20,6 +21,9 @@
 
 namespace models::e29a {
 
+// How a layer's output joins the residual stream (residual.h has the definitions).
+enum class Residual { pre_norm, normed_sum };
+
 struct E29aConfig {
   std::int64_t vocab_size = 256;
   std::int64_t hidden_size = 256;
@@ -27,6 +31,7 @@ struct E29aConfig {
   std::int64_t n_slots = 8;
   bool tie_word_embeddings = true;
   bool tape_init_zeros = false;  // tape_init: zeros (true) | learned (false)
+  Residual residual = Residual::pre_norm;
   double tape_init_std = 0.5;
   double rms_norm_eps = 1e-6;
   std::int64_t checkpoint_interval = 0;  // cuda: tape checkpoint every K steps (0: about sqrt(seq))

@@ -49,6 +49,13 @@ const std::vector<ConfigField>& table() {
        .choices = {"learned", "zeros"},
        .init_only = true,
        .help = "initial tape H_0: learned (random start) or zeros (upstream's start: every slot stays equal)"},
+      {.key = "residual",
+       .hf_key = "residual",
+       .type = FieldType::choice,
+       .fallback = "pre_norm",
+       .hf_default = "pre_norm",
+       .choices = {"pre_norm", "normed_sum"},
+       .help = "x + layer(norm(x)) (pre_norm), or that sum divided by its RMS (normed_sum)"},
       {.key = "tape_init_std",
        .type = FieldType::number,
        .fallback = 0.5,
@@ -229,6 +236,8 @@ E29aConfig config_from_shape(const Shape& s) {
   c.n_slots = s.at("n_slots");
   c.tie_word_embeddings = s.at("tie_word_embeddings");
   c.tape_init_zeros = s.at("tape_init").get<std::string>() == "zeros";
+  // Shapes written before the field existed are pre-norm models.
+  if (s.contains("residual") && s.at("residual") == "normed_sum") c.residual = Residual::normed_sum;
   if (s.contains("tape_init_std")) c.tape_init_std = s.at("tape_init_std");
   c.rms_norm_eps = s.at("rms_norm_eps");
   if (s.contains("checkpoint_interval")) c.checkpoint_interval = s.at("checkpoint_interval");
@@ -249,6 +258,7 @@ Shape shape_from_config(const E29aConfig& c) {
   s["n_slots"] = c.n_slots;
   s["tie_word_embeddings"] = c.tie_word_embeddings;
   s["tape_init"] = c.tape_init_zeros ? "zeros" : "learned";
+  s["residual"] = c.residual == Residual::normed_sum ? "normed_sum" : "pre_norm";
   s["tape_init_std"] = c.tape_init_std;
   s["rms_norm_eps"] = c.rms_norm_eps;
   s["checkpoint_interval"] = c.checkpoint_interval;

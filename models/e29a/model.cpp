@@ -1,6 +1,7 @@
-// The E29a language model on the cpu (model.h): embedding, layers x = x + E29a(RMSNorm(x)) through
-// the layer reference, final RMSNorm and the chunked cross-entropy; the decoder runs the same
-// layers over the appended tokens from the state the previous call left.
+// The E29a language model on the cpu (model.h): embedding, layers x = x + E29a(RMSNorm(x)) (or
+// its normed sum, residual.h) through the layer reference, final RMSNorm and the chunked
+// cross-entropy; the decoder runs the same layers over the appended tokens from the state the
+// previous call left.
 #include "models/e29a/model.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "models/e29a/residual.h"
 #include "models/ops/embedding.h"
 #include "models/ops/linear.h"
 #include "models/ops/rmsnorm.h"
@@ -53,6 +55,7 @@ optim::Range TensorIndex::tail_range(const optim::SlabLayout& layout) const {
 struct E29aCpu::LayerSaved {
   Vec x_in, normed, rstd;
   LayerActivations<float> acts;
+  ResidualSaved residual;
 };
 
 E29aCpu::E29aCpu(const E29aConfig& config, optim::Slab& slab, const float* full_weights, optim::WeightSource* source)
@@ -109,7 +112,7 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
     s.rstd.resize(static_cast<std::size_t>(n));
     ops::rmsnorm_forward_cpu<float>(in(s.x_in), weight(t.norm), n, d, c.rms_norm_eps, out(s.normed), out(s.rstd));
     layer_forward_cpu<float>(shape, layer_weights(t), in(s.normed), out(y), backward ? &s.acts : nullptr);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+    residual_forward_cpu(c.residual, in(y), n, d, c.rms_norm_eps, out(x), backward ? &s.residual : nullptr);
     if (!backward) s = LayerSaved{};
   }
   Vec final_out(x.size()), final_rstd(static_cast<std::size_t>(n));
@@ -138,6 +141,7 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
     const auto held = weights_.hold(layer_ranges_[l]);
     const LayerTensors& t = index_.layers[l];
     const LayerSaved& s = saved[l];
+    residual_backward_cpu(c.residual, s.residual, n, d, out(dx));  // dx: dL/dx_{l+1} to dL/d(x_l + y_l)
     layer_backward_cpu<float>(layer_weights(t), s.acts, in(s.normed), in(dx), out(du),
                               {grad(t.w_xz), grad(t.w_h), grad(t.b_h), grad(t.w_write), grad(t.tape0)},
                               traces_ != nullptr ? &(*traces_)[l] : nullptr, c.backward);
@@ -181,7 +185,7 @@ void E29aCpuDecoder::prefill(std::span<const std::int32_t> tokens, float* all_lo
     LayerState<float> next;
     layer_forward_cpu<float>(shape, w, in(normed), out(y), nullptr, position_ > 0 ? &state_[l] : nullptr, &next);
     state_[l] = std::move(next);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+    residual_forward_cpu(c.residual, in(y), count, d, c.rms_norm_eps, out(x), nullptr);
   }
   ops::rmsnorm_forward_cpu<float>(in(x), weight(index_.final_norm), count, d, c.rms_norm_eps, out(normed), out(rstd));
   const std::span<const float> last(normed.data() + (count - 1) * d, static_cast<std::size_t>(d));

@@ -14,6 +14,7 @@
 #include "models/e29a/layer_cuda.h"
 #include "models/e29a/layer_kernels.h"
 #include "models/e29a/model.h"
+#include "models/e29a/residual_cuda.h"
 #include "models/lm_ends_cuda.h"
 #include "models/ops/cross_entropy.h"
 #include "models/ops/embedding.h"
@@ -27,6 +28,7 @@ using bf16 = __nv_bfloat16;
 struct E29aCuda::Impl {
   struct LayerSlots {
     std::size_t x_in, normed, rstd;
+    std::size_t sum = 0, sum_rstd = 0;  // normed_sum: x_in + y and its rstd, for the backward
   };
 
   E29aConfig c;
@@ -39,6 +41,7 @@ struct E29aCuda::Impl {
   TensorIndex index;
   std::vector<optim::Range> layer_ranges;
   LmEndsCuda ends;
+  ResidualCuda residual;
   // The recurrent layer (shared by all layers: same sizes, used in turn) and each layer's saved
   // activations, sized for the largest (batch, seq) seen.
   std::unique_ptr<LayerCuda> layer;
@@ -47,7 +50,7 @@ struct E29aCuda::Impl {
 
   core::Buffer memory;
   std::vector<LayerSlots> slots;
-  std::size_t y = 0, du = 0, dtmp = 0, workspace = 0, workspace_bytes = 0;
+  std::size_t y = 0, du = 0, dtmp = 0, dsum = 0, workspace = 0, workspace_bytes = 0;
 
   Impl(const E29aConfig& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens)
       : c(config),
@@ -58,7 +61,8 @@ struct E29aCuda::Impl {
         index(config, s.layout()),
         ends(context, s,
              {index.embed, index.final_norm, index.head, config.vocab_size, config.hidden_size, config.rms_norm_eps},
-             tokens) {}
+             tokens),
+        residual(context, config.residual, config.hidden_size) {}
 
   template <typename T>
   T* at(std::size_t offset) {
@@ -101,7 +105,8 @@ struct E29aCuda::Impl {
                                 at<float>(s.rstd), stream);
       layer->forward(layer_weights(t), at<bf16>(s.normed), batch, seq, at<bf16>(y), acts[l]);
       bf16* next = l + 1 < slots.size() ? at<bf16>(slots[l + 1].x_in) : ends.x_final();
-      kernels::add_bf16(at<bf16>(s.x_in), at<bf16>(y), n * d, next, stream);
+      residual.forward(at<bf16>(s.x_in), at<bf16>(y), n, c.rms_norm_eps, at<bf16>(s.sum), at<float>(s.sum_rstd), next,
+                       stream);
     }
     ends.final_norm(n);
   }
@@ -121,11 +126,17 @@ struct E29aCuda::Impl {
       float* g = out.acquire(range);
       const LayerGradientsCuda grads{grad_in(g, range, t.w_xz), grad_in(g, range, t.w_h), grad_in(g, range, t.b_h),
                                      grad_in(g, range, t.w_write), grad_in(g, range, t.tape0)};
-      layer->backward(layer_weights(t), at<bf16>(s.normed), dx, at<bf16>(du), grads, acts[l]);
+      // dL/d(x_l + y_l), which both terms of the sum get: dx itself for pre_norm.
+      const bf16* dsum_l = dx;
+      if (residual.normed()) {
+        residual.backward(dx, at<bf16>(s.sum), at<float>(s.sum_rstd), n, at<bf16>(dsum), ws(), stream);
+        dsum_l = at<bf16>(dsum);
+      }
+      layer->backward(layer_weights(t), at<bf16>(s.normed), dsum_l, at<bf16>(du), grads, acts[l]);
       ops::rmsnorm_backward_cuda(at<bf16>(du), at<bf16>(s.x_in), w(t.norm), at<float>(s.rstd), n, d, at<bf16>(dtmp),
                                  grad_in(g, range, t.norm), at<char>(workspace), workspace_bytes, stream);
       out.release(range);
-      kernels::add_bf16(dx, at<bf16>(dtmp), n * d, dx, stream);
+      kernels::add_bf16(dsum_l, at<bf16>(dtmp), n * d, dx, stream);
     }
     ends.backward_embedding(out, ids, targets, n, grad_scale, ws());
   }
@@ -154,11 +165,17 @@ E29aCuda::E29aCuda(const E29aConfig& config, optim::Slab& slab, const core::Devi
   DeviceArena a;
   const auto n = static_cast<std::size_t>(max_tokens), d = static_cast<std::size_t>(config.hidden_size);
   for (std::size_t l = 0; l < m.index.layers.size(); ++l) {
-    m.slots.push_back({a.reserve(n * d * 2), a.reserve(n * d * 2), a.reserve(n * 4)});
+    Impl::LayerSlots& s =
+        m.slots.emplace_back(Impl::LayerSlots{a.reserve(n * d * 2), a.reserve(n * d * 2), a.reserve(n * 4)});
+    if (m.residual.normed()) {
+      s.sum = a.reserve(n * d * 2);
+      s.sum_rstd = a.reserve(n * 4);
+    }
   }
   m.y = a.reserve(n * d * 2);
   m.du = a.reserve(n * d * 2);
   m.dtmp = a.reserve(n * d * 2);
+  if (m.residual.normed()) m.dsum = a.reserve(n * d * 2);
   m.workspace_bytes = LmEndsCuda::workspace_bytes(max_tokens, config.vocab_size, config.hidden_size);
   m.workspace = a.reserve(m.workspace_bytes);
   m.memory = core::Buffer(context.device(), a.size());
@@ -210,6 +227,7 @@ struct E29aCudaDecoder::Impl {
   std::int64_t capacity = 0, position = 0;
   LayerCuda layer;
   LayerActivationsCuda acts;
+  ResidualCuda residual;
   GemmPlan gemm;
   core::Buffer memory;  // ids, x, normed, rstd, y, logits, the per-layer states, workspace
   std::size_t ids = 0, x = 0, normed = 0, rstd = 0, y = 0, logits = 0, h = 0, tape = 0, invalid = 0, workspace = 0;
@@ -223,6 +241,7 @@ struct E29aCudaDecoder::Impl {
         capacity(cap),
         layer(context, config.hidden_size, config.n_slots, 1, cap, config.checkpoint_interval),
         acts(layer.make_activations()),
+        residual(context, config.residual, config.hidden_size),
         gemm(context) {}
 
   template <typename T>
@@ -247,7 +266,10 @@ struct E29aCudaDecoder::Impl {
       const LayerStateCuda s = state(l);
       layer.forward({w(t.w_xz), w(t.w_h), w(t.b_h), w(t.w_write), w(t.tape0)}, at<bf16>(normed), 1, count, at<bf16>(y),
                     acts, position > 0 ? &s : nullptr, &s);
-      kernels::add_bf16(at<bf16>(x), at<bf16>(y), count * d, at<bf16>(x), stream);
+      // The normed sum goes through y (free once added): its output must not alias its input. The
+      // input norm is done with rstd, so the sum's rstd can go there.
+      residual.forward(at<bf16>(x), at<bf16>(y), count, c.rms_norm_eps, at<bf16>(y), at<float>(rstd), at<bf16>(x),
+                       stream);
     }
     ops::rmsnorm_forward_cuda(at<bf16>(x), w(index.final_norm), count, d, c.rms_norm_eps, at<bf16>(normed),
                               at<float>(rstd), stream);

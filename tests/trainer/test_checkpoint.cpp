@@ -21,7 +21,9 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "models/model_config.h"
 #include "models/qwen3/model.h"
+#include "models/registry.h"
 #include "models/qwen3/family.h"
 #include "optim/optimizer.h"
 #include "trainer/checkpoint.h"
@@ -151,6 +153,27 @@ TEST(Crc32c, KnownValues) {
   const std::string text = "The quick brown fox jumps over the lazy dog, twice over.";
   EXPECT_EQ(trainer::crc32c(trainer::crc32c(0, text.data(), 13), text.data() + 13, text.size() - 13),
             trainer::crc32c(0, text.data(), text.size()));
+}
+
+// A manifest written before a shape field existed (E29a's residual) reads the field as config.json
+// reads an absent key; a field config.json requires stays required.
+TEST(ManifestModel, FieldAddedLaterTakesItsConfigJsonDefault) {
+  const models::Family& family = models::family("e29a");
+  nlohmann::json shape = models::weights_shape(family, models::base_shape(family, "e29a-tiny"));
+  shape["residual"] = "normed_sum";
+  const nlohmann::json manifest = {{"model", {{"family", "e29a"}, {"shape", shape}}}};
+  EXPECT_EQ(trainer::manifest_model_of(manifest, "m").shape["residual"], "normed_sum");
+  nlohmann::json older = manifest;
+  older["model"]["shape"].erase("residual");
+  EXPECT_EQ(trainer::manifest_model_of(older, "m").shape["residual"], "pre_norm");
+  nlohmann::json broken = manifest;
+  broken["model"]["shape"].erase("hidden_size");
+  try {
+    trainer::manifest_model_of(broken, "m");
+    ADD_FAILURE() << "a manifest without hidden_size was accepted";
+  } catch (const core::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("m: model.shape.hidden_size: missing"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(Checkpoints, SaveAndLoadRoundTrip) {

@@ -3,7 +3,7 @@
 # trains with the loss clearly falling and prints a sample (the recurrent decoder); a run stopped
 # at step 4 resumes on 2 ranks (resharded) with the losses of an uninterrupted run; the last
 # checkpoint exports as a folder naming E29aForCausalLM and its tensors, which starts a new run
-# through init_from. usage: run_e29a_train.sh BUILD_DIR SOURCE_DIR
+# through init_from; the same for a normed-sum residual. usage: run_e29a_train.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
 source=$2
@@ -56,4 +56,19 @@ done
 "$build/trainer" "$cfg" run.output_dir="$work/from_hf" "${data[@]}" model.init_from="$work/hf" training.max_steps=2 \
   schedule.warmup_steps=1 checkpoint.every=0 eval.every=0 sample.every=0 sample.tokens=1 > "$work/from_hf.log" 2>&1 ||
   { cat "$work/from_hf.log"; echo "FAIL: init_from the exported folder"; exit 1; }
+grep -q '"residual": "pre_norm"' "$work/hf/config.json" || { echo "FAIL: config.json does not say residual: pre_norm"; exit 1; }
+
+# 4. The normed-sum residual: its export says so, and a run started from that folder takes it.
+"$build/trainer" "$cfg" run.output_dir="$work/normed" "${data[@]}" model.residual=normed_sum training.max_steps=2 \
+  schedule.warmup_steps=1 checkpoint.every=2 checkpoint.keep_last=0 eval.every=0 sample.every=0 sample.tokens=1 \
+  > "$work/normed.log" 2>&1 || { cat "$work/normed.log"; echo "FAIL: normed_sum run"; exit 1; }
+"$build/tools/export_hf" "$work/normed/checkpoints/step_00000002" "$work/hf_normed" --dtype fp32 > /dev/null ||
+  { echo "FAIL: export of the normed_sum run"; exit 1; }
+grep -q '"residual": "normed_sum"' "$work/hf_normed/config.json" ||
+  { cat "$work/hf_normed/config.json"; echo "FAIL: config.json does not say residual: normed_sum"; exit 1; }
+"$build/trainer" "$cfg" run.output_dir="$work/from_normed" "${data[@]}" model.init_from="$work/hf_normed" \
+  training.max_steps=2 schedule.warmup_steps=1 checkpoint.every=0 eval.every=0 sample.every=0 sample.tokens=1 \
+  > "$work/from_normed.log" 2>&1 || { cat "$work/from_normed.log"; echo "FAIL: init_from the normed_sum folder"; exit 1; }
+grep -q "residual: normed_sum" "$work/from_normed/config.yaml" ||
+  { echo "FAIL: the run from the normed_sum folder is not a normed_sum model"; exit 1; }
 echo "PASS"

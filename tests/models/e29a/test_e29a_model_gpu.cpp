@@ -4,12 +4,14 @@
 // stream, the normed inputs and the activation gradients between ops in bf16); reruns are
 // bit-identical; a limited gradient sink (ZeRO-2 staging) gets every gradient once, in ranges
 // within its limit, equal to the slab path's; the cuda decoder's logits match the cpu decoder's.
+// Each for both residual kinds (pre_norm, normed_sum).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -29,8 +31,14 @@ double normwise(const std::vector<float>& a, const std::vector<float>& b) {
   return test::normwise_error(a.data(), b.data(), a.size());
 }
 
-e29a::E29aConfig config_of(bool tied) {
+constexpr e29a::Residual kResiduals[] = {e29a::Residual::pre_norm, e29a::Residual::normed_sum};
+const char* name_of(e29a::Residual residual) {
+  return residual == e29a::Residual::pre_norm ? "pre_norm" : "normed_sum";
+}
+
+e29a::E29aConfig config_of(bool tied, e29a::Residual residual) {
   e29a::E29aConfig c;
+  c.residual = residual;
   c.vocab_size = 37;
   c.hidden_size = 72;
   c.num_layers = 2;
@@ -50,7 +58,7 @@ struct Pair {
   std::vector<std::int32_t> ids, targets;
   core::Buffer ids_d, targets_d;
 
-  Pair(bool tied, std::mt19937_64& rng) : config(config_of(tied)) {
+  Pair(bool tied, e29a::Residual residual, std::mt19937_64& rng) : config(config_of(tied, residual)) {
     const optim::SlabLayout layout(e29a::parameter_specs(config), 1);
     host = std::make_unique<optim::Slab>(layout, cpu);
     optim::initialize_owned(*host, cpu, rng());
@@ -89,12 +97,21 @@ struct Pair {
   }
 };
 
+// Tied and untied heads, each with both residual kinds.
+std::vector<std::pair<bool, e29a::Residual>> cases() {
+  std::vector<std::pair<bool, e29a::Residual>> all;
+  for (const bool tied : {true, false}) {
+    for (const e29a::Residual residual : kResiduals) all.emplace_back(tied, residual);
+  }
+  return all;
+}
+
 TEST(E29aModelGpu, MatchesCpuModel) {
   REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
-  for (const bool tied : {true, false}) {
-    SCOPED_TRACE(tied ? "tied" : "untied");
-    Pair p(tied, rng);
+  for (const auto& [tied, residual] : cases()) {
+    SCOPED_TRACE(std::string(tied ? "tied " : "untied ") + name_of(residual));
+    Pair p(tied, residual, rng);
     e29a::E29aCpu cpu_model(p.config, *p.host, nullptr);
     p.host->grad().fill_bytes(0);
     cpu_model.forward_backward(p.ids.data(), p.targets.data(), p.batch, p.seq, 1.0f);
@@ -117,8 +134,8 @@ TEST(E29aModelGpu, MatchesCpuModel) {
         worst_name = t.spec.name;
       }
     }
-    std::printf("[ parity   ] %s: loss %.6f vs cpu %.6f, worst gradient %.3g (%s)\n", tied ? "tied" : "untied", loss,
-                cpu_loss, worst, worst_name.c_str());
+    std::printf("[ parity   ] %s %s: loss %.6f vs cpu %.6f, worst gradient %.3g (%s)\n", tied ? "tied" : "untied",
+                name_of(residual), loss, cpu_loss, worst, worst_name.c_str());
 
     // Reruns are bit-identical; evaluation gives the same loss as training.
     const float again = p.gpu_step(model);
@@ -167,9 +184,9 @@ struct StagingSink final : optim::GradientSink {
 TEST(E29aModelGpu, LimitedGradientSinkGetsEveryGradientOnce) {
   REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
-  for (const bool tied : {true, false}) {
-    SCOPED_TRACE(tied ? "tied" : "untied");
-    Pair p(tied, rng);
+  for (const auto& [tied, residual] : cases()) {
+    SCOPED_TRACE(std::string(tied ? "tied " : "untied ") + name_of(residual));
+    Pair p(tied, residual, rng);
     e29a::E29aCuda model(p.config, *p.device, p.gpu, p.batch * p.seq);
     p.gpu_step(model);
     const auto reference = test::to_host<float>(p.device->grad());
@@ -193,10 +210,9 @@ TEST(E29aModelGpu, LimitedGradientSinkGetsEveryGradientOnce) {
   }
 }
 
-TEST(E29aModelGpu, DecoderMatchesCpuDecoder) {
-  REQUIRE_GPU();
-  std::mt19937_64 rng(test::fresh_seed());
-  Pair p(false, rng);
+// The cuda decoder against the cpu decoder on the same weights: the prompt's logits, then steps
+// (host and device tokens), the capacity, reset.
+void expect_decoder_matches_cpu_decoder(Pair& p) {
   const std::int64_t prompt = 20, steps = 6;
   e29a::E29aCpuDecoder cpu_decoder(p.config, *p.host, p.cpu, {.max_tokens = prompt + steps});
   e29a::E29aCudaDecoder decoder(p.config, *p.device, p.gpu, {.max_tokens = prompt + steps});
@@ -228,6 +244,16 @@ TEST(E29aModelGpu, DecoderMatchesCpuDecoder) {
   EXPECT_THROW(decoder.step(0), core::InputError);
   decoder.reset();
   EXPECT_EQ(decoder.position(), 0);
+}
+
+TEST(E29aModelGpu, DecoderMatchesCpuDecoder) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  for (const e29a::Residual residual : kResiduals) {
+    SCOPED_TRACE(name_of(residual));
+    Pair p(false, residual, rng);
+    expect_decoder_matches_cpu_decoder(p);
+  }
 }
 
 }  // namespace
