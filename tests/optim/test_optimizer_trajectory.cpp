@@ -151,7 +151,8 @@ TEST(OptimizerTrajectory, MuonMoonlightAdjustmentMatchesTorch) {
 }
 
 // The bf16 GPU path against the fp64 oracle. Bounds:
-// - each tensor's update (weights after ten steps minus before) within 0.25 normwise of torch's.
+// - each tensor's update (weights after ten steps minus before) within 0.15 normwise of torch's
+//   (measured on an H100: worst 0.055 with torch's rate, 0.063 with Moonlight's, both a k_norm).
 //   bf16 Newton-Schulz is the larger part: the gradient of a [n, 64] matrix over this window's 32
 //   tokens has rank <= 32, so half of U's singular values are (near) zero, and bf16's rounding of
 //   X puts noise there that five iterations amplify up to 3.4445^5 = 485 times; a host emulation
@@ -194,7 +195,7 @@ void check_muon_case_on_gpu(const std::string& name) {
   std::string worst_name;
   for (const optim::SlabTensor& t : c.layout->parameters()) {
     const double e = tensor_error(ours, c.torch, torch_update, t);  // ours - torch = our update - torch's
-    EXPECT_LE(e, 0.25) << name << ": update of " << t.spec.name;
+    EXPECT_LE(e, 0.15) << name << ": update of " << t.spec.name;
     if (e > worst) {
       worst = e;
       worst_name = t.spec.name;
