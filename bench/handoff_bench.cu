@@ -10,6 +10,9 @@
 //   bf16        the same with bf16 words (half the bytes)
 //   f32-flags   fp32 words; one release flag per writing block, readers acquire all flags in parallel
 // Each result is checked (every block sums the exact expected value every round).
+// usage: handoff_bench [rounds] [sizes...]; with E29a's state sizes (B * D, e.g. 16384 65536) a
+// round is the floor of one recurrent step on a persistent grid (read the state, write a slice,
+// synchronise).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -181,13 +184,28 @@ const TimeFn kTimers[] = {time_method<tagged>, time_method<tagged_hint>, time_me
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 4000;
+  if (rounds < 1) {
+    std::fprintf(stderr, "usage: handoff_bench [rounds (default 4000)] [vector sizes, multiples of 8]\n");
+    return 2;
+  }
+  // Vector sizes: the megakernel's activations by default; E29a's recurrent state [B, D] (every
+  // block reads all of it each step, writes its slice and synchronises) is B * D, e.g. 16384 65536.
+  std::vector<int> sizes = {256, 1024, 2048, 3072, 8192};
+  if (argc > 2) sizes.clear();
+  for (int i = 2; i < argc; ++i) {
+    const int n = std::atoi(argv[i]);
+    if (n <= 0 || n % 8 != 0) {
+      std::fprintf(stderr, "handoff_bench: size '%s' must be a positive multiple of 8\n", argv[i]);
+      return 2;
+    }
+    sizes.push_back(n);
+  }
+  const int max_n = *std::max_element(sizes.begin(), sizes.end());
   int device = 0, sms = 0;
   CHECK(cudaGetDevice(&device));
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, device));
-  const int sizes[] = {256, 1024, 2048, 3072, 8192};
-  const int max_n = 8192;
   Args a;
   CHECK(cudaMalloc(&a.tagged, 16 * static_cast<std::size_t>(max_n)));
   CHECK(cudaMalloc(&a.f32, 8 * static_cast<std::size_t>(max_n)));
