@@ -108,7 +108,8 @@ std::string check_geometry(const Dims& d, const Geometry& g) {
   if (g.pages < 2) return "the ring needs at least 2 pages";
   if (g.page_bytes % 1024 != 0 || g.page_bytes <= 0) return "page bytes must be a positive multiple of 1024";
   if (g.max_splits < 1 || g.min_chunk < 1) return "attention splits and chunk must be positive";
-  if (g.inflight < 0) return "pages in flight must be 0 (the whole ring) or positive";
+  // More than the ring would test a page's barrier after its slot was armed again.
+  if (g.inflight < 0 || g.inflight > g.pages) return "pages in flight must be in [0, pages in the ring]";
   for (UnitKind k : {UnitKind::qkv, UnitKind::o_proj, UnitKind::gate_up, UnitKind::down}) {
     if (row_bytes(k, d) > g.page_bytes) {
       return "a page of " + std::to_string(g.page_bytes) + " bytes cannot hold one row of " +

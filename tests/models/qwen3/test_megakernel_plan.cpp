@@ -157,6 +157,15 @@ TEST(MegakernelPlan, GeometryErrorsSayWhy) {
   EXPECT_NE(mk::check_geometry(d, geometry(132, 12, 32768, 6, 16, 128)), "");
   EXPECT_NE(mk::check_geometry(d, geometry(132, 8, 32768, 1, 16, 128)), "");
   EXPECT_EQ(mk::check_geometry(d, geometry(132, 8, 16384, 6, 16, 128)), "");
+  mk::Geometry g = geometry(132, 8, 32768, 6, 16, 128);
+  for (int inflight : {0, 1, 6}) {
+    g.inflight = inflight;
+    EXPECT_EQ(mk::check_geometry(d, g), "") << inflight;
+  }
+  for (int inflight : {-1, 7}) {
+    g.inflight = inflight;
+    EXPECT_NE(mk::check_geometry(d, g), "") << inflight;
+  }
 }
 
 }  // namespace
