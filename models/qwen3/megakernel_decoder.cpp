@@ -50,16 +50,18 @@ const char* what_name(int what) {
   }
 }
 
+// Bytes of one layer's bf16 matrices (qkv, o_proj, gate_up, down): what a token streams per layer.
+std::int64_t layer_weight_bytes(const Qwen3Config& c) {
+  return 2 * ((c.qkv_size() + c.q_size()) * c.hidden_size + 3 * c.intermediate_size * c.hidden_size);
+}
+
 // Page size when the settings leave it open. With one page in flight a block streams about one
 // page per copy latency: 32 KB where a token is bound by its chain of hand-offs (a layer's weights
 // are a few hundred KB a block: Qwen3-0.6B), 48 KB where the weights bound it (Qwen3-1.7B, 0.76 MB
 // a block); measured on an H100 (docs/megakernel.md). Never less than the longest row.
-int default_page_bytes(const mk::Dims& d, int blocks) {
-  const std::int64_t layer_bytes =
-      2 * (static_cast<std::int64_t>(d.qkv_size) * d.hidden + static_cast<std::int64_t>(d.hidden) * d.q_size +
-           3 * static_cast<std::int64_t>(d.ffn) * d.hidden);
-  const int page = layer_bytes / std::max(1, blocks) > 512 * 1024 ? 48 * 1024 : 32 * 1024;
-  const int longest_row = 2 * std::max({d.hidden, d.q_size, d.ffn});
+int default_page_bytes(const Qwen3Config& c, int blocks) {
+  const int page = layer_weight_bytes(c) / std::max(1, blocks) > 512 * 1024 ? 48 * 1024 : 32 * 1024;
+  const auto longest_row = static_cast<int>(2 * std::max({c.hidden_size, c.q_size(), c.intermediate_size}));
   return std::max(page, (longest_row + 1023) / 1024 * 1024);
 }
 
@@ -184,7 +186,7 @@ MegakernelDecoder::MegakernelDecoder(const Qwen3Config& config, optim::Slab& sla
   mk::Geometry g;
   g.blocks = settings.blocks > 0 ? settings.blocks : std::max(1, context.multiprocessor_count());
   g.consumer_warps = settings.consumer_warps;
-  g.page_bytes = settings.page_bytes > 0 ? settings.page_bytes : default_page_bytes(d, g.blocks);
+  g.page_bytes = settings.page_bytes > 0 ? settings.page_bytes : default_page_bytes(config, g.blocks);
   g.max_splits = settings.max_splits;
   g.min_chunk = settings.min_chunk;
   g.inflight = settings.inflight_pages;
@@ -556,10 +558,7 @@ int MegakernelDecoder::blocks() const { return impl_->base.geo.blocks; }
 
 std::size_t MegakernelDecoder::weight_bytes_per_token() const {
   const Qwen3Config& c = impl_->c;
-  const auto per_layer =
-      static_cast<std::size_t>((c.qkv_size() + c.q_size()) * c.hidden_size + 3 * c.intermediate_size * c.hidden_size);
-  return 2 *
-         (static_cast<std::size_t>(c.num_layers) * per_layer + static_cast<std::size_t>(c.vocab_size * c.hidden_size));
+  return static_cast<std::size_t>(c.num_layers * layer_weight_bytes(c) + 2 * c.vocab_size * c.hidden_size);
 }
 
 std::size_t MegakernelDecoder::cache_bytes_read(std::int64_t position) const {
