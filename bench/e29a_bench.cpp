@@ -1,5 +1,5 @@
-// One E29a layer's forward + backward on one GPU through the hybrid CUDA path
-// (models/e29a/layer_cuda.h), at upstream's training shapes: D = 1024, T = 512 and B = 64 with
+// One E29a layer's forward + backward on one GPU (models/e29a/layer_cuda.h; `--forward` picks the
+// persistent forward or the hybrid one, the backward is the hybrid path's), at upstream's training shapes: D = 1024, T = 512 and B = 64 with
 // N = 8 or B = 16 with N = 16. Random weights at the initialisation's scales, random input and
 // output gradient; CUDA events around the forward and the backward of each timed iteration, the
 // median after warm-up. Prints one JSON object (the figures bench/record.py joins with
@@ -51,14 +51,17 @@ core::Buffer zeros_f32(std::int64_t count) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"E29a layer forward + backward benchmark (hybrid CUDA path)"};
+  CLI::App app{"E29a layer forward + backward benchmark"};
   std::int64_t batch = 64, steps = 512, dim = 1024, slots = 8, interval = 0;
+  std::string forward = "automatic";
   int warmup = 3, iterations = 10;
   app.add_option("--batch", batch);
   app.add_option("--steps", steps);
   app.add_option("--dim", dim);
   app.add_option("--slots", slots);
   app.add_option("--checkpoint-interval", interval, "tape checkpoint every K steps (0: about sqrt(steps))");
+  app.add_option("--forward", forward, "automatic (persistent where it fits), hybrid or persistent")
+      ->check(CLI::IsMember({"automatic", "hybrid", "persistent"}));
   app.add_option("--warmup", warmup);
   app.add_option("--iterations", iterations);
   CLI11_PARSE(app, argc, argv);
@@ -86,6 +89,9 @@ int main(int argc, char** argv) {
                                                  g_write.as<float>(), g_tape0.as<float>()};
 
     models::e29a::LayerCuda layer(ctx, dim, slots, batch, steps, interval);
+    layer.set_forward_kernel(forward == "hybrid"       ? models::e29a::ForwardKernel::hybrid
+                             : forward == "persistent" ? models::e29a::ForwardKernel::persistent
+                                                       : models::e29a::ForwardKernel::automatic);
     auto acts = layer.make_activations();
     cudaEvent_t start, mid, stop;
     CUDA_CHECK(cudaEventCreate(&start));
@@ -107,6 +113,7 @@ int main(int argc, char** argv) {
       bwd.push_back(b);
       total.push_back(static_cast<double>(f) + b);
     }
+    layer.check();
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(mid));
     CUDA_CHECK(cudaEventDestroy(stop));
@@ -119,6 +126,7 @@ int main(int argc, char** argv) {
         {"bench", "e29a_layer_fwd_bwd_d" + std::to_string(dim) + "_t" + std::to_string(steps) + "_b" +
                       std::to_string(batch) + "_n" + std::to_string(slots)},
         {"device", ctx.device_name()},
+        {"forward", layer.last_forward_kernel() == models::e29a::ForwardKernel::persistent ? "persistent" : "hybrid"},
         {"ours_ms", ms},
         {"fwd_ms", median(fwd)},
         {"bwd_ms", median(bwd)},

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "models/e29a/gemm_cuda.h"
 #include "models/e29a/layer_kernels.h"
+#include "models/e29a/layer_persistent.h"
 
 namespace models::e29a {
 namespace {
@@ -60,8 +61,21 @@ ActivationOffsets activation_offsets(std::int64_t batch, std::int64_t steps, std
 
 // Scratch of the forward and backward, sized for max_batch x max_steps, and the product plan.
 struct LayerCuda::Plan {
-  explicit Plan(const core::DeviceContext& context) : gemm(context) {}
+  explicit Plan(const core::DeviceContext& context)
+      : gemm(context),
+        sync(context.device(), sizeof(kernels::PersistentSync)),
+        record(core::Device::cpu(), sizeof(kernels::PersistentSync), true) {
+    CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  }
+  ~Plan() { cudaEventDestroy(done); }
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
   GemmPlan gemm;
+  // The persistent forward's barrier words (device), their copy after the launch (pinned) and the
+  // event that says the copy landed.
+  core::Buffer sync, record;
+  cudaEvent_t done = nullptr;
+  bool launched = false;
   // fp32 copies of the recurrent weights (the per-step products run in fp32).
   std::size_t w_h = 0, w_write = 0;
   // Forward: the running tape [B, N, D], W_h h_{t-1} and w_t staging [B, D].
@@ -122,6 +136,29 @@ LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::
   p.dxz = c.take(b * t * 2 * d * sizeof(bf16));
   scratch_ = core::Buffer(context.device(), c.size());
   workspace_ = core::Buffer(context.device(), ops::linear_workspace_bytes());
+  persistent_refusal_ = kernels::persistent_forward_refusal(static_cast<int>(dim), static_cast<int>(slots));
+}
+
+void LayerCuda::set_forward_kernel(ForwardKernel kernel) {
+  if (kernel == ForwardKernel::persistent && !persistent_refusal_.empty()) {
+    throw core::Error("e29a LayerCuda: the persistent forward cannot run this layer: " + persistent_refusal_);
+  }
+  forward_kernel_ = kernel;
+}
+
+namespace {
+
+void throw_if_aborted(const kernels::PersistentSync& record, double timeout_seconds) {
+  if (record.aborted != 0) throw core::Error(kernels::persistent_abort_message(record, timeout_seconds));
+}
+
+}  // namespace
+
+void LayerCuda::check() const {
+  const Plan& p = *plan_;
+  if (!p.launched) return;
+  CUDA_CHECK(cudaEventSynchronize(p.done));
+  throw_if_aborted(*p.record.as<kernels::PersistentSync>(), timeout_seconds_);
 }
 
 LayerCuda::~LayerCuda() = default;
@@ -193,7 +230,45 @@ void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int
   }
 
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  for (std::int64_t t = 0; t < T; ++t) {
+  const bool persistent = forward_kernel_ == ForwardKernel::persistent ||
+                          (forward_kernel_ == ForwardKernel::automatic && persistent_refusal_.empty());
+  last_forward_ = persistent ? ForwardKernel::persistent : ForwardKernel::hybrid;
+  if (persistent && T > 0) {
+    // The previous launch's record, if it has landed (no wait here: check() waits).
+    if (p.launched && cudaEventQuery(p.done) == cudaSuccess) {
+      throw_if_aborted(*p.record.as<kernels::PersistentSync>(), timeout_seconds_);
+    }
+    kernels::PersistentForwardArgs a;
+    a.batch = B;
+    a.steps = T;
+    a.dim = static_cast<int>(D);
+    a.slots = static_cast<int>(N);
+    a.scale = scale;
+    a.w_h = weights.w_h;
+    a.w_write = weights.w_write;
+    a.bias = weights.b_h;
+    a.xz = saved.xz_;
+    a.h = saved.h_;
+    a.h_bf16 = saved.h_bf16_;
+    a.read = saved.read_;
+    a.write = saved.write_;
+    a.read_attn = saved.read_attn_;
+    a.write_attn = saved.write_attn_;
+    a.tape = tape;
+    a.checkpoints = saved.checkpoints_;
+    a.interval = interval_;
+    a.recurrent = recurrent;
+    a.y = y;
+    a.sync = p.sync.as<kernels::PersistentSync>();
+    a.timeout_seconds = timeout_seconds_;
+    a.stall_block = stall_block_;
+    kernels::persistent_forward(a, stream);
+    CUDA_CHECK(cudaMemcpyAsync(p.record.data(), p.sync.data(), sizeof(kernels::PersistentSync), cudaMemcpyDeviceToHost,
+                               stream));
+    CUDA_CHECK(cudaEventRecord(p.done, stream));
+    p.launched = true;
+  }
+  for (std::int64_t t = 0; t < T && !persistent; ++t) {
     float* h_prev = saved.h_ + t * B * D;
     float* h_cur = saved.h_ + (t + 1) * B * D;
     float* write = saved.write_ + t * B * D;

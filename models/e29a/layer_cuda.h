@@ -11,6 +11,10 @@
 // weight gradients of W_xz, W_h, W_write) take bf16 operands with fp32 accumulation, like every
 // linear layer of the project; weight gradients are added (+=) in fp32 to the caller's buffers.
 //
+// The forward's recurrence runs either as the hybrid path's launches per step or as one persistent
+// kernel for all steps (layer_persistent.h), which the default takes where the device and shape
+// allow; both save the same tensors, so the backward (hybrid) runs after either.
+//
 // Memory: the forward saves x/z, h (fp32 and bf16), r, w and both attentions for every step,
 // but the tape only every `checkpoint_interval` steps; the backward replays each segment's tapes
 // from its checkpoint and the saved w and write attention with the forward's arithmetic (bit-
@@ -23,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include <cuda_bf16.h>
 
@@ -63,6 +68,10 @@ struct ScoreGradientsCuda {
 };
 
 class LayerCuda;
+
+// How the forward runs its recurrence: `automatic` takes the persistent kernel where it can
+// (persistent_refusal() is empty), else the hybrid path.
+enum class ForwardKernel { automatic, hybrid, persistent };
 
 // What one layer's forward keeps for its backward (device memory sized at creation).
 class LayerActivationsCuda {
@@ -106,6 +115,18 @@ class LayerCuda {
   std::int64_t dim() const { return dim_; }
   std::int64_t slots() const { return slots_; }
   std::int64_t checkpoint_interval() const { return interval_; }
+  // Choosing `persistent` where the persistent kernel cannot take the layer throws, naming why.
+  void set_forward_kernel(ForwardKernel kernel);
+  // Why the persistent forward cannot run this layer on this device ("" when it can).
+  const std::string& persistent_refusal() const { return persistent_refusal_; }
+  // What the last forward ran (hybrid or persistent).
+  ForwardKernel last_forward_kernel() const { return last_forward_; }
+  // Waits for the last persistent forward and throws core::Error if a barrier passed its deadline
+  // (the forward also checks, without waiting, the one before it). Tests set the deadline and
+  // stall a block on purpose.
+  void check() const;
+  void set_persistent_timeout(double seconds) { timeout_seconds_ = seconds; }
+  void stall_block_for_tests(int block) { stall_block_ = block; }
   // Device bytes of one LayerActivationsCuda, and of this object's own scratch.
   std::size_t activation_bytes() const;
   std::size_t scratch_bytes() const { return scratch_.bytes() + workspace_.bytes(); }
@@ -128,6 +149,11 @@ class LayerCuda {
   const core::DeviceContext* context_;
   std::int64_t dim_, slots_, max_batch_, max_steps_, interval_;
   LayerBackwardOptions options_;
+  ForwardKernel forward_kernel_ = ForwardKernel::automatic;
+  ForwardKernel last_forward_ = ForwardKernel::hybrid;
+  std::string persistent_refusal_;
+  double timeout_seconds_ = 5.0;
+  int stall_block_ = -1;
   core::Buffer scratch_;
   core::Buffer workspace_;
   std::unique_ptr<Plan> plan_;

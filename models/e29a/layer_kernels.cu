@@ -1,189 +1,38 @@
-// Phase kernels of the E29a layer (layer_kernels.h). Each block owns one sequence; thread j handles
-// features j, j + blockDim, ...; the N slot sums of a step are reduced by block_slot_sums in a
-// fixed order; softmax and its backward run in warp 0 (N <= 64: two slots per lane). The tape
-// update is one function shared by the forward and the backward's replay, written with explicit
-// round-to-nearest operations so both give the same bits.
+// Phase kernels of the E29a layer (layer_kernels.h), one block per sequence. The forward steps'
+// bodies, the fixed-order slot reductions and the tape update live in layer_step.cuh, shared with
+// the persistent forward; the backward's bodies are here. The replay uses the forward's tape
+// update, so it gives the forward's bits.
 #include <algorithm>
 #include <string>
 
 #include "core/error.h"
 #include "models/e29a/layer_kernels.h"
+#include "models/e29a/layer_step.cuh"
 
 namespace models::e29a::kernels {
 namespace {
 
 constexpr int kMaxThreads = 256;
-constexpr unsigned kFull = 0xffffffffu;
 
-__device__ __forceinline__ float tape_update(float tape, float attn, float write) {
-  return __fadd_rn(__fmul_rn(__fsub_rn(1.0f, attn), tape), __fmul_rn(attn, write));
-}
+using step::block_slot_sums;
+using step::kFull;
+using step::Shared;
+using step::sigmoidf;
+using step::softmax_backward_warp;
+using step::tape_update;
 
-__device__ __forceinline__ float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
-
-// Shared memory of a phase kernel: per-warp partials [warps][MaxN], then the slot vectors.
-template <int MaxN>
-struct Shared {
-  float* warp_part;
-  float* sums;  // [MaxN] block sums
-  float* attn;  // [MaxN]
-  float* ds;    // [MaxN] score gradients
-  float* vec;   // [dim]
-
-  __device__ explicit Shared(float* base) {
-    const int warps = blockDim.x / 32;
-    warp_part = base;
-    sums = warp_part + warps * MaxN;
-    attn = sums + MaxN;
-    ds = attn + MaxN;
-    vec = ds + MaxN;
-  }
-};
-
-std::size_t shared_bytes(int max_n, int threads, int dim) {
-  return static_cast<std::size_t>((threads / 32) * max_n + 3 * max_n + dim) * sizeof(float);
-}
-
-// sums[n] = sum over the block's threads of part[n]: each warp by a shuffle tree (lane 0's value),
-// then the warps in order by thread n. Ends with a barrier; sums[] is then visible to all.
-template <int MaxN>
-__device__ __forceinline__ void block_slot_sums(float (&part)[MaxN], const Shared<MaxN>& sh, int slots) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-#pragma unroll
-  for (int n = 0; n < MaxN; ++n) {
-    if (n < slots) {
-      float v = part[n];
-#pragma unroll
-      for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
-      if (lane == 0) sh.warp_part[warp * MaxN + n] = v;
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < slots) {
-    float s = 0.0f;
-    for (int w = 0; w < warps; ++w) s += sh.warp_part[w * MaxN + threadIdx.x];
-    sh.sums[threadIdx.x] = s;
-  }
-  __syncthreads();
-}
-
-// Warp 0: attn = softmax(scale * sums). The normaliser is lane 0's sum, broadcast.
-template <int MaxN>
-__device__ __forceinline__ void softmax_warp(const Shared<MaxN>& sh, float scale, int slots) {
-  const int lane = threadIdx.x;
-  const bool has0 = lane<slots, has1 = MaxN> 32 && lane + 32 < slots;
-  const float s0 = has0 ? scale * sh.sums[lane] : -INFINITY;
-  const float s1 = has1 ? scale * sh.sums[lane + 32] : -INFINITY;
-  float m = fmaxf(s0, s1);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, offset));
-  const float e0 = has0 ? expf(s0 - m) : 0.0f, e1 = has1 ? expf(s1 - m) : 0.0f;
-  float total = e0 + e1;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) total += __shfl_xor_sync(kFull, total, offset);
-  total = __shfl_sync(kFull, total, 0);
-  if (has0) sh.attn[lane] = e0 / total;
-  if (has1) sh.attn[lane + 32] = e1 / total;
-}
-
-// Warp 0: ds = attn * ((g - g[0]) - sum_m attn[m] (g[m] - g[0])) with g = sums (the gradient of the
-// attention weights); exactly zero when every g is equal, and zero when the scores are detached.
-template <int MaxN>
-__device__ __forceinline__ void softmax_backward_warp(const Shared<MaxN>& sh, int slots, bool detach) {
-  const int lane = threadIdx.x;
-  const bool has0 = lane<slots, has1 = MaxN> 32 && lane + 32 < slots;
-  const float g_first = sh.sums[0];
-  const float g0 = has0 ? sh.sums[lane] - g_first : 0.0f, g1 = has1 ? sh.sums[lane + 32] - g_first : 0.0f;
-  const float a0 = has0 ? sh.attn[lane] : 0.0f, a1 = has1 ? sh.attn[lane + 32] : 0.0f;
-  float mean = a0 * g0 + a1 * g1;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) mean += __shfl_xor_sync(kFull, mean, offset);
-  mean = __shfl_sync(kFull, mean, 0);
-  if (has0) sh.ds[lane] = detach ? 0.0f : a0 * (g0 - mean);
-  if (has1) sh.ds[lane + 32] = detach ? 0.0f : a1 * (g1 - mean);
-}
+std::size_t shared_bytes(int max_n, int threads, int dim) { return step::shared_floats(max_n, threads, dim) * sizeof(float); }
 
 template <int MaxN>
 __global__ void __launch_bounds__(kMaxThreads) read_step_kernel(ReadStepArgs a) {
   extern __shared__ float smem[];
-  const Shared<MaxN> sh(smem);
-  const std::int64_t b = blockIdx.x;
-  const int D = a.dim, N = a.slots;
-  const float* H = a.tape + b * N * D;
-  const float* hp = a.h_prev + b * D;
-
-  float part[MaxN];
-#pragma unroll
-  for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    const float v = hp[d];
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(H[n * D + d], v, part[n]);
-    }
-  }
-  block_slot_sums<MaxN>(part, sh, N);
-  if (threadIdx.x < 32) softmax_warp<MaxN>(sh, a.scale, N);
-  __syncthreads();
-  if (threadIdx.x < N) a.read_attn[b * N + threadIdx.x] = sh.attn[threadIdx.x];
-
-  const float* x = a.x + b * a.x_stride;
-  const float* rec = a.recurrent + b * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float r = 0.0f;
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) r = fmaf(sh.attn[n], H[n * D + d], r);
-    }
-    const float pre = ((x[d] + rec[d]) + r) + __bfloat162float(a.bias[d]);
-    const float h = tanhf(pre);
-    a.h[b * D + d] = h;
-    a.h_bf16[b * D + d] = __float2bfloat16_rn(h);
-    a.read[b * D + d] = r;
-  }
+  step::read_sequence<MaxN>(a, blockIdx.x, Shared<MaxN>(smem));
 }
 
 template <int MaxN>
 __global__ void __launch_bounds__(kMaxThreads) write_step_kernel(WriteStepArgs a) {
   extern __shared__ float smem[];
-  const Shared<MaxN> sh(smem);
-  const std::int64_t b = blockIdx.x;
-  const int D = a.dim, N = a.slots;
-  float* H = a.tape + b * N * D;
-  const float* w = a.write + b * D;
-
-  float part[MaxN];
-#pragma unroll
-  for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    const float v = w[d];
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(H[n * D + d], v, part[n]);
-    }
-  }
-  block_slot_sums<MaxN>(part, sh, N);
-  if (threadIdx.x < 32) softmax_warp<MaxN>(sh, a.scale, N);
-  __syncthreads();
-  if (threadIdx.x < N) a.write_attn[b * N + threadIdx.x] = sh.attn[threadIdx.x];
-
-  float* checkpoint = a.checkpoint ? a.checkpoint + b * N * D : nullptr;
-  const float* z = a.z + b * a.z_stride;
-  __nv_bfloat16* y = a.y + b * a.y_stride;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    const float v = w[d];
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) {
-        const float old = H[n * D + d];
-        if (checkpoint) checkpoint[n * D + d] = old;
-        H[n * D + d] = tape_update(old, sh.attn[n], v);
-      }
-    }
-    const float h = a.h[b * D + d];
-    const float g = (z[d] + a.read[b * D + d]) + h;
-    y[d] = __float2bfloat16_rn(h * (g * sigmoidf(g)));
-  }
+  step::write_sequence<MaxN>(a, blockIdx.x, Shared<MaxN>(smem));
 }
 
 template <int MaxN>

@@ -1,9 +1,11 @@
-// The E29a layer's hybrid CUDA path (models/e29a/layer_cuda.h) against the CPU reference
+// The E29a layer's CUDA paths (models/e29a/layer_cuda.h: the hybrid forward and the persistent
+// one, layer_persistent.h; one backward) against the CPU reference
 // (layer.h, run in fp64 on the exact values of the same bf16 inputs and weights) on fresh random
 // inputs at the scales of the model's initialisation, over N in {8, 16, 32, 64} (and 5, 40: slot
 // counts below a kernel's capacity), D in {64, 72, 200, 1024}, T in {1, 7, 129, 512} (129 and 512
 // end in a partial checkpoint segment), B in {1, 3, 64}; the zero-tape degeneracy on the GPU;
-// bit-identical reruns and independence from the checkpoint interval; state hand-over.
+// bit-identical reruns and independence from the checkpoint interval; state hand-over; the two
+// forwards against each other; a stalled persistent launch leaving at its deadline.
 //
 // Tolerances (normwise: ||gpu - ref|| <= tol ||ref||), from where the GPU path rounds:
 //  - fp32 paths (h, r, both attentions, the end tape, the score gradients, dL/db_h, dL/dH_0): the
@@ -13,7 +15,9 @@
 //    sums, one rounding per value) and measures its error against fp64, e: typically < 2e-6, but up
 //    to 9e-6 on a long D 1024 run. cuBLASLt's fp32 products and the kernels' shuffle trees round
 //    every partial sum (a value summed from D products carries a few fp32 ulps, not half of one),
-//    so allow 100x: max(2e-4, 100 e) (measured on an H100: at most 31 e).
+//    so allow 100x: max(2e-4, 100 e) (measured on an H100: at most 31 e). The persistent forward
+//    sums the two recurrent products in its own fixed order (fp32, per lane then a butterfly), so
+//    the same bound holds for it.
 //  - bf16 paths (y, du, dL/dW_xz, dL/dW_h, dL/dW_write): y and du are rounded to bf16 (2^-9
 //    relative at most, about 2^-9/sqrt(3) = 1.1e-3 rms), and the weight-gradient and du products
 //    take bf16 copies of their fp32 operands (two more such roundings), so the expected error is
@@ -241,7 +245,8 @@ struct GpuResult {
 
 GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weights& w, const Bits& u, const Bits& dy,
                   const std::vector<float>& grad_init, std::int64_t interval = 0,
-                  const e29a::LayerBackwardOptions& options = {}) {
+                  const e29a::LayerBackwardOptions& options = {},
+                  e29a::ForwardKernel kernel = e29a::ForwardKernel::hybrid) {
   const std::int64_t B = c.batch, T = c.steps, D = c.dim, N = c.slots;
   auto slice = [&](std::size_t offset, std::size_t count) {
     return std::vector<float>(grad_init.begin() + offset, grad_init.begin() + offset + count);
@@ -250,6 +255,7 @@ GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weigh
   DeviceLayer layer(w, slice(0, 2 * dd), slice(2 * dd, dd), slice(3 * dd, D), slice(3 * dd + D, dd),
                     slice(4 * dd + D, N * D));
   e29a::LayerCuda cuda(context, D, N, B, T, interval, options);
+  cuda.set_forward_kernel(kernel);
   auto acts = cuda.make_activations();
   core::Buffer u_d = to_device(u), dy_d = to_device(dy);
   const std::size_t tokens = static_cast<std::size_t>(B * T * D);
@@ -259,9 +265,11 @@ GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weigh
   const e29a::LayerStateCuda end{end_h.as<float>(), end_tape.as<float>()};
   const e29a::ScoreGradientsCuda scores{score_r.as<float>(), score_w.as<float>()};
   cuda.forward(layer.weights(), u_d.as<__nv_bfloat16>(), B, T, y_d.as<__nv_bfloat16>(), acts, nullptr, &end);
+  EXPECT_EQ(cuda.last_forward_kernel(), kernel);
   cuda.backward(layer.weights(), u_d.as<__nv_bfloat16>(), dy_d.as<__nv_bfloat16>(), du_d.as<__nv_bfloat16>(),
                 layer.grads(), acts, &scores);
   context.synchronize();
+  cuda.check();
   GpuResult r;
   r.y = from_device<std::uint16_t>(y_d.data(), tokens);
   r.du = from_device<std::uint16_t>(du_d.data(), tokens);
@@ -377,6 +385,12 @@ void compare(const Case& c, const GpuResult& g, const Reference& r, const std::v
               g_worst_bf16.name.c_str());
 }
 
+constexpr e29a::ForwardKernel kKernels[] = {e29a::ForwardKernel::hybrid, e29a::ForwardKernel::persistent};
+
+const char* kernel_name(e29a::ForwardKernel kernel) {
+  return kernel == e29a::ForwardKernel::persistent ? "persistent forward" : "hybrid forward";
+}
+
 std::size_t gradient_count(const Case& c) {
   return static_cast<std::size_t>(4 * c.dim * c.dim + c.dim + c.slots * c.dim);
 }
@@ -390,6 +404,7 @@ TEST(E29aGpu, MatchesReference) {
   const Case cases[] = {
       {8, 64, 1, 1},    {16, 72, 512, 3},  {32, 200, 7, 64}, {64, 64, 129, 64}, {8, 1024, 129, 3},
       {64, 1024, 7, 1}, {16, 200, 129, 3}, {32, 72, 512, 1}, {5, 72, 7, 3},     {40, 200, 7, 3},
+      {8, 5, 37, 2},    {16, 1, 7, 5},     {8, 1024, 16, 64},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(describe(c));
@@ -397,9 +412,13 @@ TEST(E29aGpu, MatchesReference) {
     const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
     const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
     const std::vector<float> grad_init = test::random_normal(rng, gradient_count(c), 0.5f);
-    const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init);
     const Reference r = run_reference(c, w, u.values, dy.values);
-    compare(c, g, r, grad_init, fp32_tolerance(c, w, u.values, dy.values, r));
+    const double tol = fp32_tolerance(c, w, u.values, dy.values, r);
+    for (const e29a::ForwardKernel kernel : kKernels) {
+      SCOPED_TRACE(kernel_name(kernel));
+      const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
+      compare(c, g, r, grad_init, tol);
+    }
   }
 }
 
@@ -447,11 +466,13 @@ TEST(E29aGpu, BitIdenticalAcrossRunsAndCheckpointIntervals) {
   const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
   const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
   const std::vector<float> grad_init = test::random_normal(rng, gradient_count(c), 0.5f);
-  const GpuResult base = run_gpu(context, c, w, u.bits, dy.bits, grad_init);
+  for (const e29a::ForwardKernel kernel : kKernels) {
+  SCOPED_TRACE(kernel_name(kernel));
+  const GpuResult base = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
   for (const std::int64_t interval :
        {std::int64_t{0}, std::int64_t{1}, std::int64_t{5}, std::int64_t{36}, std::int64_t{37}, std::int64_t{1000}}) {
     SCOPED_TRACE("interval " + std::to_string(interval));
-    const GpuResult again = run_gpu(context, c, w, u.bits, dy.bits, grad_init, interval);
+    const GpuResult again = run_gpu(context, c, w, u.bits, dy.bits, grad_init, interval, {}, kernel);
     EXPECT_TRUE(bit_identical("y", again.y, base.y));
     EXPECT_TRUE(bit_identical("du", again.du, base.du));
     EXPECT_TRUE(bit_identical("dW_xz", again.g_xz, base.g_xz));
@@ -460,6 +481,7 @@ TEST(E29aGpu, BitIdenticalAcrossRunsAndCheckpointIntervals) {
     EXPECT_TRUE(bit_identical("dW_write", again.g_write, base.g_write));
     EXPECT_TRUE(bit_identical("dH_0", again.g_tape0, base.g_tape0));
     EXPECT_TRUE(bit_identical("score gradients", again.score_write, base.score_write));
+  }
   }
 }
 
@@ -473,8 +495,10 @@ TEST(E29aGpu, BenchmarkShapeIsFiniteAndDeterministic) {
   const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
   const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
   const std::vector<float> grad_init(gradient_count(c), 0.0f);
-  const GpuResult a = run_gpu(context, c, w, u.bits, dy.bits, grad_init);
-  const GpuResult b = run_gpu(context, c, w, u.bits, dy.bits, grad_init);
+  for (const e29a::ForwardKernel kernel : kKernels) {
+  SCOPED_TRACE(kernel_name(kernel));
+  const GpuResult a = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
+  const GpuResult b = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
   for (const float v : a.g_tape0) ASSERT_TRUE(std::isfinite(v));
   for (const float v : a.g_h) ASSERT_TRUE(std::isfinite(v));
   for (const auto v : a.du) ASSERT_TRUE(std::isfinite(core::bf16_to_float(v)));
@@ -483,6 +507,7 @@ TEST(E29aGpu, BenchmarkShapeIsFiniteAndDeterministic) {
   EXPECT_TRUE(bit_identical("dW_h", a.g_h, b.g_h));
   EXPECT_TRUE(bit_identical("dW_xz", a.g_xz, b.g_xz));
   EXPECT_TRUE(bit_identical("dH_0", a.g_tape0, b.g_tape0));
+  }
 }
 
 // A zero tape (upstream's start) on the GPU: every slot stays equal, both attentions are exactly
@@ -535,7 +560,10 @@ TEST(E29aGpu, StateCarriesAcrossCalls) {
   auto slice = [&](std::size_t n) { return std::vector<float>(n, 0.0f); };
   const auto dd = static_cast<std::size_t>(D * D);
   DeviceLayer layer(w, slice(2 * dd), slice(dd), slice(D), slice(dd), slice(N * D));
+  for (const e29a::ForwardKernel kernel : kKernels) {
+  SCOPED_TRACE(kernel_name(kernel));
   e29a::LayerCuda cuda(context, D, N, B, T);
+  cuda.set_forward_kernel(kernel);
   auto acts = cuda.make_activations();
   core::Buffer u_d = to_device(u.bits);
   core::Buffer y_full = poisoned(B * T * D * 2);
@@ -574,6 +602,84 @@ TEST(E29aGpu, StateCarriesAcrossCalls) {
   EXPECT_TRUE(within_one_bf16_ulp("y", joined, y_ref, 0.0));
   EXPECT_TRUE(normwise_close("end h", widen(from_device<float>(fin_h.data(), B * D)), end_h_ref, 1e-5));
   EXPECT_TRUE(normwise_close("end tape", widen(from_device<float>(fin_tape.data(), B * N * D)), end_tape_ref, 1e-5));
+  }
+}
+
+// The two forwards on the same draw: every saved tensor and every gradient close (they differ only
+// in the recurrent products' summation order), at the benchmark's width and at awkward ones.
+TEST(E29aGpu, PersistentForwardMatchesHybrid) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  core::DeviceContext context(core::Device::cuda());
+  for (const Case c : {Case{8, 1024, 64, 64}, Case{16, 1024, 33, 16}, Case{64, 200, 19, 7}, Case{5, 24, 9, 150}}) {
+    SCOPED_TRACE(describe(c));
+    const Weights w = random_weights(rng, c.dim, c.slots);
+    const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
+    const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
+    const std::vector<float> grad_init(gradient_count(c), 0.0f);
+    const GpuResult hybrid = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, e29a::ForwardKernel::hybrid);
+    const GpuResult persistent =
+        run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, e29a::ForwardKernel::persistent);
+    EXPECT_TRUE(within_one_bf16_ulp("y", bf16_values(persistent.y), bf16_values(hybrid.y), 1e-5));
+    EXPECT_TRUE(normwise_close("h", widen(persistent.h), widen(hybrid.h), 1e-5));
+    EXPECT_TRUE(normwise_close("read attention", widen(persistent.read_attn), widen(hybrid.read_attn), 1e-5));
+    EXPECT_TRUE(normwise_close("write attention", widen(persistent.write_attn), widen(hybrid.write_attn), 1e-5));
+    EXPECT_TRUE(normwise_close("end tape", widen(persistent.end_tape), widen(hybrid.end_tape), 1e-5));
+    EXPECT_TRUE(normwise_close("dL/dW_h", widen(persistent.g_h), widen(hybrid.g_h), 1e-3));
+    EXPECT_TRUE(normwise_close("dL/dH_0", widen(persistent.g_tape0), widen(hybrid.g_tape0), 1e-4));
+    EXPECT_TRUE(normwise_close("du", bf16_values(persistent.du), bf16_values(hybrid.du), 1e-2));
+  }
+}
+
+// A block that never arrives: every block leaves at the deadline, check() says where, and the next
+// launch runs normally.
+TEST(E29aGpu, PersistentStallLeavesAtDeadline) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  core::DeviceContext context(core::Device::cuda());
+  const std::int64_t B = 4, T = 5, D = 64, N = 8;
+  const Weights w = random_weights(rng, D, N);
+  const Bf16Data u = normal_bf16(rng, static_cast<std::size_t>(B * T * D), 1.0f);
+  const auto dd = static_cast<std::size_t>(D * D);
+  auto zeros = [](std::size_t n) { return std::vector<float>(n, 0.0f); };
+  DeviceLayer layer(w, zeros(2 * dd), zeros(dd), zeros(D), zeros(dd), zeros(N * D));
+  e29a::LayerCuda cuda(context, D, N, B, T);
+  cuda.set_forward_kernel(e29a::ForwardKernel::persistent);
+  cuda.set_persistent_timeout(0.05);
+  cuda.stall_block_for_tests(1);
+  auto acts = cuda.make_activations();
+  core::Buffer u_d = to_device(u.bits), y = poisoned(B * T * D * 2);
+  cuda.forward(layer.weights(), u_d.as<__nv_bfloat16>(), B, T, y.as<__nv_bfloat16>(), acts);
+  try {
+    cuda.check();
+    ADD_FAILURE() << "a stalled launch should throw";
+  } catch (const core::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("grid barrier 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("waited more than"), std::string::npos) << what;
+  }
+  cuda.stall_block_for_tests(-1);
+  cuda.forward(layer.weights(), u_d.as<__nv_bfloat16>(), B, T, y.as<__nv_bfloat16>(), acts);
+  EXPECT_NO_THROW(cuda.check());
+  const auto out = bf16_values(from_device<std::uint16_t>(y.data(), B * T * D));
+  for (const double v : out) ASSERT_TRUE(std::isfinite(v));
+}
+
+// A width whose rows do not fit a block's shared memory: the persistent forward refuses by name,
+// and the default takes the hybrid path.
+TEST(E29aGpu, PersistentRefusesWhatDoesNotFit) {
+  REQUIRE_GPU();
+  core::DeviceContext context(core::Device::cuda());
+  e29a::LayerCuda wide(context, 8192, 8, 1, 1);
+  EXPECT_FALSE(wide.persistent_refusal().empty());
+  try {
+    wide.set_forward_kernel(e29a::ForwardKernel::persistent);
+    ADD_FAILURE() << "dim 8192 should be refused";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("persistent forward cannot run"), std::string::npos) << e.what();
+  }
+  e29a::LayerCuda narrow(context, 1024, 8, 64, 4);
+  EXPECT_TRUE(narrow.persistent_refusal().empty()) << narrow.persistent_refusal();
 }
 
 TEST(E29aGpu, RejectsBadShapes) {
