@@ -146,19 +146,13 @@ void LayerCuda::set_forward_kernel(ForwardKernel kernel) {
   forward_kernel_ = kernel;
 }
 
-namespace {
-
-void throw_if_aborted(const kernels::PersistentSync& record, double timeout_seconds) {
-  if (record.aborted != 0) throw core::Error(kernels::persistent_abort_message(record, timeout_seconds));
-}
-
-}  // namespace
-
-void LayerCuda::check() const {
-  const Plan& p = *plan_;
+void LayerCuda::check() {
+  Plan& p = *plan_;
   if (!p.launched) return;
   CUDA_CHECK(cudaEventSynchronize(p.done));
-  throw_if_aborted(*p.record.as<kernels::PersistentSync>(), timeout_seconds_);
+  p.launched = false;
+  const auto& record = *p.record.as<kernels::PersistentSync>();
+  if (record.aborted != 0) throw core::Error(kernels::persistent_abort_message(record, timeout_seconds_));
 }
 
 LayerCuda::~LayerCuda() = default;
@@ -235,8 +229,15 @@ void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int
   last_forward_ = persistent ? ForwardKernel::persistent : ForwardKernel::hybrid;
   if (persistent && T > 0) {
     // The previous launch's record, if it has landed (no wait here: check() waits).
-    if (p.launched && cudaEventQuery(p.done) == cudaSuccess) {
-      throw_if_aborted(*p.record.as<kernels::PersistentSync>(), timeout_seconds_);
+    if (p.launched) {
+      const cudaError_t landed = cudaEventQuery(p.done);
+      if (landed == cudaSuccess) {
+        check();
+      } else if (landed == cudaErrorNotReady) {
+        (void)cudaGetLastError();  // not an error: the launch is still running
+      } else {
+        CUDA_CHECK(landed);
+      }
     }
     kernels::PersistentForwardArgs a;
     a.batch = B;
@@ -262,6 +263,9 @@ void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int
     a.sync = p.sync.as<kernels::PersistentSync>();
     a.timeout_seconds = timeout_seconds_;
     a.stall_block = stall_block_;
+    a.tape_on_chip = tape_on_chip_;
+    a.stage_h = stage_h_;
+    a.profile = profile_;
     kernels::persistent_forward(a, stream);
     CUDA_CHECK(cudaMemcpyAsync(p.record.data(), p.sync.data(), sizeof(kernels::PersistentSync), cudaMemcpyDeviceToHost,
                                stream));

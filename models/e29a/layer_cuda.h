@@ -122,11 +122,16 @@ class LayerCuda {
   // What the last forward ran (hybrid or persistent).
   ForwardKernel last_forward_kernel() const { return last_forward_; }
   // Waits for the last persistent forward and throws core::Error if a barrier passed its deadline
-  // (the forward also checks, without waiting, the one before it). Tests set the deadline and
-  // stall a block on purpose.
-  void check() const;
+  // (the forward also checks, without waiting, the one before it); a record is reported once.
+  // Tests set the deadline and stall a block on purpose.
+  void check();
   void set_persistent_timeout(double seconds) { timeout_seconds_ = seconds; }
   void stall_block_for_tests(int block) { stall_block_ = block; }
+  // Benchmarks: the tape in global memory instead of on chip; a device array of 8 uint64 that
+  // receives ns per phase kind (layer_persistent.h).
+  void set_persistent_tape_on_chip(bool on_chip) { tape_on_chip_ = on_chip; }
+  void set_persistent_stage_h(bool staged) { stage_h_ = staged; }
+  void set_persistent_profile(std::uint64_t* device_ns) { profile_ = device_ns; }
   // Device bytes of one LayerActivationsCuda, and of this object's own scratch.
   std::size_t activation_bytes() const;
   std::size_t scratch_bytes() const { return scratch_.bytes() + workspace_.bytes(); }
@@ -154,6 +159,8 @@ class LayerCuda {
   std::string persistent_refusal_;
   double timeout_seconds_ = 5.0;
   int stall_block_ = -1;
+  bool tape_on_chip_ = true, stage_h_ = true;
+  std::uint64_t* profile_ = nullptr;
   core::Buffer scratch_;
   core::Buffer workspace_;
   std::unique_ptr<Plan> plan_;

@@ -26,13 +26,13 @@ std::size_t shared_bytes(int max_n, int threads, int dim) { return step::shared_
 template <int MaxN>
 __global__ void __launch_bounds__(kMaxThreads) read_step_kernel(ReadStepArgs a) {
   extern __shared__ float smem[];
-  step::read_sequence<MaxN>(a, blockIdx.x, Shared<MaxN>(smem));
+  step::read_sequence<MaxN>(a, blockIdx.x, Shared<MaxN>(smem), a.tape + static_cast<std::int64_t>(blockIdx.x) * a.slots * a.dim);
 }
 
 template <int MaxN>
 __global__ void __launch_bounds__(kMaxThreads) write_step_kernel(WriteStepArgs a) {
   extern __shared__ float smem[];
-  step::write_sequence<MaxN>(a, blockIdx.x, Shared<MaxN>(smem));
+  step::write_sequence<MaxN>(a, blockIdx.x, Shared<MaxN>(smem), a.tape + static_cast<std::int64_t>(blockIdx.x) * a.slots * a.dim);
 }
 
 template <int MaxN>

@@ -8,7 +8,9 @@
 // - sequences: a block per sequence runs the write step of t (write attention, tape update, y_t)
 //   and the read step of t + 1 (read attention, h_{t+1}) with the hybrid path's own device
 //   functions (layer_step.cuh), so only the two recurrent products differ from it (their summation
-//   order: fp32 throughout, normwise within 1e-6 of each other at a step).
+//   order: fp32 throughout). Where every block has at most one sequence and shared memory allows,
+//   the sequence's tape [N, D] stays in shared memory for all T steps (loaded at the start,
+//   written back at the end).
 // It writes every saved tensor the hybrid forward writes (h, r, w, both attentions, checkpoints),
 // so the hybrid backward runs on either forward's output.
 //
@@ -52,7 +54,10 @@ struct PersistentForwardArgs {
   __nv_bfloat16* y = nullptr;  // [batch, steps, D]
   PersistentSync* sync = nullptr;
   double timeout_seconds = 5.0;
-  int stall_block = -1;  // tests: this block never arrives at the first barrier
+  int stall_block = -1;        // tests: this block never arrives at the first barrier
+  bool tape_on_chip = true;    // a block's sequence tape in shared memory where it fits
+  bool stage_h = true;         // benchmarks: h through bulk copies into shared memory where it fits
+  std::uint64_t* profile = nullptr;  // optional [8]: ns in rows, wait, sequences, wait (block 0, last block)
 };
 
 // Why the persistent forward cannot take this shape on the current device ("" when it can).

@@ -109,16 +109,18 @@ __device__ __forceinline__ void softmax_backward_warp(const Shared<MaxN>& sh, in
 }
 
 // Step t of sequence b (the block's threads): the read attention over H_{t-1} with h_{t-1}, r_t and
-// h_t = tanh(x_t + W_h h_{t-1} + r_t + b_h).
+// h_t = tanh(x_t + W_h h_{t-1} + r_t + b_h). H: the sequence's tape [N, D] (global or shared
+// memory; a.tape is not read).
 template <int MaxN>
-__device__ __forceinline__ void read_sequence(const ReadStepArgs& a, std::int64_t b, const Shared<MaxN>& sh) {
+__device__ __forceinline__ void read_sequence(const ReadStepArgs& a, std::int64_t b, const Shared<MaxN>& sh,
+                                              const float* H) {
   const int D = a.dim, N = a.slots;
-  const float* H = a.tape + b * N * D;
   const float* hp = a.h_prev + b * D;
 
   float part[MaxN];
 #pragma unroll
   for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
+#pragma unroll 4
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     const float v = hp[d];
 #pragma unroll
@@ -133,6 +135,7 @@ __device__ __forceinline__ void read_sequence(const ReadStepArgs& a, std::int64_
 
   const float* x = a.x + b * a.x_stride;
   const float* rec = a.recurrent + b * D;
+#pragma unroll 4
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float r = 0.0f;
 #pragma unroll
@@ -148,16 +151,17 @@ __device__ __forceinline__ void read_sequence(const ReadStepArgs& a, std::int64_
 }
 
 // Step t of sequence b: the write attention over H_{t-1} with w_t, H_t (H_{t-1} to the checkpoint
-// first when asked) and y_t = h_t * silu(z_t + r_t + h_t).
+// first when asked) and y_t = h_t * silu(z_t + r_t + h_t). H: the sequence's tape, updated in place.
 template <int MaxN>
-__device__ __forceinline__ void write_sequence(const WriteStepArgs& a, std::int64_t b, const Shared<MaxN>& sh) {
+__device__ __forceinline__ void write_sequence(const WriteStepArgs& a, std::int64_t b, const Shared<MaxN>& sh,
+                                               float* H) {
   const int D = a.dim, N = a.slots;
-  float* H = a.tape + b * N * D;
   const float* w = a.write + b * D;
 
   float part[MaxN];
 #pragma unroll
   for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
+#pragma unroll 4
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     const float v = w[d];
 #pragma unroll
@@ -173,6 +177,7 @@ __device__ __forceinline__ void write_sequence(const WriteStepArgs& a, std::int6
   float* checkpoint = a.checkpoint ? a.checkpoint + b * N * D : nullptr;
   const float* z = a.z + b * a.z_stride;
   __nv_bfloat16* y = a.y + b * a.y_stride;
+#pragma unroll 4
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     const float v = w[d];
 #pragma unroll

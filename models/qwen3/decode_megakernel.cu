@@ -35,6 +35,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/async_copy.cuh"
 #include "core/block_reduce.cuh"
 #include "core/error.h"
 #include "core/memory_order.cuh"
@@ -50,59 +51,14 @@ constexpr int kMaxThreads = 32 * (kMaxConsumerWarps + 1);
 constexpr int kGatherBatch = 8;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// ---------------------------------------------------------------- PTX wrappers
-
-__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar, std::uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
-// Whether the phase of `bar` with this parity has completed (acquire, CTA scope).
-__device__ __forceinline__ bool mbar_test(std::uint64_t* bar, std::uint32_t parity) {
-  std::uint32_t done;
-  asm volatile(
-      "{\n\t.reg .pred p;\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-      "selp.u32 %0, 1, 0, p;\n\t}"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
-__device__ __forceinline__ std::uint64_t evict_first_policy() {
-  std::uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
-// Bulk copy global -> shared (the copy engine), completing `bytes` of the mbarrier's transaction.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint32_t bytes, std::uint64_t* bar,
-                                          std::uint64_t policy, bool hint) {
-  if (hint) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::
-            "r"(smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
-        : "memory");
-  } else {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(smem_addr(bar))
-        : "memory");
-  }
-}
+using core::bulk_copy;
+using core::evict_first_policy;
+using core::globaltimer;
+using core::mbar_arrive;
+using core::mbar_arrive_expect_tx;
+using core::mbar_init;
+using core::mbar_test;
+using core::smem_addr;
 
 using core::atom_add_acq_rel;
 using core::ld_acquire_u32;
@@ -126,11 +82,6 @@ __device__ __forceinline__ void st_tagged(std::uint64_t* p, float value, std::ui
 __device__ __forceinline__ std::uint32_t tag_of(std::uint64_t v) { return static_cast<std::uint32_t>(v >> 32); }
 __device__ __forceinline__ float value_of(std::uint64_t v) { return __uint_as_float(static_cast<std::uint32_t>(v)); }
 
-__device__ __forceinline__ std::uint64_t globaltimer() {
-  std::uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 // Named barrier 1 over the consumer warps (the producer warp never joins it).
 __device__ __forceinline__ void consumer_sync(int threads) {
@@ -322,7 +273,7 @@ __device__ void run_producer(const Params& p, unsigned char* smem, std::uint64_t
         while ((seen = ld_acquire_u32(appended)) < want) {
           if (!w.again(want, seen)) return drain(full, ring, g.pages, issued);
         }
-        asm volatile("fence.proxy.async.global;" ::: "memory");
+        core::fence_proxy_async_global();
         visible_layer = u.layer;
       }
       for (int k = 0; k < pages; ++k) {

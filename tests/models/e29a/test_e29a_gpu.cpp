@@ -605,12 +605,17 @@ TEST(E29aGpu, StateCarriesAcrossCalls) {
   }
 }
 
-// The two forwards on the same draw: every saved tensor and every gradient close (they differ only
-// in the recurrent products' summation order), at the benchmark's width and at awkward ones.
+// The two forwards on the same draw: every saved tensor and every gradient close. They differ only
+// in the recurrent products' summation order, fp32 rounding that the recurrence carries and may
+// amplify (on a D 1024, B 64 draw the fp32 CPU reference itself is up to 1e-4 from fp64; see
+// MatchesReference, which holds both forwards to the reference), so fp32 paths are compared
+// normwise at 10x the fp32 floor and bf16 outputs at the bf16 tolerance; a wrong row, slot or step
+// moves them by 1e-2 or more.
 TEST(E29aGpu, PersistentForwardMatchesHybrid) {
   REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
   core::DeviceContext context(core::Device::cuda());
+  const double fp32_tol = 10 * kFp32Tolerance;
   for (const Case c : {Case{8, 1024, 64, 64}, Case{16, 1024, 33, 16}, Case{64, 200, 19, 7}, Case{5, 24, 9, 150}}) {
     SCOPED_TRACE(describe(c));
     const Weights w = random_weights(rng, c.dim, c.slots);
@@ -620,14 +625,19 @@ TEST(E29aGpu, PersistentForwardMatchesHybrid) {
     const GpuResult hybrid = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, e29a::ForwardKernel::hybrid);
     const GpuResult persistent =
         run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, e29a::ForwardKernel::persistent);
-    EXPECT_TRUE(within_one_bf16_ulp("y", bf16_values(persistent.y), bf16_values(hybrid.y), 1e-5));
-    EXPECT_TRUE(normwise_close("h", widen(persistent.h), widen(hybrid.h), 1e-5));
-    EXPECT_TRUE(normwise_close("read attention", widen(persistent.read_attn), widen(hybrid.read_attn), 1e-5));
-    EXPECT_TRUE(normwise_close("write attention", widen(persistent.write_attn), widen(hybrid.write_attn), 1e-5));
-    EXPECT_TRUE(normwise_close("end tape", widen(persistent.end_tape), widen(hybrid.end_tape), 1e-5));
-    EXPECT_TRUE(normwise_close("dL/dW_h", widen(persistent.g_h), widen(hybrid.g_h), 1e-3));
-    EXPECT_TRUE(normwise_close("dL/dH_0", widen(persistent.g_tape0), widen(hybrid.g_tape0), 1e-4));
-    EXPECT_TRUE(normwise_close("du", bf16_values(persistent.du), bf16_values(hybrid.du), 1e-2));
+    g_worst_fp32 = {};
+    g_worst_bf16 = {};
+    EXPECT_TRUE(normwise_close("y", bf16_values(persistent.y), bf16_values(hybrid.y), kBf16Tolerance));
+    EXPECT_TRUE(normwise_close("h", widen(persistent.h), widen(hybrid.h), fp32_tol));
+    EXPECT_TRUE(normwise_close("read attention", widen(persistent.read_attn), widen(hybrid.read_attn), fp32_tol));
+    EXPECT_TRUE(normwise_close("write attention", widen(persistent.write_attn), widen(hybrid.write_attn), fp32_tol));
+    EXPECT_TRUE(normwise_close("end h", widen(persistent.end_h), widen(hybrid.end_h), fp32_tol));
+    EXPECT_TRUE(normwise_close("end tape", widen(persistent.end_tape), widen(hybrid.end_tape), fp32_tol));
+    EXPECT_TRUE(normwise_close("dL/dH_0", widen(persistent.g_tape0), widen(hybrid.g_tape0), kBf16Tolerance));
+    EXPECT_TRUE(normwise_close("dL/dW_h", widen(persistent.g_h), widen(hybrid.g_h), kBf16Tolerance));
+    EXPECT_TRUE(normwise_close("du", bf16_values(persistent.du), bf16_values(hybrid.du), kBf16Tolerance));
+    std::printf("[ errors   ] %s: persistent vs hybrid worst fp32 %.3g (%s), bf16 %.3g (%s)\n", describe(c).c_str(),
+                g_worst_fp32.error, g_worst_fp32.name.c_str(), g_worst_bf16.error, g_worst_bf16.name.c_str());
   }
 }
 
