@@ -62,9 +62,7 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-interval", interval, "tape checkpoint every K steps (0: about sqrt(steps))");
   app.add_option("--forward", forward, "automatic (persistent where it fits), hybrid or persistent")
       ->check(CLI::IsMember({"automatic", "hybrid", "persistent"}));
-  bool tape_global = false, profile = false, h_global = false;
-  app.add_flag("--h-global", h_global, "persistent forward: the rows phase loads h from L2 instead of staging it");
-  app.add_flag("--tape-global", tape_global, "persistent forward: keep the tape in global memory");
+  bool profile = false;
   app.add_flag("--profile", profile, "persistent forward: us per step in each phase kind (block 0, last block)");
   app.add_option("--warmup", warmup);
   app.add_option("--iterations", iterations);
@@ -96,9 +94,7 @@ int main(int argc, char** argv) {
     layer.set_forward_kernel(forward == "hybrid"       ? models::e29a::ForwardKernel::hybrid
                              : forward == "persistent" ? models::e29a::ForwardKernel::persistent
                                                        : models::e29a::ForwardKernel::automatic);
-    layer.set_persistent_tape_on_chip(!tape_global);
-    layer.set_persistent_stage_h(!h_global);
-    core::Buffer profile_ns = zeros_f32(8 * 2);  // 8 uint64
+    core::Buffer profile_ns = zeros_f32(11 * 2);  // 11 uint64
     if (profile) layer.set_persistent_profile(profile_ns.as<std::uint64_t>());
     auto acts = layer.make_activations();
     cudaEvent_t start, mid, stop;
@@ -149,12 +145,17 @@ int main(int argc, char** argv) {
         {"iterations", iterations},
     };
     if (profile) {
-      std::vector<std::uint64_t> ns(8);
-      CUDA_CHECK(cudaMemcpy(ns.data(), profile_ns.data(), 8 * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+      std::vector<std::uint64_t> ns(11);
+      CUDA_CHECK(cudaMemcpy(ns.data(), profile_ns.data(), 11 * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
       const char* kinds[] = {"rows", "wait_after_rows", "sequences", "wait_after_sequences"};
-      for (int k = 0; k < 8; ++k) {
-        out["profile_us_per_step"][k < 4 ? "block0" : "last_block"][kinds[k % 4]] =
-            static_cast<double>(ns[k]) * 1e-3 / static_cast<double>(steps);
+      const char* subs[] = {"loads_write_attention", "tape_pass", "read"};
+      for (int k = 0; k < 11; ++k) {
+        const double us = static_cast<double>(ns[k]) * 1e-3 / static_cast<double>(steps);
+        if (k < 8) {
+          out["profile_us_per_step"][k < 4 ? "block0" : "last_block"][kinds[k % 4]] = us;
+        } else {
+          out["profile_us_per_step"]["block0_parts"][subs[k - 8]] = us;
+        }
       }
     }
     std::printf("%s\n", out.dump().c_str());

@@ -1,7 +1,8 @@
 // Shared-memory transfers by the copy engine and the barriers that track them (PTX wrappers, sm_90
 // and later): mbarriers with transaction counts, bulk global -> shared copies, the L2 evict-first
-// policy, and the nanosecond timer that deadlines read. One definition for the persistent kernels
-// that stream through shared memory (the Qwen3 decode megakernel, the E29a persistent forward).
+// policy, and the nanosecond timer that deadlines read. One definition for the persistent kernels:
+// the Qwen3 decode megakernel streams its weights with them; the E29a persistent forward's
+// deadlines read the same timer.
 #pragma once
 
 #include <cstdint>

@@ -136,7 +136,8 @@ LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::
   p.dxz = c.take(b * t * 2 * d * sizeof(bf16));
   scratch_ = core::Buffer(context.device(), c.size());
   workspace_ = core::Buffer(context.device(), ops::linear_workspace_bytes());
-  persistent_refusal_ = kernels::persistent_forward_refusal(static_cast<int>(dim), static_cast<int>(slots));
+  persistent_refusal_ =
+      kernels::persistent_forward_refusal(static_cast<int>(dim), static_cast<int>(slots), max_batch);
 }
 
 void LayerCuda::set_forward_kernel(ForwardKernel kernel) {
@@ -263,8 +264,6 @@ void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int
     a.sync = p.sync.as<kernels::PersistentSync>();
     a.timeout_seconds = timeout_seconds_;
     a.stall_block = stall_block_;
-    a.tape_on_chip = tape_on_chip_;
-    a.stage_h = stage_h_;
     a.profile = profile_;
     kernels::persistent_forward(a, stream);
     CUDA_CHECK(cudaMemcpyAsync(p.record.data(), p.sync.data(), sizeof(kernels::PersistentSync), cudaMemcpyDeviceToHost,

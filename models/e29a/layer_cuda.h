@@ -127,10 +127,7 @@ class LayerCuda {
   void check();
   void set_persistent_timeout(double seconds) { timeout_seconds_ = seconds; }
   void stall_block_for_tests(int block) { stall_block_ = block; }
-  // Benchmarks: the tape in global memory instead of on chip; a device array of 8 uint64 that
-  // receives ns per phase kind (layer_persistent.h).
-  void set_persistent_tape_on_chip(bool on_chip) { tape_on_chip_ = on_chip; }
-  void set_persistent_stage_h(bool staged) { stage_h_ = staged; }
+  // Benchmarks: a device array of 11 uint64 that receives ns per phase kind (layer_persistent.h).
   void set_persistent_profile(std::uint64_t* device_ns) { profile_ = device_ns; }
   // Device bytes of one LayerActivationsCuda, and of this object's own scratch.
   std::size_t activation_bytes() const;
@@ -159,7 +156,6 @@ class LayerCuda {
   std::string persistent_refusal_;
   double timeout_seconds_ = 5.0;
   int stall_block_ = -1;
-  bool tape_on_chip_ = true, stage_h_ = true;
   std::uint64_t* profile_ = nullptr;
   core::Buffer scratch_;
   core::Buffer workspace_;

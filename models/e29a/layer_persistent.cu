@@ -1,18 +1,15 @@
 // The persistent E29a forward (layer_persistent.h). One cooperative grid of 256-thread blocks, at
-// most one per SM, sm_90 and later (bulk copies).
+// most one per SM.
 //
-// Shared memory of a block: its rows of the stacked [W_h ; W_write] (bf16, 16-row tiles, rows
-// padded), the cross-warp partial sums, two staging buffers for h, the step scratch (slot sums,
-// attentions), and, when it fits, its sequence's tape [N, D].
+// Shared memory of a block: its rows of the stacked [W_h ; W_write] (bf16, 16-row tiles), the
+// cross-warp partial sums, the step scratch (slot sums, attentions) and its sequence's tape [N, D].
 //
-// Rows phase (fp32 products on the FMA units, every value exact as the hybrid path's fp32 products
-// would be up to summation order): thread 0 streams h_t of `chunk` sequences at a time into a
-// staging buffer with bulk copies (the next chunk lands while this one is multiplied: one
-// thread keeps a whole chunk in flight, where per-warp loads kept a few KB and left the phase
-// bound by L2 latency). A warp takes 16 rows x 4 sequences over a range of 256-feature blocks;
-// lane l accumulates features l*8 .. l*8+7 of each block, a butterfly over the lanes leaves two
-// finished sums a lane, and the warps' ranges are summed in range order through shared memory.
-// A width that is not a multiple of 8 loads h straight from L2 instead (lane l: features l, l+32..).
+// Rows phase (fp32 products on the FMA units: the same values as the hybrid path's fp32 products
+// up to summation order): a warp takes 16 rows x 4 sequences over a range of 256-feature blocks;
+// lane l accumulates features l*8 .. l*8+7 of each block (h through L2, the next block loading
+// while this one is multiplied), a butterfly over the lanes leaves two finished sums a lane, and
+// with fewer sequence groups than warps the warps' ranges are summed in range order through
+// shared memory. A width that is not a multiple of 8 takes features l, l+32, ... instead.
 //
 // Sequence phase, per sequence and thread-owned features d = tid + 256 j (h_t and r_t stay in
 // registers from one step to the next; x, z, w_t and W_h h_t arrive in one round of loads): the
@@ -22,7 +19,7 @@
 // path's kernels.
 //
 // Barriers: one counter for the launch; every block release-adds 1 and acquires until it reaches
-// blocks x barriers passed; zeroed before the launch. Every wait (barrier or copy) has a deadline.
+// blocks x barriers passed; zeroed before the launch. Every wait has a deadline.
 #include "models/e29a/layer_persistent.h"
 
 #include <algorithm>
@@ -42,17 +39,13 @@ constexpr int kTileRows = 16;  // rows of a warp pass
 constexpr int kItems = 4;      // sequences of a warp pass
 constexpr int kMaxTiles = 8;   // at most 128 rows a block
 constexpr int kMaxFeatures = 8;  // features a thread owns in the sequence phase: D <= 2048
-constexpr std::uint32_t kCopyWait = 0xffffffffu;  // the record's barrier number for a copy wait
 
 struct Params {
   PersistentForwardArgs a;
-  int rows_per_block = 0, tiles = 0, ld = 0, chunk = 0;
-  std::size_t weight_bytes = 0, reduce_bytes = 0, stage_bytes = 0, step_bytes = 0;
-  bool tape_on_chip = false, staged = false;
+  int rows_per_block = 0, tiles = 0, ld = 0;
+  std::size_t weight_bytes = 0, reduce_bytes = 0, step_bytes = 0;
   std::uint64_t timeout_ns = 0;
 };
-
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 
 using step::kFull;
 
@@ -103,24 +96,6 @@ __device__ bool grid_barrier(const Params& p, std::uint32_t& passed, int* ok_fla
   return *ok_flag != 0;
 }
 
-// Every thread waits for a staging buffer's copies (parity of its use), with the deadline.
-__device__ bool wait_copies(const Params& p, std::uint64_t* bar, std::uint32_t parity) {
-  std::uint64_t start = 0;
-  for (std::uint32_t spins = 1; !core::mbar_test(bar, parity); ++spins) {
-    if ((spins & 255) == 0) {
-      if (core::ld_relaxed_u32(&p.a.sync->aborted) != 0) return false;
-      const std::uint64_t now = core::globaltimer();
-      if (start == 0) {
-        start = now;
-      } else if (now - start > p.timeout_ns) {
-        record_abort(p, kCopyWait, 0, 0);
-        return false;
-      }
-    }
-  }
-  return true;
-}
-
 __device__ __forceinline__ void unpack8(const uint4& w, float (&v)[8]) {
   const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -130,44 +105,68 @@ __device__ __forceinline__ void unpack8(const uint4& w, float (&v)[8]) {
   }
 }
 
+// Shared-memory accesses by 32-bit shared addresses: the tape is reached through a pointer the
+// compiler cannot place in shared memory across calls (generic accesses). Volatile keeps them in
+// program order around the stores.
+__device__ __forceinline__ float lds(std::uint32_t address) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(address));
+  return v;
+}
+
+__device__ __forceinline__ void sts(std::uint32_t address, float v) {
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(address), "f"(v) : "memory");
+}
+
 // 16 rows x 4 sequences, lane partial sums over this warp's 256-feature blocks [j0, j1), reduced
 // across the lanes: lane l ends with sums q_base(l) and q_base(l) + 1 (q = row * 4 + item).
 // `hs[i]` points at sequence i's h (shared or global memory; nullptr: absent, zero).
 template <bool Vec>
 __device__ __forceinline__ void tile_product(const __nv_bfloat16* w_tile, int ld, int D, const float* const (&hs)[kItems],
-                                             bool staged, int j0, int j1, float (&out)[2]) {
+                                             int j0, int j1, float (&out)[2]) {
   const int lane = threadIdx.x & 31;
   float v[kTileRows * kItems];
 #pragma unroll
   for (int q = 0; q < kTileRows * kItems; ++q) v[q] = 0.0f;
   if constexpr (Vec) {
+    // h of the next 256-feature block is loaded while this one is multiplied.
+    float4 next[kItems][2];
+    auto load = [&](int j) {
+      const int k0 = j * 256 + lane * 8;
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        const bool in = hs[i] != nullptr && j < j1 && k0 < D;
+        const auto* src = reinterpret_cast<const float4*>(hs[i] + (in ? k0 : 0));
+        next[i][0] = in ? __ldcg(src) : float4{0, 0, 0, 0};
+        next[i][1] = in ? __ldcg(src + 1) : float4{0, 0, 0, 0};
+      }
+    };
+    load(j0);
     for (int j = j0; j < j1; ++j) {
       const int k0 = j * 256 + lane * 8;
       if (k0 >= D) break;
       float hv[kItems][8];
 #pragma unroll
       for (int i = 0; i < kItems; ++i) {
-        // Staged: shared memory; else global memory other blocks wrote in this launch (through L2).
-        const auto* src = reinterpret_cast<const float4*>(hs[i] + k0);
-        const float4 zero{0, 0, 0, 0};
-        const float4 lo = !hs[i] ? zero : staged ? src[0] : __ldcg(src);
-        const float4 hi = !hs[i] ? zero : staged ? src[1] : __ldcg(src + 1);
+        const float4 lo = next[i][0], hi = next[i][1];
         hv[i][0] = lo.x, hv[i][1] = lo.y, hv[i][2] = lo.z, hv[i][3] = lo.w;
         hv[i][4] = hi.x, hv[i][5] = hi.y, hv[i][6] = hi.z, hv[i][7] = hi.w;
       }
+      load(j + 1);
 #pragma unroll
       for (int r = 0; r < kTileRows; ++r) {
         float wf[8];
         unpack8(*reinterpret_cast<const uint4*>(w_tile + r * ld + k0), wf);
+        // Consecutive FMAs go to the 4 sequences' accumulators in turn: a warp issues in order, and
+        // 8 dependent FMAs on one accumulator would stall it on the FMA latency each time.
 #pragma unroll
-        for (int i = 0; i < kItems; ++i) {
+        for (int e = 0; e < 8; ++e) {
 #pragma unroll
-          for (int e = 0; e < 8; ++e) v[r * kItems + i] = fmaf(wf[e], hv[i][e], v[r * kItems + i]);
+          for (int i = 0; i < kItems; ++i) v[r * kItems + i] = fmaf(wf[e], hv[i][e], v[r * kItems + i]);
         }
       }
     }
   } else {
-    // Global h (written by other blocks during this launch: through L2).
     for (int k = j0 * 256 + lane; k < min(D, j1 * 256); k += 32) {
       float hv[kItems];
 #pragma unroll
@@ -197,125 +196,89 @@ __device__ __forceinline__ void tile_product(const __nv_bfloat16* w_tile, int ld
   out[1] = v[1];
 }
 
-// The staging state of a block: two buffers, their barriers and how often each was used.
-struct Stage {
-  float* buffer[2];
-  std::uint64_t* full[2];
-  std::uint32_t uses[2] = {0, 0};
-};
-
-// Thread 0: copies h of sequences [c * chunk, ...) into buffer c % 2.
-__device__ void issue_chunk(const Params& p, Stage& st, const float* h, int c) {
-  const int B = static_cast<int>(p.a.batch), D = p.a.dim;
-  const int first = c * p.chunk, count = min(p.chunk, B - first);
-  if (count <= 0) return;
-  const auto bytes = static_cast<std::uint32_t>(D * sizeof(float));
-  std::uint64_t* bar = st.full[c & 1];
-  core::mbar_arrive_expect_tx(bar, bytes * static_cast<std::uint32_t>(count));
-  for (int i = 0; i < count; ++i) {
-    core::bulk_copy(st.buffer[c & 1] + static_cast<std::size_t>(i) * D, h + static_cast<std::size_t>(first + i) * D,
-                    bytes, bar, 0, false);
-  }
-}
-
 // Rows [row0, row0 + rows) of [W_h ; W_write] times h_t of every sequence: a row r < D goes to
-// recurrent[b, r] (when want_pre), a row D + r to write_out[b, r] (when want_write). Returns false
-// when the launch aborted.
+// recurrent[b, r] (when want_pre), a row D + r to write_out[b, r] (when want_write). A warp takes
+// 4 sequences (a group) over all of K, or, with fewer groups than warps, a part of K; parts are
+// summed through shared memory in part order.
 template <bool Vec>
-__device__ __noinline__ bool rows_phase(const Params& p, const __nv_bfloat16* weights, float* reduce, Stage& st, int row0, int rows,
-                           const float* h, bool want_pre, bool want_write, float* write_out) {
+__device__ __noinline__ void rows_phase(const Params& p, const __nv_bfloat16* weights, float* reduce, int row0,
+                                        int rows, const float* h, bool want_pre, bool want_write, float* write_out) {
   const PersistentForwardArgs& a = p.a;
   const int D = a.dim, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const auto B = static_cast<int>(a.batch);
+  float* recurrent = a.recurrent;
   const int blocks256 = (D + 255) / 256;
   const int q_base = ((lane >> 4) & 1) * 32 + ((lane >> 3) & 1) * 16 + ((lane >> 2) & 1) * 8 +
                      ((lane >> 1) & 1) * 4 + (lane & 1) * 2;
-  bool any = false;
+  const int groups = (B + kItems - 1) / kItems;
+  const int kparts = max(1, kWarps / groups);
+  auto put = [&](int row, int b, float value) {
+    if (row < D) {
+      if (want_pre) recurrent[static_cast<std::size_t>(b) * D + row] = value;
+    } else if (want_write) {
+      write_out[static_cast<std::size_t>(b) * D + (row - D)] = value;
+    }
+  };
   for (int tile = 0; tile < p.tiles; ++tile) {
     const int first = row0 + tile * kTileRows, last = row0 + min(rows, (tile + 1) * kTileRows);
-    if (first < last && ((want_pre && first < D) || (want_write && last > D))) any = true;
-  }
-  if (!any) return true;
-  const int chunk = Vec && p.staged ? p.chunk : B;  // unstaged: one pass over all sequences
-  const int chunks = (B + chunk - 1) / chunk;
-  const int groups = (chunk + kItems - 1) / kItems;
-  const int kparts = max(1, kWarps / groups);
-  if (Vec && p.staged && threadIdx.x == 0) {
-    core::fence_proxy_async_global();  // h_t was published by other blocks and acquired at the barrier
-    issue_chunk(p, st, h, 0);
-    if (chunks > 1) issue_chunk(p, st, h, 1);
-  }
-  for (int c = 0; c < chunks; ++c) {
-    const int base = c * chunk;
-    const float* hsrc = h + static_cast<std::size_t>(base) * D;
-    if (Vec && p.staged) {
-      const int slot = c & 1;
-      if (!wait_copies(p, st.full[slot], st.uses[slot] & 1)) return false;
-      ++st.uses[slot];
-      hsrc = st.buffer[slot];
-    }
-    for (int tile = 0; tile < p.tiles; ++tile) {
-      const int first = row0 + tile * kTileRows, last = row0 + min(rows, (tile + 1) * kTileRows);
-      if (first >= last || !((want_pre && first < D) || (want_write && last > D))) continue;
-      const __nv_bfloat16* w_tile = weights + static_cast<std::size_t>(tile) * kTileRows * p.ld;
-      // Warp w: group w % groups (or every kWarps-th group when there are more groups than warps),
-      // 256-feature blocks of part w / groups.
-      for (int job = warp; job < max(groups, kWarps); job += kWarps) {
-        const int g = groups >= kWarps ? job : job % groups, part = groups >= kWarps ? 0 : job / groups;
-        const bool active = g < groups && part < kparts;
-        float sums[2] = {0.0f, 0.0f};
+    if (first >= last || !((want_pre && first < D) || (want_write && last > D))) continue;
+    const __nv_bfloat16* w_tile = weights + static_cast<std::size_t>(tile) * kTileRows * p.ld;
+    // Warp w: group w (every kWarps-th when there are more groups than warps), or group
+    // w % groups and K-part w / groups.
+    for (int job = warp; job < max(groups, kWarps); job += kWarps) {
+      const int g = groups >= kWarps ? job : job % groups, part = groups >= kWarps ? 0 : job / groups;
+      const bool active = g < groups && part < kparts;
+      float sums[2] = {0.0f, 0.0f};
+      if (active) {
+        const float* hs[kItems];
+#pragma unroll
+        for (int i = 0; i < kItems; ++i) {
+          const int b = g * kItems + i;
+          hs[i] = b < B ? h + static_cast<std::size_t>(b) * D : nullptr;
+        }
+        tile_product<Vec>(w_tile, p.ld, D, hs, part * blocks256 / kparts, (part + 1) * blocks256 / kparts, sums);
+      }
+      if (kparts == 1) {
+        if (!active) continue;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int q = q_base + e, row = first + q / kItems, b = g * kItems + q % kItems;
+          if (row < last && b < B) put(row, b, sums[e]);
+        }
+      } else {
         if (active) {
-          const float* hs[kItems];
-#pragma unroll
-          for (int i = 0; i < kItems; ++i) {
-            const int b = base + g * kItems + i;
-            hs[i] = b < B && g * kItems + i < chunk ? hsrc + static_cast<std::size_t>(g * kItems + i) * D : nullptr;
-          }
-          tile_product<Vec>(w_tile, p.ld, D, hs, Vec && p.staged, part * blocks256 / kparts,
-                            (part + 1) * blocks256 / kparts, sums);
+          reduce[(part * groups + g) * 64 + q_base] = sums[0];
+          reduce[(part * groups + g) * 64 + q_base + 1] = sums[1];
         }
-        if (kparts == 1) {
-          if (active) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int q = q_base + e, row = first + q / kItems, b = base + g * kItems + q % kItems;
-              if (row >= last || b >= B || g * kItems + q % kItems >= chunk) continue;
-              if (row < D) {
-                if (want_pre) a.recurrent[static_cast<std::size_t>(b) * D + row] = sums[e];
-              } else if (want_write) {
-                write_out[static_cast<std::size_t>(b) * D + (row - D)] = sums[e];
-              }
-            }
-          }
-        } else {
-          if (active) {
-            reduce[(part * groups + g) * 64 + q_base] = sums[0];
-            reduce[(part * groups + g) * 64 + q_base + 1] = sums[1];
-          }
-          __syncthreads();
-          // Thread (g, q): the parts in order.
-          for (int t = threadIdx.x; t < groups * 64; t += kThreads) {
-            const int gg = t / 64, q = t % 64, row = first + q / kItems, b = base + gg * kItems + q % kItems;
-            if (row >= last || b >= B || gg * kItems + q % kItems >= chunk) continue;
-            float s = 0.0f;
-            for (int pp = 0; pp < kparts; ++pp) s += reduce[(pp * groups + gg) * 64 + q];
-            if (row < D) {
-              if (want_pre) a.recurrent[static_cast<std::size_t>(b) * D + row] = s;
-            } else if (want_write) {
-              write_out[static_cast<std::size_t>(b) * D + (row - D)] = s;
-            }
-          }
-          __syncthreads();
+        __syncthreads();
+        for (int t = threadIdx.x; t < groups * 64; t += kThreads) {
+          const int gg = t / 64, q = t % 64, row = first + q / kItems, b = gg * kItems + q % kItems;
+          if (row >= last || b >= B) continue;
+          float s = 0.0f;
+          for (int pp = 0; pp < kparts; ++pp) s += reduce[(pp * groups + gg) * 64 + q];
+          put(row, b, s);
         }
+        __syncthreads();
       }
     }
-    if (Vec && p.staged) {
-      __syncthreads();  // every warp is done with this buffer
-      if (threadIdx.x == 0 && c + 2 < chunks) issue_chunk(p, st, h, c + 2);
-    }
   }
-  return true;
 }
+
+// Sub-phase timing of block 0's thread 0 (profile only): the sequence phase's loads and write
+// attention, tape pass, read.
+struct SubTimes {
+  bool on = false;
+  std::uint64_t at = 0, ns[3] = {0, 0, 0};
+  __device__ void start() {
+    if (on) at = core::globaltimer();
+  }
+  __device__ void lap(int k) {
+    if (!on) return;
+    const std::uint64_t now = core::globaltimer();
+    ns[k] += now - at;
+    at = now;
+  }
+};
 
 // The features a thread owns in the sequence phase and what it keeps of them between steps.
 struct Owned {
@@ -326,18 +289,25 @@ struct Owned {
 // then r_t and h_t = tanh(x_t + W_h h_{t-1} + r_t + b_h); stores the saved tensors of step t.
 template <int MaxN>
 __device__ __forceinline__ void finish_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh,
-                                            float (&part)[MaxN], const float* H, std::int64_t b, std::int64_t t,
+                                            float (&part)[MaxN], std::uint32_t H, std::int64_t b, std::int64_t t,
                                             const float (&x)[kMaxFeatures], const float (&rec)[kMaxFeatures],
                                             Owned& own) {
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch;
-  step::block_slot_sums<MaxN>(part, sh, N);
-  if (threadIdx.x < 32) step::softmax_warp<MaxN>(sh, a.scale, N);
-  __syncthreads();
-  if (threadIdx.x < N) a.read_attn[(t * B + b) * N + threadIdx.x] = sh.attn[threadIdx.x];
+  // Everything the loop needs, in registers: stores through the output pointers below could
+  // otherwise alias `a` and `sh` and make the compiler reload them on every use.
+  const __nv_bfloat16* bias = a.bias;
   float* h_out = a.h + ((t + 1) * B + b) * D;
   __nv_bfloat16* h_bf16 = a.h_bf16 + ((t + 1) * B + b) * D;
   float* read = a.read + (t * B + b) * D;
+  float* read_attn = a.read_attn + (t * B + b) * N;
+  step::block_slot_sums<MaxN>(part, sh, N);
+  if (threadIdx.x < 32) step::softmax_warp<MaxN>(sh, a.scale, N);
+  __syncthreads();
+  float attn[MaxN];
+#pragma unroll
+  for (int n = 0; n < MaxN; ++n) attn[n] = n < N ? sh.attn[n] : 0.0f;
+  if (threadIdx.x < N) read_attn[threadIdx.x] = sh.attn[threadIdx.x];
 #pragma unroll
   for (int j = 0; j < kMaxFeatures; ++j) {
     const int d = threadIdx.x + j * kThreads;
@@ -345,9 +315,9 @@ __device__ __forceinline__ void finish_read(const PersistentForwardArgs& a, cons
     float r = 0.0f;
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
-      if (n < N) r = fmaf(sh.attn[n], H[n * D + d], r);
+      if (n < N) r = fmaf(attn[n], lds(H + 4u * static_cast<std::uint32_t>(n * D + d)), r);
     }
-    const float pre = ((x[j] + rec[j]) + r) + __bfloat162float(a.bias[d]);
+    const float pre = ((x[j] + rec[j]) + r) + __bfloat162float(bias[d]);
     const float h = tanhf(pre);
     h_out[d] = h;
     h_bf16[d] = __float2bfloat16_rn(h);
@@ -370,7 +340,7 @@ __device__ __forceinline__ void load_xz(const PersistentForwardArgs& a, std::int
 
 // Step 0's read: H_0, h_{-1} (the start state), x_0 and W_h h_{-1}.
 template <int MaxN>
-__device__ __noinline__ void first_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh, const float* H,
+__device__ __noinline__ void first_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh, std::uint32_t H,
                            std::int64_t b, Owned& own) {
   const int D = a.dim, N = a.slots;
   float x[kMaxFeatures], rec[kMaxFeatures], hp[kMaxFeatures];
@@ -390,7 +360,7 @@ __device__ __noinline__ void first_read(const PersistentForwardArgs& a, const st
     if (d >= D) break;
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(H[n * D + d], hp[j], part[n]);
+      if (n < N) part[n] = fmaf(lds(H + 4u * static_cast<std::uint32_t>(n * D + d)), hp[j], part[n]);
     }
   }
   finish_read<MaxN>(a, sh, part, H, b, 0, x, rec, own);
@@ -399,8 +369,10 @@ __device__ __noinline__ void first_read(const PersistentForwardArgs& a, const st
 // Step t's write (attention, tape update, checkpoint, y_t), then step t + 1's read when there is
 // one. w_t and W_h h_t come from this step's rows phase.
 template <int MaxN>
-__device__ __noinline__ void write_then_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh, float* H,
-                                std::int64_t b, std::int64_t t, Owned& own) {
+__device__ __noinline__ void write_then_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh,
+                                             std::uint32_t H, std::int64_t b, std::int64_t t, Owned& own,
+                                             SubTimes& sub) {
+  sub.start();
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps;
   const bool more = t + 1 < T;
@@ -424,16 +396,23 @@ __device__ __noinline__ void write_then_read(const PersistentForwardArgs& a, con
     if (d >= D) break;
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(H[n * D + d], w[j], part[n]);
+      if (n < N) part[n] = fmaf(lds(H + 4u * static_cast<std::uint32_t>(n * D + d)), w[j], part[n]);
     }
   }
   step::block_slot_sums<MaxN>(part, sh, N);
   if (threadIdx.x < 32) step::softmax_warp<MaxN>(sh, a.scale, N);
   __syncthreads();
   if (threadIdx.x < N) a.write_attn[(t * B + b) * N + threadIdx.x] = sh.attn[threadIdx.x];
+  sub.lap(0);
 
+  float attn[MaxN];
+#pragma unroll
+  for (int n = 0; n < MaxN; ++n) attn[n] = n < N ? sh.attn[n] : 0.0f;
   float* checkpoint = t % a.interval == 0 ? a.checkpoints + ((t / a.interval) * B + b) * N * D : nullptr;
   __nv_bfloat16* y = a.y + (b * T + t) * D;
+  float hj[kMaxFeatures], rj[kMaxFeatures];
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) hj[j] = own.h[j], rj[j] = own.r[j];
 #pragma unroll
   for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
 #pragma unroll
@@ -443,24 +422,26 @@ __device__ __noinline__ void write_then_read(const PersistentForwardArgs& a, con
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
       if (n < N) {
-        const float old = H[n * D + d];
+        const std::uint32_t at = H + 4u * static_cast<std::uint32_t>(n * D + d);
+        const float old = lds(at);
         if (checkpoint) checkpoint[n * D + d] = old;
-        const float updated = step::tape_update(old, sh.attn[n], w[j]);
-        H[n * D + d] = updated;
-        part[n] = fmaf(updated, own.h[j], part[n]);  // step t + 1's read score
+        const float updated = step::tape_update(old, attn[n], w[j]);
+        sts(at, updated);
+        part[n] = fmaf(updated, hj[j], part[n]);  // step t + 1's read score
       }
     }
-    const float g = (z[j] + own.r[j]) + own.h[j];
-    y[d] = __float2bfloat16_rn(own.h[j] * (g * step::sigmoidf(g)));
+    const float g = (z[j] + rj[j]) + hj[j];
+    y[d] = __float2bfloat16_rn(hj[j] * (g * step::sigmoidf(g)));
   }
+  sub.lap(1);
   if (more) finish_read<MaxN>(a, sh, part, H, b, t + 1, x, rec, own);
+  sub.lap(2);
 }
 
 template <int MaxN, bool Vec>
 __global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int ok_flag;
-  __shared__ __align__(8) std::uint64_t full[2];
   const PersistentForwardArgs& a = p.a;
   const int D = a.dim;
   const std::int64_t B = a.batch, T = a.steps;
@@ -469,9 +450,6 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(const _
   at += p.weight_bytes;
   auto* reduce = reinterpret_cast<float*>(at);
   at += p.reduce_bytes;
-  Stage st{{reinterpret_cast<float*>(at), reinterpret_cast<float*>(at) + static_cast<std::size_t>(p.chunk) * D},
-           {&full[0], &full[1]}};
-  at += p.stage_bytes;
   const step::Shared<MaxN> sh(reinterpret_cast<float*>(at));
   at += p.step_bytes;
   float* chip_tape = reinterpret_cast<float*>(at);
@@ -487,22 +465,15 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(const _
     }
     weights[i] = w;
   }
-  if (threadIdx.x == 0) {
-    core::mbar_init(&full[0], 1);
-    core::mbar_init(&full[1], 1);
-  }
-  // The tape of this block's sequence: in shared memory, or in place.
+  // The tape of this block's sequence (one sequence a block at most) stays in shared memory.
   const std::int64_t per_tape = static_cast<std::int64_t>(a.slots) * D;
   const bool owner = static_cast<std::int64_t>(blockIdx.x) < B;
-  if (p.tape_on_chip && owner) {
+  if (owner) {
     const float* src = a.tape + blockIdx.x * per_tape;
     for (std::int64_t i = threadIdx.x; i < per_tape; i += kThreads) chip_tape[i] = src[i];
   }
   __syncthreads();
-  auto tape_of = [&](std::int64_t b) { return p.tape_on_chip ? chip_tape : a.tape + b * per_tape; };
-  // A block keeps its features of one sequence between steps; with more sequences than blocks it
-  // walks them and keeps them in global memory instead (h and r are saved every step anyway).
-  const bool single = B <= static_cast<std::int64_t>(gridDim.x);
+  const std::uint32_t tape = core::smem_addr(chip_tape);
   Owned own;
 
   // Profile (block 0 and the last block, thread 0): ns in each kind of phase.
@@ -515,62 +486,47 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(const _
     spent[kind] += now - mark;
     mark = now;
   };
-  auto reload = [&](std::int64_t b, std::int64_t t) {  // h_t and r_t of sequence b from the saved tensors
-#pragma unroll
-    for (int j = 0; j < kMaxFeatures; ++j) {
-      const int d = threadIdx.x + j * kThreads;
-      own.h[j] = d < D ? a.h[((t + 1) * B + b) * D + d] : 0.0f;
-      own.r[j] = d < D ? a.read[(t * B + b) * D + d] : 0.0f;
-    }
-  };
 
+  SubTimes sub;
+  sub.on = a.profile != nullptr && threadIdx.x == 0 && blockIdx.x == 0;
   std::uint32_t passed = 0;
-  bool ok = rows_phase<Vec>(p, weights, reduce, st, row0, rows, a.h, true, false, nullptr);  // W_h h_{-1}
+  rows_phase<Vec>(p, weights, reduce, row0, rows, a.h, true, false, nullptr);  // W_h h_{-1}
+  bool ok = true;
   lap(0);
   ok = ok && grid_barrier(p, passed, &ok_flag);
   lap(1);
   if (ok && T > 0) {
-    for (std::int64_t b = blockIdx.x; b < B; b += gridDim.x) {
-      first_read<MaxN>(a, sh, tape_of(b), b, own);
-      __syncthreads();
-    }
+    if (owner) first_read<MaxN>(a, sh, tape, blockIdx.x, own);
     lap(2);
   }
   for (std::int64_t t = 0; ok && t < T; ++t) {
     if (!(ok = grid_barrier(p, passed, &ok_flag))) break;
     lap(3);
     // w_t = W_write h_t and, unless last, W_h h_t.
-    ok = rows_phase<Vec>(p, weights, reduce, st, row0, rows, a.h + (t + 1) * B * D, t + 1 < T, true,
-                         a.write + t * B * D);
+    rows_phase<Vec>(p, weights, reduce, row0, rows, a.h + (t + 1) * B * D, t + 1 < T, true, a.write + t * B * D);
     lap(0);
-    if (!ok || !(ok = grid_barrier(p, passed, &ok_flag))) break;
+    if (!(ok = grid_barrier(p, passed, &ok_flag))) break;
     lap(1);
-    for (std::int64_t b = blockIdx.x; b < B; b += gridDim.x) {
-      if (!single) reload(b, t);
-      write_then_read<MaxN>(a, sh, tape_of(b), b, t, own);
-      __syncthreads();
-    }
+    if (owner) write_then_read<MaxN>(a, sh, tape, blockIdx.x, t, own, sub);
     lap(2);
   }
-  if (ok && p.tape_on_chip && owner) {
+  __syncthreads();  // a thread's features of the tape are not the elements it copies back
+  if (ok && owner) {
     float* dst = a.tape + blockIdx.x * per_tape;
     for (std::int64_t i = threadIdx.x; i < per_tape; i += kThreads) dst[i] = chip_tape[i];
   }
   if (timed) {
     const int base = blockIdx.x == 0 ? 0 : 4;
     for (int k = 0; k < 4; ++k) a.profile[base + k] = spent[k];
+    if (blockIdx.x == 0) {
+      for (int k = 0; k < 3; ++k) a.profile[8 + k] = sub.ns[k];
+    }
   }
 }
 
-#else
-
-template <int MaxN, bool Vec>
-__global__ void persistent_forward_kernel(const __grid_constant__ Params) {}
-
-#endif
 
 struct Device {
-  int sms = 0, smem_optin = 0, cooperative = 0, major = 0;
+  int sms = 0, smem_optin = 0, cooperative = 0;
 };
 
 Device current_device() {
@@ -580,24 +536,23 @@ Device current_device() {
   CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, id));
   CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, id));
   CUDA_CHECK(cudaDeviceGetAttribute(&d.cooperative, cudaDevAttrCooperativeLaunch, id));
-  CUDA_CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, id));
   return d;
 }
 
 int slot_capacity(int slots) { return slots <= 8 ? 8 : slots <= 16 ? 16 : slots <= 32 ? 32 : 64; }
 
 struct Geometry {
-  int grid = 0, rows_per_block = 0, tiles = 0, ld = 0, chunk = 0;
-  std::size_t weight_bytes = 0, reduce_bytes = 0, stage_bytes = 0, step_bytes = 0, smem = 0;
-  bool tape_on_chip = false, staged = false;
+  int grid = 0, rows_per_block = 0, tiles = 0, ld = 0;
+  std::size_t weight_bytes = 0, reduce_bytes = 0, step_bytes = 0, tape_bytes = 0, smem = 0;
 };
 
 std::size_t align16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
 
-// Blocks: enough for 16 rows each or one per sequence, at most one per SM. Staging chunks of 16,
-// 8 or 4 sequences, the largest that fits beside the tape (the tape first: it is read 4 times a
-// step, h once).
-Geometry geometry_for(const Device& dev, int dim, int slots, std::int64_t batch, bool tape_on_chip) {
+// Dynamic shared memory a block may take: the opt-in limit less the kernel's static words.
+std::size_t smem_limit(const Device& dev) { return static_cast<std::size_t>(dev.smem_optin) - 64; }
+
+// Blocks: enough for 16 rows each and one per sequence, at most one per SM.
+Geometry geometry_for(const Device& dev, int dim, int slots, std::int64_t batch) {
   Geometry g;
   const int tiles_needed = (2 * dim + kTileRows - 1) / kTileRows;
   g.grid = static_cast<int>(std::min<std::int64_t>(dev.sms, std::max<std::int64_t>({tiles_needed, batch, 1})));
@@ -607,25 +562,8 @@ Geometry geometry_for(const Device& dev, int dim, int slots, std::int64_t batch,
   g.weight_bytes = align16(static_cast<std::size_t>(g.tiles) * kTileRows * g.ld * sizeof(__nv_bfloat16));
   g.reduce_bytes = kWarps * 64 * sizeof(float);
   g.step_bytes = align16(step::shared_floats(slot_capacity(slots), kThreads, dim) * sizeof(float));
-  g.smem = g.weight_bytes + g.reduce_bytes + g.step_bytes;
-  const auto limit = static_cast<std::size_t>(dev.smem_optin) - 64;  // the static words
-  const std::size_t tape_bytes = static_cast<std::size_t>(slots) * dim * sizeof(float);
-  if (tape_on_chip && batch <= g.grid && g.smem + tape_bytes <= limit) {
-    g.tape_on_chip = true;
-    g.smem += tape_bytes;
-  }
-  if (dim % 8 == 0) {
-    for (const int chunk : {16, 8, 4}) {
-      const std::size_t bytes = 2 * static_cast<std::size_t>(chunk) * dim * sizeof(float);
-      if (g.smem + bytes <= limit) {
-        g.staged = true;
-        g.chunk = chunk;
-        g.stage_bytes = bytes;
-        g.smem += bytes;
-        break;
-      }
-    }
-  }
+  g.tape_bytes = align16(static_cast<std::size_t>(slots) * dim * sizeof(float));
+  g.smem = g.weight_bytes + g.reduce_bytes + g.step_bytes + g.tape_bytes;
   return g;
 }
 
@@ -645,13 +583,9 @@ void launch(const PersistentForwardArgs& args, const Device& dev, const Geometry
   p.rows_per_block = g.rows_per_block;
   p.tiles = g.tiles;
   p.ld = g.ld;
-  p.chunk = g.chunk;
   p.weight_bytes = g.weight_bytes;
   p.reduce_bytes = g.reduce_bytes;
-  p.stage_bytes = g.stage_bytes;
   p.step_bytes = g.step_bytes;
-  p.tape_on_chip = g.tape_on_chip;
-  p.staged = g.staged;
   p.timeout_ns = static_cast<std::uint64_t>(args.timeout_seconds * 1e9);
   void* params[] = {&p};
   CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(g.grid), dim3(kThreads), params,
@@ -670,22 +604,25 @@ void launch_by_slots(const PersistentForwardArgs& args, const Device& dev, const
 
 }  // namespace
 
-std::string persistent_forward_refusal(int dim, int slots) {
+std::string persistent_forward_refusal(int dim, int slots, std::int64_t max_batch) {
   const Device dev = current_device();
-  if (dev.major < 9) return "it needs compute capability 9.0 or later (bulk copies)";
   if (dev.cooperative == 0) return "the device has no cooperative launch";
   if (slots < 1 || slots > kMaxSlots) return "slots " + std::to_string(slots) + " outside [1, 64]";
   if (dim > kMaxFeatures * kThreads) {
     return "dim " + std::to_string(dim) + " is above " + std::to_string(kMaxFeatures * kThreads);
   }
-  const Geometry g = geometry_for(dev, dim, slots, 1, false);
+  if (max_batch > dev.sms) {
+    return "batch " + std::to_string(max_batch) + " is above one sequence per SM (" + std::to_string(dev.sms) + ")";
+  }
+  const Geometry g = geometry_for(dev, dim, slots, max_batch);
   if (g.tiles > kMaxTiles) {
     return "dim " + std::to_string(dim) + " needs " + std::to_string(g.rows_per_block) + " rows a block (at most " +
            std::to_string(kMaxTiles * kTileRows) + ")";
   }
-  if (g.weight_bytes + g.reduce_bytes + g.step_bytes + 64 > static_cast<std::size_t>(dev.smem_optin)) {
-    return "dim " + std::to_string(dim) + " needs " + std::to_string(g.weight_bytes + g.reduce_bytes + g.step_bytes) +
-           " bytes of shared memory a block (" + std::to_string(dev.smem_optin) + " available)";
+  if (g.smem > smem_limit(dev)) {
+    return "dim " + std::to_string(dim) + " and " + std::to_string(slots) + " slots need " + std::to_string(g.smem) +
+           " bytes of shared memory a block (weight rows and the tape; " + std::to_string(smem_limit(dev)) +
+           " available)";
   }
   return "";
 }
@@ -694,12 +631,7 @@ void persistent_forward(const PersistentForwardArgs& args, cudaStream_t stream) 
   CUDA_CHECK(cudaMemsetAsync(args.sync, 0, sizeof(PersistentSync), stream));
   if (args.batch == 0) return;
   const Device dev = current_device();
-  Geometry g = geometry_for(dev, args.dim, args.slots, args.batch, args.tape_on_chip);
-  if (!args.stage_h) {
-    g.smem -= g.stage_bytes;
-    g.stage_bytes = 0;
-    g.staged = false;
-  }
+  const Geometry g = geometry_for(dev, args.dim, args.slots, args.batch);
   if (args.dim % 8 == 0) {
     launch_by_slots<true>(args, dev, g, stream);
   } else {
@@ -709,10 +641,8 @@ void persistent_forward(const PersistentForwardArgs& args, cudaStream_t stream) 
 }
 
 std::string persistent_abort_message(const PersistentSync& record, double timeout_seconds) {
-  const std::string where = record.barrier == kCopyWait ? std::string("a copy of h into shared memory")
-                                                        : "grid barrier " + std::to_string(record.barrier) +
-                                                              " (counter " + std::to_string(record.seen) + ", wanted " +
-                                                              std::to_string(record.wanted) + ")";
+  const std::string where = "grid barrier " + std::to_string(record.barrier) + " (counter " +
+                            std::to_string(record.seen) + ", wanted " + std::to_string(record.wanted) + ")";
   return "e29a persistent forward: block " + std::to_string(record.block) + " waited more than " +
          std::to_string(timeout_seconds) + " s at " + where +
          "; every block left, the layer's outputs of that call are not valid";

@@ -8,9 +8,8 @@
 // - sequences: a block per sequence runs the write step of t (write attention, tape update, y_t)
 //   and the read step of t + 1 (read attention, h_{t+1}) with the hybrid path's own device
 //   functions (layer_step.cuh), so only the two recurrent products differ from it (their summation
-//   order: fp32 throughout). Where every block has at most one sequence and shared memory allows,
-//   the sequence's tape [N, D] stays in shared memory for all T steps (loaded at the start,
-//   written back at the end).
+//   order: fp32 throughout). The sequence's tape [N, D] stays in that block's shared memory for
+//   all T steps (loaded at the start, written back at the end).
 // It writes every saved tensor the hybrid forward writes (h, r, w, both attentions, checkpoints),
 // so the hybrid backward runs on either forward's output.
 //
@@ -55,13 +54,14 @@ struct PersistentForwardArgs {
   PersistentSync* sync = nullptr;
   double timeout_seconds = 5.0;
   int stall_block = -1;        // tests: this block never arrives at the first barrier
-  bool tape_on_chip = true;    // a block's sequence tape in shared memory where it fits
-  bool stage_h = true;         // benchmarks: h through bulk copies into shared memory where it fits
-  std::uint64_t* profile = nullptr;  // optional [8]: ns in rows, wait, sequences, wait (block 0, last block)
+  // Optional [11]: ns in rows, wait, sequences, wait (block 0, then the last block); block 0's
+  // sequence loads + write attention, tape pass, read.
+  std::uint64_t* profile = nullptr;
 };
 
-// Why the persistent forward cannot take this shape on the current device ("" when it can).
-std::string persistent_forward_refusal(int dim, int slots);
+// Why the persistent forward cannot take this shape on the current device ("" when it can): it
+// needs a block per sequence and room in shared memory for the block's weight rows and its tape.
+std::string persistent_forward_refusal(int dim, int slots, std::int64_t max_batch);
 // Launches it (the caller checked persistent_forward_refusal). Zeroes args.sync first.
 void persistent_forward(const PersistentForwardArgs& args, cudaStream_t stream);
 // The message of an aborted launch's record.
