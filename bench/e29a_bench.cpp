@@ -1,6 +1,6 @@
 // One E29a layer's forward + backward on one GPU (models/e29a/layer_cuda.h; `--forward` picks the
-// persistent forward or the hybrid one, the backward is the hybrid path's), at upstream's training shapes: D = 1024, T = 512 and B = 64 with
-// N = 8 or B = 16 with N = 16. Random weights at the initialisation's scales, random input and
+// persistent forward or the hybrid one, the backward is the hybrid path's), at upstream's training shapes: D = 1024, T
+// = 512 and B = 64 with N = 8 or B = 16 with N = 16. Random weights at the initialisation's scales, random input and
 // output gradient; CUDA events around the forward and the backward of each timed iteration, the
 // median after warm-up. Prints one JSON object (the figures bench/record.py joins with
 // bench/peer_e29a.py's); bench/e29a_record.sh runs both and appends to bench/results/e29a.jsonl.

@@ -136,8 +136,7 @@ LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::
   p.dxz = c.take(b * t * 2 * d * sizeof(bf16));
   scratch_ = core::Buffer(context.device(), c.size());
   workspace_ = core::Buffer(context.device(), ops::linear_workspace_bytes());
-  persistent_refusal_ =
-      kernels::persistent_forward_refusal(static_cast<int>(dim), static_cast<int>(slots), max_batch);
+  persistent_refusal_ = kernels::persistent_forward_refusal(static_cast<int>(dim), static_cast<int>(slots), max_batch);
 }
 
 void LayerCuda::set_forward_kernel(ForwardKernel kernel) {

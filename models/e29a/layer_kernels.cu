@@ -21,18 +21,22 @@ using step::sigmoidf;
 using step::softmax_backward_warp;
 using step::tape_update;
 
-std::size_t shared_bytes(int max_n, int threads, int dim) { return step::shared_floats(max_n, threads, dim) * sizeof(float); }
+std::size_t shared_bytes(int max_n, int threads, int dim) {
+  return step::shared_floats(max_n, threads, dim) * sizeof(float);
+}
 
 template <int MaxN>
 __global__ void __launch_bounds__(kMaxThreads) read_step_kernel(ReadStepArgs a) {
   extern __shared__ float smem[];
-  step::read_sequence<MaxN>(a, blockIdx.x, Shared<MaxN>(smem), a.tape + static_cast<std::int64_t>(blockIdx.x) * a.slots * a.dim);
+  step::read_sequence<MaxN>(a, blockIdx.x, Shared<MaxN>(smem),
+                            a.tape + static_cast<std::int64_t>(blockIdx.x) * a.slots * a.dim);
 }
 
 template <int MaxN>
 __global__ void __launch_bounds__(kMaxThreads) write_step_kernel(WriteStepArgs a) {
   extern __shared__ float smem[];
-  step::write_sequence<MaxN>(a, blockIdx.x, Shared<MaxN>(smem), a.tape + static_cast<std::int64_t>(blockIdx.x) * a.slots * a.dim);
+  step::write_sequence<MaxN>(a, blockIdx.x, Shared<MaxN>(smem),
+                             a.tape + static_cast<std::int64_t>(blockIdx.x) * a.slots * a.dim);
 }
 
 template <int MaxN>

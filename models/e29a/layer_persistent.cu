@@ -35,9 +35,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileRows = 16;  // rows of a warp pass
-constexpr int kItems = 4;      // sequences of a warp pass
-constexpr int kMaxTiles = 8;   // at most 128 rows a block
+constexpr int kTileRows = 16;    // rows of a warp pass
+constexpr int kItems = 4;        // sequences of a warp pass
+constexpr int kMaxTiles = 8;     // at most 128 rows a block
 constexpr int kMaxFeatures = 8;  // features a thread owns in the sequence phase: D <= 2048
 
 struct Params {
@@ -122,8 +122,8 @@ __device__ __forceinline__ void sts(std::uint32_t address, float v) {
 // across the lanes: lane l ends with sums q_base(l) and q_base(l) + 1 (q = row * 4 + item).
 // `hs[i]` points at sequence i's h (shared or global memory; nullptr: absent, zero).
 template <bool Vec>
-__device__ __forceinline__ void tile_product(const __nv_bfloat16* w_tile, int ld, int D, const float* const (&hs)[kItems],
-                                             int j0, int j1, float (&out)[2]) {
+__device__ __forceinline__ void tile_product(const __nv_bfloat16* w_tile, int ld, int D,
+                                             const float* const (&hs)[kItems], int j0, int j1, float (&out)[2]) {
   const int lane = threadIdx.x & 31;
   float v[kTileRows * kItems];
 #pragma unroll
@@ -208,8 +208,8 @@ __device__ __noinline__ void rows_phase(const Params& p, const __nv_bfloat16* we
   const auto B = static_cast<int>(a.batch);
   float* recurrent = a.recurrent;
   const int blocks256 = (D + 255) / 256;
-  const int q_base = ((lane >> 4) & 1) * 32 + ((lane >> 3) & 1) * 16 + ((lane >> 2) & 1) * 8 +
-                     ((lane >> 1) & 1) * 4 + (lane & 1) * 2;
+  const int q_base =
+      ((lane >> 4) & 1) * 32 + ((lane >> 3) & 1) * 16 + ((lane >> 2) & 1) * 8 + ((lane >> 1) & 1) * 4 + (lane & 1) * 2;
   const int groups = (B + kItems - 1) / kItems;
   const int kparts = max(1, kWarps / groups);
   auto put = [&](int row, int b, float value) {
@@ -341,7 +341,7 @@ __device__ __forceinline__ void load_xz(const PersistentForwardArgs& a, std::int
 // Step 0's read: H_0, h_{-1} (the start state), x_0 and W_h h_{-1}.
 template <int MaxN>
 __device__ __noinline__ void first_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh, std::uint32_t H,
-                           std::int64_t b, Owned& own) {
+                                        std::int64_t b, Owned& own) {
   const int D = a.dim, N = a.slots;
   float x[kMaxFeatures], rec[kMaxFeatures], hp[kMaxFeatures];
   load_xz(a, b, 0, 0, x);
@@ -523,7 +523,6 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(const _
     }
   }
 }
-
 
 struct Device {
   int sms = 0, smem_optin = 0, cooperative = 0;

@@ -53,7 +53,7 @@ struct PersistentForwardArgs {
   __nv_bfloat16* y = nullptr;  // [batch, steps, D]
   PersistentSync* sync = nullptr;
   double timeout_seconds = 5.0;
-  int stall_block = -1;        // tests: this block never arrives at the first barrier
+  int stall_block = -1;  // tests: this block never arrives at the first barrier
   // Optional [11]: ns in rows, wait, sequences, wait (block 0, then the last block); block 0's
   // sequence loads + write attention, tape pass, read.
   std::uint64_t* profile = nullptr;

@@ -48,7 +48,6 @@ struct Shared {
   }
 };
 
-
 // sums[n] = sum over the block's threads of part[n]: each warp by a shuffle tree (lane 0's value),
 // then the warps in order by thread n. Ends with a barrier; sums[] is then visible to all.
 template <int MaxN>

@@ -82,7 +82,6 @@ __device__ __forceinline__ void st_tagged(std::uint64_t* p, float value, std::ui
 __device__ __forceinline__ std::uint32_t tag_of(std::uint64_t v) { return static_cast<std::uint32_t>(v >> 32); }
 __device__ __forceinline__ float value_of(std::uint64_t v) { return __uint_as_float(static_cast<std::uint32_t>(v)); }
 
-
 // Named barrier 1 over the consumer warps (the producer warp never joins it).
 __device__ __forceinline__ void consumer_sync(int threads) {
   asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");

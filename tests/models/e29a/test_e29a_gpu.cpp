@@ -2,7 +2,7 @@
 // one, layer_persistent.h; one backward) against the CPU reference
 // (layer.h, run in fp64 on the exact values of the same bf16 inputs and weights) on fresh random
 // inputs at the scales of the model's initialisation, over N in {8, 16, 32, 64} (and 5, 40: slot
-// counts below a kernel's capacity), D in {64, 72, 200, 1024}, T in {1, 7, 129, 512} (129 and 512
+// counts below a kernel's capacity), D in {5, 12, 64, 72, 200, 1024}, T in {1, 7, 129, 512} (129 and 512
 // end in a partial checkpoint segment), B in {1, 3, 64}; the zero-tape degeneracy on the GPU;
 // bit-identical reruns and independence from the checkpoint interval; state hand-over; the two
 // forwards against each other; a stalled persistent launch leaving at its deadline.
@@ -408,8 +408,8 @@ TEST(E29aGpu, MatchesReference) {
   // Each value of N, D, T and B appears at least once; the CPU reference's cost (B T D (D + N))
   // keeps D = 1024 to short or narrow runs.
   const Case cases[] = {
-      {8, 64, 1, 1},    {16, 72, 512, 3},  {32, 200, 7, 64}, {64, 64, 129, 64}, {8, 1024, 129, 3},
-      {64, 1024, 7, 1}, {16, 200, 129, 3}, {32, 72, 512, 1}, {5, 72, 7, 3},     {40, 200, 7, 3},
+      {8, 64, 1, 1},    {16, 72, 512, 3},  {32, 200, 7, 64},  {64, 64, 129, 64}, {8, 1024, 129, 3},
+      {64, 1024, 7, 1}, {16, 200, 129, 3}, {32, 72, 512, 1},  {5, 72, 7, 3},     {40, 200, 7, 3},
       {8, 5, 37, 2},    {16, 12, 7, 5},    {8, 1024, 16, 64},
   };
   for (const Case& c : cases) {
@@ -474,21 +474,21 @@ TEST(E29aGpu, BitIdenticalAcrossRunsAndCheckpointIntervals) {
   const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
   const std::vector<float> grad_init = test::random_normal(rng, gradient_count(c), 0.5f);
   for (const e29a::ForwardKernel kernel : kKernels) {
-  SCOPED_TRACE(kernel_name(kernel));
-  const GpuResult base = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
-  for (const std::int64_t interval :
-       {std::int64_t{0}, std::int64_t{1}, std::int64_t{5}, std::int64_t{36}, std::int64_t{37}, std::int64_t{1000}}) {
-    SCOPED_TRACE("interval " + std::to_string(interval));
-    const GpuResult again = run_gpu(context, c, w, u.bits, dy.bits, grad_init, interval, {}, kernel);
-    EXPECT_TRUE(bit_identical("y", again.y, base.y));
-    EXPECT_TRUE(bit_identical("du", again.du, base.du));
-    EXPECT_TRUE(bit_identical("dW_xz", again.g_xz, base.g_xz));
-    EXPECT_TRUE(bit_identical("dW_h", again.g_h, base.g_h));
-    EXPECT_TRUE(bit_identical("db_h", again.g_b, base.g_b));
-    EXPECT_TRUE(bit_identical("dW_write", again.g_write, base.g_write));
-    EXPECT_TRUE(bit_identical("dH_0", again.g_tape0, base.g_tape0));
-    EXPECT_TRUE(bit_identical("score gradients", again.score_write, base.score_write));
-  }
+    SCOPED_TRACE(kernel_name(kernel));
+    const GpuResult base = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
+    for (const std::int64_t interval :
+         {std::int64_t{0}, std::int64_t{1}, std::int64_t{5}, std::int64_t{36}, std::int64_t{37}, std::int64_t{1000}}) {
+      SCOPED_TRACE("interval " + std::to_string(interval));
+      const GpuResult again = run_gpu(context, c, w, u.bits, dy.bits, grad_init, interval, {}, kernel);
+      EXPECT_TRUE(bit_identical("y", again.y, base.y));
+      EXPECT_TRUE(bit_identical("du", again.du, base.du));
+      EXPECT_TRUE(bit_identical("dW_xz", again.g_xz, base.g_xz));
+      EXPECT_TRUE(bit_identical("dW_h", again.g_h, base.g_h));
+      EXPECT_TRUE(bit_identical("db_h", again.g_b, base.g_b));
+      EXPECT_TRUE(bit_identical("dW_write", again.g_write, base.g_write));
+      EXPECT_TRUE(bit_identical("dH_0", again.g_tape0, base.g_tape0));
+      EXPECT_TRUE(bit_identical("score gradients", again.score_write, base.score_write));
+    }
   }
 }
 
@@ -503,17 +503,17 @@ TEST(E29aGpu, BenchmarkShapeIsFiniteAndDeterministic) {
   const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
   const std::vector<float> grad_init(gradient_count(c), 0.0f);
   for (const e29a::ForwardKernel kernel : kKernels) {
-  SCOPED_TRACE(kernel_name(kernel));
-  const GpuResult a = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
-  const GpuResult b = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
-  for (const float v : a.g_tape0) ASSERT_TRUE(std::isfinite(v));
-  for (const float v : a.g_h) ASSERT_TRUE(std::isfinite(v));
-  for (const auto v : a.du) ASSERT_TRUE(std::isfinite(core::bf16_to_float(v)));
-  EXPECT_TRUE(bit_identical("y", a.y, b.y));
-  EXPECT_TRUE(bit_identical("du", a.du, b.du));
-  EXPECT_TRUE(bit_identical("dW_h", a.g_h, b.g_h));
-  EXPECT_TRUE(bit_identical("dW_xz", a.g_xz, b.g_xz));
-  EXPECT_TRUE(bit_identical("dH_0", a.g_tape0, b.g_tape0));
+    SCOPED_TRACE(kernel_name(kernel));
+    const GpuResult a = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
+    const GpuResult b = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
+    for (const float v : a.g_tape0) ASSERT_TRUE(std::isfinite(v));
+    for (const float v : a.g_h) ASSERT_TRUE(std::isfinite(v));
+    for (const auto v : a.du) ASSERT_TRUE(std::isfinite(core::bf16_to_float(v)));
+    EXPECT_TRUE(bit_identical("y", a.y, b.y));
+    EXPECT_TRUE(bit_identical("du", a.du, b.du));
+    EXPECT_TRUE(bit_identical("dW_h", a.g_h, b.g_h));
+    EXPECT_TRUE(bit_identical("dW_xz", a.g_xz, b.g_xz));
+    EXPECT_TRUE(bit_identical("dH_0", a.g_tape0, b.g_tape0));
   }
 }
 
@@ -568,47 +568,47 @@ TEST(E29aGpu, StateCarriesAcrossCalls) {
   const auto dd = static_cast<std::size_t>(D * D);
   DeviceLayer layer(w, slice(2 * dd), slice(dd), slice(D), slice(dd), slice(N * D));
   for (const e29a::ForwardKernel kernel : kKernels) {
-  SCOPED_TRACE(kernel_name(kernel));
-  e29a::LayerCuda cuda(context, D, N, B, T);
-  cuda.set_forward_kernel(kernel);
-  auto acts = cuda.make_activations();
-  core::Buffer u_d = to_device(u.bits);
-  core::Buffer y_full = poisoned(B * T * D * 2);
-  core::Buffer end_h = poisoned(B * D * 4), end_tape = poisoned(B * N * D * 4);
-  const e29a::LayerStateCuda end{end_h.as<float>(), end_tape.as<float>()};
-  cuda.forward(layer.weights(), u_d.as<__nv_bfloat16>(), B, T, y_full.as<__nv_bfloat16>(), acts, nullptr, &end);
-  const auto y_ref = bf16_values(from_device<std::uint16_t>(y_full.data(), B * T * D));
-  const auto end_h_ref = widen(from_device<float>(end_h.data(), B * D));
-  const auto end_tape_ref = widen(from_device<float>(end_tape.data(), B * N * D));
+    SCOPED_TRACE(kernel_name(kernel));
+    e29a::LayerCuda cuda(context, D, N, B, T);
+    cuda.set_forward_kernel(kernel);
+    auto acts = cuda.make_activations();
+    core::Buffer u_d = to_device(u.bits);
+    core::Buffer y_full = poisoned(B * T * D * 2);
+    core::Buffer end_h = poisoned(B * D * 4), end_tape = poisoned(B * N * D * 4);
+    const e29a::LayerStateCuda end{end_h.as<float>(), end_tape.as<float>()};
+    cuda.forward(layer.weights(), u_d.as<__nv_bfloat16>(), B, T, y_full.as<__nv_bfloat16>(), acts, nullptr, &end);
+    const auto y_ref = bf16_values(from_device<std::uint16_t>(y_full.data(), B * T * D));
+    const auto end_h_ref = widen(from_device<float>(end_h.data(), B * D));
+    const auto end_tape_ref = widen(from_device<float>(end_tape.data(), B * N * D));
 
-  // The two halves: [B, T1, D] and [B, T - T1, D] slices of u.
-  auto part = [&](std::int64_t t0, std::int64_t len) {
-    Bits out(static_cast<std::size_t>(B * len * D));
+    // The two halves: [B, T1, D] and [B, T - T1, D] slices of u.
+    auto part = [&](std::int64_t t0, std::int64_t len) {
+      Bits out(static_cast<std::size_t>(B * len * D));
+      for (std::int64_t b = 0; b < B; ++b) {
+        std::copy_n(u.bits.begin() + (b * T + t0) * D, len * D, out.begin() + b * len * D);
+      }
+      return out;
+    };
+    core::Buffer u1 = to_device(part(0, T1)), u2 = to_device(part(T1, T - T1));
+    core::Buffer y1 = poisoned(B * T1 * D * 2), y2 = poisoned(B * (T - T1) * D * 2);
+    core::Buffer mid_h = poisoned(B * D * 4), mid_tape = poisoned(B * N * D * 4);
+    core::Buffer fin_h = poisoned(B * D * 4), fin_tape = poisoned(B * N * D * 4);
+    const e29a::LayerStateCuda mid{mid_h.as<float>(), mid_tape.as<float>()};
+    const e29a::LayerStateCuda fin{fin_h.as<float>(), fin_tape.as<float>()};
+    cuda.forward(layer.weights(), u1.as<__nv_bfloat16>(), B, T1, y1.as<__nv_bfloat16>(), acts, nullptr, &mid);
+    cuda.forward(layer.weights(), u2.as<__nv_bfloat16>(), B, T - T1, y2.as<__nv_bfloat16>(), acts, &mid, &fin);
+    const auto y1h = bf16_values(from_device<std::uint16_t>(y1.data(), B * T1 * D));
+    const auto y2h = bf16_values(from_device<std::uint16_t>(y2.data(), B * (T - T1) * D));
+    std::vector<double> joined(static_cast<std::size_t>(B * T * D));
     for (std::int64_t b = 0; b < B; ++b) {
-      std::copy_n(u.bits.begin() + (b * T + t0) * D, len * D, out.begin() + b * len * D);
+      std::copy_n(y1h.begin() + b * T1 * D, T1 * D, joined.begin() + b * T * D);
+      std::copy_n(y2h.begin() + b * (T - T1) * D, (T - T1) * D, joined.begin() + (b * T + T1) * D);
     }
-    return out;
-  };
-  core::Buffer u1 = to_device(part(0, T1)), u2 = to_device(part(T1, T - T1));
-  core::Buffer y1 = poisoned(B * T1 * D * 2), y2 = poisoned(B * (T - T1) * D * 2);
-  core::Buffer mid_h = poisoned(B * D * 4), mid_tape = poisoned(B * N * D * 4);
-  core::Buffer fin_h = poisoned(B * D * 4), fin_tape = poisoned(B * N * D * 4);
-  const e29a::LayerStateCuda mid{mid_h.as<float>(), mid_tape.as<float>()};
-  const e29a::LayerStateCuda fin{fin_h.as<float>(), fin_tape.as<float>()};
-  cuda.forward(layer.weights(), u1.as<__nv_bfloat16>(), B, T1, y1.as<__nv_bfloat16>(), acts, nullptr, &mid);
-  cuda.forward(layer.weights(), u2.as<__nv_bfloat16>(), B, T - T1, y2.as<__nv_bfloat16>(), acts, &mid, &fin);
-  const auto y1h = bf16_values(from_device<std::uint16_t>(y1.data(), B * T1 * D));
-  const auto y2h = bf16_values(from_device<std::uint16_t>(y2.data(), B * (T - T1) * D));
-  std::vector<double> joined(static_cast<std::size_t>(B * T * D));
-  for (std::int64_t b = 0; b < B; ++b) {
-    std::copy_n(y1h.begin() + b * T1 * D, T1 * D, joined.begin() + b * T * D);
-    std::copy_n(y2h.begin() + b * (T - T1) * D, (T - T1) * D, joined.begin() + (b * T + T1) * D);
-  }
-  // The input projection over a different number of rows may sum in another order (fp32 rounding
-  // of x/z), which may move a bf16 output by one ulp.
-  EXPECT_TRUE(within_one_bf16_ulp("y", joined, y_ref, 0.0));
-  EXPECT_TRUE(normwise_close("end h", widen(from_device<float>(fin_h.data(), B * D)), end_h_ref, 1e-5));
-  EXPECT_TRUE(normwise_close("end tape", widen(from_device<float>(fin_tape.data(), B * N * D)), end_tape_ref, 1e-5));
+    // The input projection over a different number of rows may sum in another order (fp32 rounding
+    // of x/z), which may move a bf16 output by one ulp.
+    EXPECT_TRUE(within_one_bf16_ulp("y", joined, y_ref, 0.0));
+    EXPECT_TRUE(normwise_close("end h", widen(from_device<float>(fin_h.data(), B * D)), end_h_ref, 1e-5));
+    EXPECT_TRUE(normwise_close("end tape", widen(from_device<float>(fin_tape.data(), B * N * D)), end_tape_ref, 1e-5));
   }
 }
 
