@@ -11,8 +11,8 @@
 // with fewer sequence groups than warps the warps' ranges are summed in range order through
 // shared memory. A width that is not a multiple of 8 takes features l, l+32, ... instead.
 //
-// Sequence phase, per sequence and thread-owned features d = tid + 256 j (h_t and r_t stay in
-// registers from one step to the next; x, z, w_t and W_h h_t arrive in one round of loads): the
+// Sequence phase, per sequence and thread-owned features d = tid + 256 j (h_t and r_t stay with
+// the thread from one step to the next; x, z, w_t and W_h h_t arrive in one round of loads): the
 // write attention of t, the tape update (its read scores for t + 1 summed in the same pass), y_t,
 // then the read attention of t + 1 and h_{t+1}. Formulas and reductions are layer_step.cuh's
 // (tape_update, block_slot_sums, softmax_warp), in the same per-thread order as the hybrid
