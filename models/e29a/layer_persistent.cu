@@ -118,6 +118,21 @@ __device__ __forceinline__ void sts(std::uint32_t address, float v) {
   asm volatile("st.shared.f32 [%0], %1;" ::"r"(address), "f"(v) : "memory");
 }
 
+// part[n] += H[n] . v over the thread's features d = tid + 256 j (H: the tape's shared address).
+template <int MaxN>
+__device__ __forceinline__ void score_partials(std::uint32_t H, const float (&v)[kMaxFeatures], int D, int N,
+                                               float (&part)[MaxN]) {
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) {
+    const int d = threadIdx.x + j * kThreads;
+    if (d >= D) break;
+#pragma unroll
+    for (int n = 0; n < MaxN; ++n) {
+      if (n < N) part[n] = fmaf(lds(H + 4u * static_cast<std::uint32_t>(n * D + d)), v[j], part[n]);
+    }
+  }
+}
+
 // 16 rows x 4 sequences, lane partial sums over this warp's 256-feature blocks [j0, j1), reduced
 // across the lanes: lane l ends with sums q_base(l) and q_base(l) + 1 (q = row * 4 + item).
 // `hs[i]` points at sequence i's h (shared or global memory; nullptr: absent, zero).
@@ -264,11 +279,11 @@ __device__ __noinline__ void rows_phase(const Params& p, const __nv_bfloat16* we
   }
 }
 
-// Sub-phase timing of block 0's thread 0 (profile only): the sequence phase's loads and write
-// attention, tape pass, read.
-struct SubTimes {
+// Profile timing by one thread: ns added to slot k from the previous mark (start or lap) to now.
+template <int K>
+struct Laps {
   bool on = false;
-  std::uint64_t at = 0, ns[3] = {0, 0, 0};
+  std::uint64_t at = 0, ns[K] = {};
   __device__ void start() {
     if (on) at = core::globaltimer();
   }
@@ -300,14 +315,10 @@ __device__ __forceinline__ void finish_read(const PersistentForwardArgs& a, cons
   float* h_out = a.h + ((t + 1) * B + b) * D;
   __nv_bfloat16* h_bf16 = a.h_bf16 + ((t + 1) * B + b) * D;
   float* read = a.read + (t * B + b) * D;
-  float* read_attn = a.read_attn + (t * B + b) * N;
-  step::block_slot_sums<MaxN>(part, sh, N);
-  if (threadIdx.x < 32) step::softmax_warp<MaxN>(sh, a.scale, N);
-  __syncthreads();
+  step::slot_attention<MaxN>(part, sh, a.scale, N, a.read_attn + (t * B + b) * N);
   float attn[MaxN];
 #pragma unroll
   for (int n = 0; n < MaxN; ++n) attn[n] = n < N ? sh.attn[n] : 0.0f;
-  if (threadIdx.x < N) read_attn[threadIdx.x] = sh.attn[threadIdx.x];
 #pragma unroll
   for (int j = 0; j < kMaxFeatures; ++j) {
     const int d = threadIdx.x + j * kThreads;
@@ -354,15 +365,7 @@ __device__ __noinline__ void first_read(const PersistentForwardArgs& a, const st
   float part[MaxN];
 #pragma unroll
   for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
-    if (d >= D) break;
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(lds(H + 4u * static_cast<std::uint32_t>(n * D + d)), hp[j], part[n]);
-    }
-  }
+  score_partials<MaxN>(H, hp, D, N, part);
   finish_read<MaxN>(a, sh, part, H, b, 0, x, rec, own);
 }
 
@@ -371,7 +374,7 @@ __device__ __noinline__ void first_read(const PersistentForwardArgs& a, const st
 template <int MaxN>
 __device__ __noinline__ void write_then_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh,
                                              std::uint32_t H, std::int64_t b, std::int64_t t, Owned& own,
-                                             SubTimes& sub) {
+                                             Laps<3>& sub) {
   sub.start();
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps;
@@ -390,19 +393,8 @@ __device__ __noinline__ void write_then_read(const PersistentForwardArgs& a, con
   float part[MaxN];
 #pragma unroll
   for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
-    if (d >= D) break;
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(lds(H + 4u * static_cast<std::uint32_t>(n * D + d)), w[j], part[n]);
-    }
-  }
-  step::block_slot_sums<MaxN>(part, sh, N);
-  if (threadIdx.x < 32) step::softmax_warp<MaxN>(sh, a.scale, N);
-  __syncthreads();
-  if (threadIdx.x < N) a.write_attn[(t * B + b) * N + threadIdx.x] = sh.attn[threadIdx.x];
+  score_partials<MaxN>(H, w, D, N, part);
+  step::slot_attention<MaxN>(part, sh, a.scale, N, a.write_attn + (t * B + b) * N);
   sub.lap(0);
 
   float attn[MaxN];
@@ -476,51 +468,43 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(const _
   const std::uint32_t tape = core::smem_addr(chip_tape);
   Owned own;
 
-  // Profile (block 0 and the last block, thread 0): ns in each kind of phase.
-  const bool timed = a.profile != nullptr && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == gridDim.x - 1);
-  std::uint64_t spent[4] = {0, 0, 0, 0};
-  std::uint64_t mark = timed ? core::globaltimer() : 0;
-  auto lap = [&](int kind) {
-    if (!timed) return;
-    const std::uint64_t now = core::globaltimer();
-    spent[kind] += now - mark;
-    mark = now;
-  };
-
-  SubTimes sub;
-  sub.on = a.profile != nullptr && threadIdx.x == 0 && blockIdx.x == 0;
+  // Profile (thread 0 of block 0 and of the last block): ns in each kind of phase; block 0 also
+  // splits its sequence phases (sub).
+  Laps<4> phases;
+  phases.on = a.profile != nullptr && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == gridDim.x - 1);
+  phases.start();
+  Laps<3> sub;
+  sub.on = phases.on && blockIdx.x == 0;
   std::uint32_t passed = 0;
   rows_phase<Vec>(p, weights, reduce, row0, rows, a.h, true, false, nullptr);  // W_h h_{-1}
-  bool ok = true;
-  lap(0);
-  ok = ok && grid_barrier(p, passed, &ok_flag);
-  lap(1);
+  phases.lap(0);
+  bool ok = grid_barrier(p, passed, &ok_flag);
+  phases.lap(1);
   if (ok && T > 0) {
     if (owner) first_read<MaxN>(a, sh, tape, blockIdx.x, own);
-    lap(2);
+    phases.lap(2);
   }
   for (std::int64_t t = 0; ok && t < T; ++t) {
     if (!(ok = grid_barrier(p, passed, &ok_flag))) break;
-    lap(3);
+    phases.lap(3);
     // w_t = W_write h_t and, unless last, W_h h_t.
     rows_phase<Vec>(p, weights, reduce, row0, rows, a.h + (t + 1) * B * D, t + 1 < T, true, a.write + t * B * D);
-    lap(0);
+    phases.lap(0);
     if (!(ok = grid_barrier(p, passed, &ok_flag))) break;
-    lap(1);
+    phases.lap(1);
     if (owner) write_then_read<MaxN>(a, sh, tape, blockIdx.x, t, own, sub);
-    lap(2);
+    phases.lap(2);
   }
   __syncthreads();  // a thread's features of the tape are not the elements it copies back
   if (ok && owner) {
     float* dst = a.tape + blockIdx.x * per_tape;
     for (std::int64_t i = threadIdx.x; i < per_tape; i += kThreads) dst[i] = chip_tape[i];
   }
-  if (timed) {
-    const int base = blockIdx.x == 0 ? 0 : 4;
-    for (int k = 0; k < 4; ++k) a.profile[base + k] = spent[k];
-    if (blockIdx.x == 0) {
-      for (int k = 0; k < 3; ++k) a.profile[8 + k] = sub.ns[k];
-    }
+  if (phases.on) {
+    for (int k = 0; k < 4; ++k) a.profile[(blockIdx.x == 0 ? 0 : 4) + k] = phases.ns[k];
+  }
+  if (sub.on) {
+    for (int k = 0; k < 3; ++k) a.profile[8 + k] = sub.ns[k];
   }
 }
 

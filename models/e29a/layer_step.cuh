@@ -107,6 +107,32 @@ __device__ __forceinline__ void softmax_backward_warp(const Shared<MaxN>& sh, in
   if (has1) sh.ds[lane + 32] = detach ? 0.0f : a1 * (g1 - mean);
 }
 
+// part[n] += H[n] . v over the thread's features d = tid, tid + blockDim, ... (H [N, D] and v [D]
+// in global or shared memory, through generic pointers).
+template <int MaxN>
+__device__ __forceinline__ void score_partials(const float* H, const float* v, int D, int N, float (&part)[MaxN]) {
+#pragma unroll 4
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    const float vd = v[d];
+#pragma unroll
+    for (int n = 0; n < MaxN; ++n) {
+      if (n < N) part[n] = fmaf(H[n * D + d], vd, part[n]);
+    }
+  }
+}
+
+// An attention over the slots from every thread's score partials: the block's sums, softmax of
+// scale times them into sh.attn (visible to all threads on return), and thread n < N stores
+// weight n to out[n].
+template <int MaxN>
+__device__ __forceinline__ void slot_attention(float (&part)[MaxN], const Shared<MaxN>& sh, float scale, int N,
+                                               float* out) {
+  block_slot_sums<MaxN>(part, sh, N);
+  if (threadIdx.x < 32) softmax_warp<MaxN>(sh, scale, N);
+  __syncthreads();
+  if (threadIdx.x < N) out[threadIdx.x] = sh.attn[threadIdx.x];
+}
+
 // Step t of sequence b (the block's threads): the read attention over H_{t-1} with h_{t-1}, r_t and
 // h_t = tanh(x_t + W_h h_{t-1} + r_t + b_h). H: the sequence's tape [N, D] (global or shared
 // memory; a.tape is not read).
@@ -114,23 +140,11 @@ template <int MaxN>
 __device__ __forceinline__ void read_sequence(const ReadStepArgs& a, std::int64_t b, const Shared<MaxN>& sh,
                                               const float* H) {
   const int D = a.dim, N = a.slots;
-  const float* hp = a.h_prev + b * D;
-
   float part[MaxN];
 #pragma unroll
   for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
-#pragma unroll 4
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    const float v = hp[d];
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(H[n * D + d], v, part[n]);
-    }
-  }
-  block_slot_sums<MaxN>(part, sh, N);
-  if (threadIdx.x < 32) softmax_warp<MaxN>(sh, a.scale, N);
-  __syncthreads();
-  if (threadIdx.x < N) a.read_attn[b * N + threadIdx.x] = sh.attn[threadIdx.x];
+  score_partials<MaxN>(H, a.h_prev + b * D, D, N, part);
+  slot_attention<MaxN>(part, sh, a.scale, N, a.read_attn + b * N);
 
   const float* x = a.x + b * a.x_stride;
   const float* rec = a.recurrent + b * D;
@@ -160,18 +174,8 @@ __device__ __forceinline__ void write_sequence(const WriteStepArgs& a, std::int6
   float part[MaxN];
 #pragma unroll
   for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
-#pragma unroll 4
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    const float v = w[d];
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(H[n * D + d], v, part[n]);
-    }
-  }
-  block_slot_sums<MaxN>(part, sh, N);
-  if (threadIdx.x < 32) softmax_warp<MaxN>(sh, a.scale, N);
-  __syncthreads();
-  if (threadIdx.x < N) a.write_attn[b * N + threadIdx.x] = sh.attn[threadIdx.x];
+  score_partials<MaxN>(H, w, D, N, part);
+  slot_attention<MaxN>(part, sh, a.scale, N, a.write_attn + b * N);
 
   float* checkpoint = a.checkpoint ? a.checkpoint + b * N * D : nullptr;
   const float* z = a.z + b * a.z_stride;
