@@ -6,3 +6,6 @@ target_include_directories(megakernel_bench PRIVATE ${PROJECT_SOURCE_DIR})
 # The floor under one dependent phase: block-to-block hand-off latency by method and vector size.
 add_executable(handoff_bench handoff_bench.cu)
 target_include_directories(handoff_bench PRIVATE ${PROJECT_SOURCE_DIR})
+
+add_executable(cluster_bench cluster_bench.cu)
+target_include_directories(cluster_bench PRIVATE ${PROJECT_SOURCE_DIR})

@@ -39,8 +39,9 @@ void check_sampling(const SamplingParams& params) {
 std::int32_t sample_cpu(std::span<const float> logits, const SamplingParams& params, float uniform) {
   check_sampling(params);
   const auto vocab = static_cast<std::int64_t>(logits.size());
-  if (vocab <= 0 || vocab > std::numeric_limits<std::int32_t>::max()) {
-    throw core::Error("sample_cpu: vocabulary of " + std::to_string(vocab) + " entries");
+  if (vocab <= 0 || vocab > kMaxSamplingVocab) {
+    throw core::Error("sample_cpu: vocabulary of " + std::to_string(vocab) + " entries (at most " +
+                      std::to_string(kMaxSamplingVocab) + ")");
   }
   if (is_greedy(params)) {
     std::int64_t best = 0;
@@ -69,18 +70,22 @@ std::int32_t sample_cpu(std::span<const float> logits, const SamplingParams& par
     kept = params.top_k;
     while (kept < vocab && z[order[kept]] == kth) ++kept;
   }
-  std::vector<double> cum(static_cast<std::size_t>(kept));
-  double running = 0.0;
+  std::vector<std::uint64_t> cum(static_cast<std::size_t>(kept));
+  std::uint64_t running = 0;
   for (std::int64_t i = 0; i < kept; ++i) {
-    running += sampling_exp(static_cast<double>(z[order[i]]) - static_cast<double>(z_max));
+    running += sampling_weight(sampling_exp(static_cast<double>(z[order[i]]) - static_cast<double>(z_max)));
     cum[i] = running;
   }
   if (params.top_p < 1.0f) {
-    const double threshold = static_cast<double>(params.top_p) * cum[kept - 1];
-    kept = std::lower_bound(cum.begin(), cum.begin() + kept, threshold) - cum.begin() + 1;
+    const double threshold = static_cast<double>(params.top_p) * static_cast<double>(cum[kept - 1]);
+    kept = std::lower_bound(cum.begin(), cum.begin() + kept, threshold,
+                            [](std::uint64_t c, double t) { return static_cast<double>(c) < t; }) -
+           cum.begin() + 1;
   }
-  const double target = static_cast<double>(uniform) * cum[kept - 1];
-  const std::int64_t chosen = std::upper_bound(cum.begin(), cum.begin() + kept, target) - cum.begin();
+  const double target = static_cast<double>(uniform) * static_cast<double>(cum[kept - 1]);
+  const std::int64_t chosen = std::upper_bound(cum.begin(), cum.begin() + kept, target,
+                                               [](double t, std::uint64_t c) { return t < static_cast<double>(c); }) -
+                              cum.begin();
   return order[std::min(chosen, kept - 1)];
 }
 

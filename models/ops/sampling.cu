@@ -36,8 +36,8 @@ std::size_t align_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 struct Workspace {
   std::uint64_t* keys_in = nullptr;
   std::uint64_t* keys_out = nullptr;
-  double* cum = nullptr;
-  double* tile_total = nullptr;
+  std::uint64_t* cum = nullptr;
+  std::uint64_t* tile_total = nullptr;
   float* greedy_value = nullptr;
   std::int32_t* greedy_index = nullptr;
   void* sort_storage = nullptr;
@@ -58,8 +58,8 @@ Workspace carve(std::int64_t vocab, void* base) {
   };
   w.keys_in = reinterpret_cast<std::uint64_t*>(take(v * 8));
   w.keys_out = reinterpret_cast<std::uint64_t*>(take(v * 8));
-  w.cum = reinterpret_cast<double*>(take(v * 8));
-  w.tile_total = reinterpret_cast<double*>(take(tiles * 8));
+  w.cum = reinterpret_cast<std::uint64_t*>(take(v * 8));
+  w.tile_total = reinterpret_cast<std::uint64_t*>(take(tiles * 8));
   w.greedy_value = reinterpret_cast<float*>(take(kGreedyBlocks * 4));
   w.greedy_index = reinterpret_cast<std::int32_t*>(take(kGreedyBlocks * 4));
   const int end_bit = 32 + id_bits_for(vocab);
@@ -156,45 +156,46 @@ __device__ __forceinline__ double key_z(std::uint64_t key, int id_bits) {
   return static_cast<double>(from_orderable(static_cast<std::uint32_t>(key >> id_bits)));
 }
 
-// Tile-local running sums of e along the sorted keys; tile_total[b] is the tile's last sum.
+// Tile-local running sums of the weights along the sorted keys; tile_total[b] is the tile's last
+// sum. Integer sums: exact in any order, so equal to the host's sequential ones.
 __global__ void __launch_bounds__(kScanThreads)
-    scan_tiles_kernel(const std::uint64_t* __restrict__ keys, std::int64_t vocab, int id_bits, double* __restrict__ cum,
-                      double* __restrict__ tile_total) {
-  __shared__ double warp_total[kScanThreads / 32];
+    scan_tiles_kernel(const std::uint64_t* __restrict__ keys, std::int64_t vocab, int id_bits,
+                      std::uint64_t* __restrict__ cum, std::uint64_t* __restrict__ tile_total) {
+  __shared__ std::uint64_t warp_total[kScanThreads / 32];
   const double z_max = key_z(keys[0], id_bits);
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kTile + threadIdx.x * kPerThread;
-  double local[kPerThread];
-  double running = 0.0;
+  std::uint64_t local[kPerThread];
+  std::uint64_t running = 0;
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
     const std::int64_t i = first + k;
-    const double e = i < vocab ? sampling_exp(key_z(keys[i], id_bits) - z_max) : 0.0;
-    running = running + e;
+    running += i < vocab ? sampling_weight(sampling_exp(key_z(keys[i], id_bits) - z_max)) : 0;
     local[k] = running;
   }
-  // Offsets of the lanes, added sequentially in lane order.
+  // Offsets of the lanes and of the warps.
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  double lane_offset = 0.0;
+  std::uint64_t lane_offset = 0;
   for (int l = 0; l < 31; ++l) {
-    const double t = __shfl_sync(0xFFFFFFFFu, running, l);
-    if (lane > l) lane_offset = lane_offset + t;
+    const std::uint64_t t = __shfl_sync(0xFFFFFFFFu, running, l);
+    if (lane > l) lane_offset += t;
   }
   if (lane == 31) warp_total[warp] = lane_offset + running;
   __syncthreads();
-  double warp_offset = 0.0;
-  for (int w = 0; w < warp; ++w) warp_offset = warp_offset + warp_total[w];
+  std::uint64_t warp_offset = 0;
+  for (int w = 0; w < warp; ++w) warp_offset += warp_total[w];
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
     const std::int64_t i = first + k;
-    if (i < vocab) cum[i] = warp_offset + (lane_offset + local[k]);
+    if (i < vocab) cum[i] = warp_offset + lane_offset + local[k];
   }
-  if (threadIdx.x == kScanThreads - 1) tile_total[blockIdx.x] = warp_offset + (lane_offset + running);
+  if (threadIdx.x == kScanThreads - 1) tile_total[blockIdx.x] = warp_offset + lane_offset + running;
 }
 
 __global__ void choose_kernel(const std::uint64_t* __restrict__ keys, std::int64_t vocab, int id_bits,
-                              const double* __restrict__ cum, const double* __restrict__ tile_total, std::int64_t tiles,
-                              std::int64_t top_k, float top_p, float uniform, std::int32_t* __restrict__ out) {
-  extern __shared__ double tile_offset[];
+                              const std::uint64_t* __restrict__ cum, const std::uint64_t* __restrict__ tile_total,
+                              std::int64_t tiles, std::int64_t top_k, float top_p, float uniform,
+                              std::int32_t* __restrict__ out) {
+  extern __shared__ std::uint64_t tile_offset[];
   if (threadIdx.x != 0) return;
   const std::uint64_t id_mask = (std::uint64_t{1} << id_bits) - 1;
   const auto id_of = [&](std::int64_t i) {
@@ -204,12 +205,12 @@ __global__ void choose_kernel(const std::uint64_t* __restrict__ keys, std::int64
     *out = id_of(0);
     return;
   }
-  double offset = 0.0;
+  std::uint64_t offset = 0;
   for (std::int64_t t = 0; t < tiles; ++t) {
     tile_offset[t] = offset;
-    offset = offset + tile_total[t];
+    offset += tile_total[t];
   }
-  const auto cum_at = [&](std::int64_t i) { return tile_offset[i / kTile] + cum[i]; };
+  const auto cum_at = [&](std::int64_t i) { return static_cast<double>(tile_offset[i / kTile] + cum[i]); };
 
   std::int64_t kept = vocab;
   if (top_k > 0 && top_k < vocab) {
@@ -249,8 +250,9 @@ __global__ void choose_kernel(const std::uint64_t* __restrict__ keys, std::int64
 }  // namespace
 
 std::size_t sample_cuda_workspace_bytes(std::int64_t vocab) {
-  if (vocab <= 0 || vocab > std::numeric_limits<std::int32_t>::max()) {
-    throw core::Error("sample_cuda: vocabulary of " + std::to_string(vocab) + " entries");
+  if (vocab <= 0 || vocab > kMaxSamplingVocab) {
+    throw core::Error("sample_cuda: vocabulary of " + std::to_string(vocab) + " entries (at most " +
+                      std::to_string(kMaxSamplingVocab) + ")");
   }
   return carve(vocab, nullptr).total;
 }
@@ -281,7 +283,7 @@ void sample_cuda(const float* logits, std::int64_t vocab, const SamplingParams& 
   scan_tiles_kernel<<<static_cast<unsigned>(tiles), kScanThreads, 0, stream>>>(w.keys_out, vocab, id_bits, w.cum,
                                                                                w.tile_total);
   CUDA_CHECK_LAUNCH("scan_tiles_kernel");
-  const std::size_t shared = static_cast<std::size_t>(tiles) * sizeof(double);
+  const std::size_t shared = static_cast<std::size_t>(tiles) * sizeof(std::uint64_t);
   if (shared > 48 * 1024) throw core::Error("sample_cuda: vocabulary too large for the choice kernel");
   choose_kernel<<<1, 32, shared, stream>>>(w.keys_out, vocab, id_bits, w.cum, w.tile_total, tiles, params.top_k,
                                            params.top_p, uniform, out_id);

@@ -5,16 +5,19 @@
 //   sampling: z = logit / temperature (NaN -> -inf, +inf -> the largest finite float, -0 -> +0);
 //     tokens ordered by z descending, ties by id ascending (the "order");
 //     top-k (k > 0): keeps the first k of the order and every token equal in z to the k-th;
-//     e_i = exp(z_i - z_max) in double, cum = running sum of e along the order;
-//     top-p (p < 1): keeps the shortest prefix of the order whose cum reaches p * (sum of the kept e);
-//     the choice is the first kept token whose cum exceeds u * (cum of the last kept token).
+//     e_i = exp(z_i - z_max) in double, its weight w_i = round(e_i * 2^41) as a 64-bit integer,
+//     cum = running sum of w along the order;
+//     top-p (p < 1): keeps the shortest prefix of the order whose cum reaches p * (sum of the kept w);
+//     the choice is the first kept token whose cum exceeds u * (cum of the last kept token)
+//     (cum compared as a double).
 // With all logits -inf (or NaN) both give id 0.
 //
 // The CPU reference (sampling.cpp) and the CUDA kernels (sampling.cu) compute the same z, order
-// and e bit for bit (e by sampling_exp below, the same operations on both). Only the summation order of cum differs
-// (sequential on the host, a tiled block scan on the device), so the two choose the same id for the same u except when
-// a running sum lies within double rounding (~1e-16 relative) of p * sum or of u * sum; sums of exactly representable
-// terms (ties, masked tokens) are exact in both.
+// and e bit for bit (e by sampling_exp below, the same operations on both), and the weights are
+// integers, so their sums are exact in any order: the host's sequential sums and the device's
+// tiled scan are equal, and the two choose the same id for every u. (Sums of doubles differed in
+// their last bits over a 151,936-token vocabulary, which moved the choice at u near 1 by a few
+// tokens in the tail.) A token with e below 2^-42 weighs 0 and is never chosen.
 //
 // Draws: sampling_uniform(seed, step) is core::uniform01 of the seed and the index of the
 // generated token, so a seeded generation makes the same choices on either backend.
@@ -78,6 +81,20 @@ LLMTRAIN_HD inline double sampling_exp(double x) {
   std::memcpy(&scale, &bits, sizeof(scale));
 #endif
   return p * scale;
+}
+
+// A token's weight: e in fixed point with kWeightBits fraction bits, rounded to nearest (even)
+// the same way on host and device. e <= 1, so vocab * 2^kWeightBits < 2^64 up to
+// kMaxSamplingVocab entries.
+constexpr int kWeightBits = 41;
+constexpr std::int64_t kMaxSamplingVocab = std::int64_t{1} << 22;
+LLMTRAIN_HD inline std::uint64_t sampling_weight(double e) {
+  constexpr double kScale = static_cast<double>(std::uint64_t{1} << kWeightBits);
+#if defined(__CUDA_ARCH__)
+  return __double2ull_rn(e * kScale);
+#else
+  return static_cast<std::uint64_t>(std::nearbyint(e * kScale));
+#endif
 }
 
 inline bool is_greedy(const SamplingParams& params) { return params.temperature == 0.0f; }

@@ -182,3 +182,17 @@ TEST(Sampling, DrawsAreSeededPerToken) {
 }
 
 }  // namespace
+
+TEST(Sampling, WeightsAreFixedPointRoundedToNearestEven) {
+  using models::ops::sampling_weight;
+  EXPECT_EQ(sampling_weight(1.0), std::uint64_t{1} << 41);
+  EXPECT_EQ(sampling_weight(0.5), std::uint64_t{1} << 40);
+  EXPECT_EQ(sampling_weight(0.0), 0u);
+  EXPECT_EQ(sampling_weight(std::ldexp(1.0, -42)), 0u);  // half a unit: to even
+  EXPECT_EQ(sampling_weight(std::ldexp(3.0, -42)), 2u);  // one and a half: to even
+  EXPECT_EQ(sampling_weight(std::ldexp(5.0, -43)), 1u);  // a unit and a quarter
+  // The largest vocabulary's sum fits 64 bits.
+  EXPECT_LE(static_cast<double>(models::ops::kMaxSamplingVocab) * std::ldexp(1.0, 41), std::ldexp(1.0, 64));
+  // A token whose e is below half a unit is never chosen, even at the largest u.
+  EXPECT_EQ(sample_cpu(std::vector<float>{0.0f, -40.0f}, {.temperature = 1.0f}, 0.99999994f), 0);
+}

@@ -1,0 +1,281 @@
+// What thread-block clusters cost on this GPU, for a decode megakernel whose dependent steps run
+// inside clusters and only a few hand-offs per layer cross the whole grid:
+//  - how many clusters of C blocks (one block per SM, the megakernel's shared memory) can be
+//    co-resident, by the occupancy query and by a cooperative cluster launch;
+//  - a cluster barrier alone, and an all-gather of n floats through distributed shared memory
+//    (every block writes its slice into every block's shared memory, then the cluster barrier);
+//  - a grid hand-off of K partial vectors (every block writes its rows of its cluster's partial,
+//    release-adds one counter; every block acquires it and sums the K partials);
+//  - a layer's skeleton: grid hand-off, cluster all-gather of the q/k/v rows, a broadcast of one
+//    head group's attention output, grid hand-off, cluster all-gather of the activation slice.
+// Every step depends on the one before (the values carry the previous sum), rounds form a chain,
+// and every block checks the exact expected sum every round.
+// usage: cluster_bench [rounds] [shared KB per block]
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/memory_order.cuh"
+
+#define CHECK(call)                                                                              \
+  do {                                                                                           \
+    const cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+namespace cg = cooperative_groups;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxVec = 2048;  // floats of one exchanged vector, at most
+
+enum Mode { barrier_only = 0, allgather = 1, grid_partials = 2, skeleton = 3 };
+const char* kModeNames[] = {"cluster barrier", "cluster all-gather", "grid hand-off of K partials",
+                            "layer skeleton (2 grid + 3 cluster)"};
+
+struct Args {
+  int rounds = 0, n = 0, hidden = 0;
+  float* partials = nullptr;  // [2][clusters][hidden]
+  std::uint32_t* counter = nullptr;
+  int* errors = nullptr;
+};
+
+__device__ float block_sum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) s += red[w];
+  return s;
+}
+
+// Every block writes `value` into its slice of an n-float vector in every block of the cluster
+// (buffer `buf`), the cluster meets, each block sums its copy.
+__device__ float cluster_allgather(cg::cluster_group& cluster, float* buf, int n, float value, float* red) {
+  const int c = static_cast<int>(cluster.num_blocks()), r = static_cast<int>(cluster.block_rank());
+  const int lo = n * r / c, hi = n * (r + 1) / c, len = hi - lo;
+  // Thread t writes element lo + t % len of block t / len (all blocks' copies in one pass).
+  for (int i = threadIdx.x; i < len * c; i += kThreads) {
+    float* dst = cluster.map_shared_rank(buf, i / len);
+    dst[lo + i % len] = value;
+  }
+  cluster.sync();
+  float s = 0.0f;
+  for (int j = threadIdx.x; j < n; j += kThreads) s += buf[j];
+  return block_sum(s, red);
+}
+
+// Block 0 of the cluster writes n floats into every block's buffer, the cluster meets.
+__device__ float cluster_broadcast(cg::cluster_group& cluster, float* buf, int n, float value, float* red) {
+  const int c = static_cast<int>(cluster.num_blocks());
+  if (cluster.block_rank() == 0)
+    for (int i = threadIdx.x; i < n * c; i += kThreads) cluster.map_shared_rank(buf, i / n)[i % n] = value;
+  cluster.sync();
+  float s = 0.0f;
+  for (int j = threadIdx.x; j < n; j += kThreads) s += buf[j];
+  return block_sum(s, red);
+}
+
+// Every block writes its rows of its cluster's partial vector, one release-add; every block
+// acquires the counter and sums all partials.
+__device__ float grid_handoff(const Args& a, int round2, float value, float* red) {
+  const int blocks = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
+  cg::cluster_group cluster = cg::this_cluster();
+  const int c = static_cast<int>(cluster.num_blocks()), r = static_cast<int>(cluster.block_rank());
+  const int clusters = blocks / c, k = b / c;
+  float* part = a.partials + static_cast<std::int64_t>(round2 & 1) * clusters * a.hidden;
+  const int lo = a.hidden * r / c, hi = a.hidden * (r + 1) / c;
+  for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += kThreads) part[k * a.hidden + j] = value;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    core::red_add_release(a.counter, 1);
+    const std::uint32_t want = static_cast<std::uint32_t>(blocks) * static_cast<std::uint32_t>(round2 + 1);
+    while (core::ld_acquire_u32(a.counter) < want) {
+    }
+  }
+  __syncthreads();
+  float s = 0.0f;
+  for (int j = threadIdx.x * 4; j < a.hidden; j += kThreads * 4) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q = 0; q < clusters; ++q) {
+      const float4 w = __ldcg(reinterpret_cast<const float4*>(part + q * a.hidden + j));
+      acc.x += w.x;
+      acc.y += w.y;
+      acc.z += w.z;
+      acc.w += w.w;
+    }
+    s += acc.x + acc.y + acc.z + acc.w;
+  }
+  return block_sum(s, red);
+}
+
+template <int M>
+__global__ void __launch_bounds__(kThreads, 1) exchange(Args a) {
+  __shared__ float red[kThreads / 32];
+  __shared__ __align__(16) float buf[2][kMaxVec];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int clusters = static_cast<int>(gridDim.x / cluster.num_blocks());
+  float sum = 0.0f;
+  int grid_rounds = 0;
+  for (int r = 0; r < a.rounds; ++r) {
+    const float value = static_cast<float>(r % 7 + 1) + 0.0f * sum;
+    float want = 0.0f;
+    if constexpr (M == barrier_only) {
+      cluster.sync();
+      sum = value;
+      want = value;
+    } else if constexpr (M == allgather) {
+      sum = cluster_allgather(cluster, buf[r & 1], a.n, value, red);
+      want = value * static_cast<float>(a.n);
+    } else if constexpr (M == grid_partials) {
+      sum = grid_handoff(a, grid_rounds++, value, red);
+      want = value * static_cast<float>(a.hidden) * static_cast<float>(clusters);
+    } else {
+      // qkv rows of a kv head (n), attention output of its heads (n / 2), activation slice (n * 3 / 4).
+      float s = grid_handoff(a, grid_rounds++, value, red);
+      const float v1 = s / (static_cast<float>(a.hidden) * static_cast<float>(clusters));
+      s = cluster_allgather(cluster, buf[0], a.n, v1, red);
+      const float v2 = s / static_cast<float>(a.n);
+      s = cluster_broadcast(cluster, buf[1], a.n / 2, v2, red);
+      const float v3 = s / static_cast<float>(a.n / 2);
+      s = grid_handoff(a, grid_rounds++, v3, red);
+      const float v4 = s / (static_cast<float>(a.hidden) * static_cast<float>(clusters));
+      sum = cluster_allgather(cluster, buf[0] + kMaxVec / 2, a.n * 3 / 4, v4, red);
+      want = value * static_cast<float>(a.n * 3 / 4);
+      cluster.sync();  // buf[0] is rewritten next round
+    }
+    if (threadIdx.x == 0 && sum != want) atomicAdd(a.errors, 1);
+  }
+}
+
+using Kernel = void (*)(Args);
+const Kernel kKernels[] = {exchange<barrier_only>, exchange<allgather>, exchange<grid_partials>, exchange<skeleton>};
+
+cudaLaunchConfig_t config_for(int blocks, int cluster, int smem, cudaLaunchAttribute* attrs, bool cooperative) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeCooperative;
+  attrs[1].val.cooperative = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = cooperative ? 2 : 1;
+  return cfg;
+}
+
+// Microseconds per round, or a negative value when the launch was refused.
+double run(int mode, int clusters, int cluster, int smem, const Args& base, int n, int* errors_out) {
+  Args a = base;
+  a.n = n;
+  CHECK(cudaMemset(a.counter, 0, 128));
+  CHECK(cudaMemset(a.errors, 0, 4));
+  cudaLaunchAttribute attrs[2];
+  cudaLaunchConfig_t cfg = config_for(clusters * cluster, cluster, smem, attrs, true);
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  CHECK(cudaEventRecord(start));
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kKernels[mode], a);
+  if (e != cudaSuccess) {
+    std::printf("    launch of %d clusters of %d refused: %s\n", clusters, cluster, cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    CHECK(cudaEventDestroy(start));
+    CHECK(cudaEventDestroy(stop));
+    return -1.0;
+  }
+  CHECK(cudaEventRecord(stop));
+  CHECK(cudaEventSynchronize(stop));
+  CHECK(cudaGetLastError());
+  float ms = 0.0f;
+  CHECK(cudaEventElapsedTime(&ms, start, stop));
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  CHECK(cudaMemcpy(errors_out, a.errors, 4, cudaMemcpyDeviceToHost));
+  return 1000.0 * ms / a.rounds;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 4000;
+  const int smem_kb = argc > 2 ? std::atoi(argv[2]) : 200;
+  if (rounds < 1 || smem_kb < 0 || smem_kb > 227) {
+    std::fprintf(stderr, "usage: cluster_bench [rounds (default 4000)] [shared KB per block, 0-227 (default 200)]\n");
+    return 2;
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "cluster_bench: no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs, dynamic shared memory %d KB a block, %d threads\n", prop.name,
+              prop.multiProcessorCount, smem_kb, kThreads);
+  const int smem = smem_kb * 1024;
+  for (Kernel k : kKernels) {
+    CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  const int cluster_sizes[] = {2, 4, 8, 12, 16};
+  for (int c : cluster_sizes) {
+    cudaLaunchAttribute attrs[2];
+    for (int coop = 0; coop < 2; ++coop) {
+      cudaLaunchConfig_t cfg = config_for(c * 8, c, smem, attrs, coop != 0);
+      int clusters = -1;
+      const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kKernels[0], &cfg);
+      std::printf("cluster %2d%s: max active clusters %d (%s)\n", c, coop ? " cooperative" : "            ",
+                  e == cudaSuccess ? clusters : -1, cudaGetErrorString(e));
+      if (e != cudaSuccess) (void)cudaGetLastError();
+    }
+  }
+
+  Args base;
+  base.rounds = rounds;
+  base.hidden = 1024;
+  CHECK(cudaMalloc(&base.partials, sizeof(float) * 2 * 32 * 4096));
+  CHECK(cudaMalloc(&base.counter, 128));
+  CHECK(cudaMalloc(&base.errors, 4));
+  struct Shape {
+    int clusters, cluster;
+  };
+  const Shape shapes[] = {{8, 16}, {16, 8}, {7, 16}, {32, 4}};
+  for (const Shape s : shapes) {
+    std::printf("%d clusters of %d (%d blocks):\n", s.clusters, s.cluster, s.clusters * s.cluster);
+    for (int mode = 0; mode < 4; ++mode) {
+      const int sizes_allgather[] = {256, 512, 1024, 2048};
+      const int* sizes = mode == allgather ? sizes_allgather : nullptr;
+      const int nsizes = mode == allgather ? 4 : 1;
+      for (int i = 0; i < nsizes; ++i) {
+        const int n = sizes ? sizes[i] : 512;
+        int errors = 0;
+        run(mode, s.clusters, s.cluster, smem, base, n, &errors);  // warm-up
+        double best = 1e30, times[3];
+        for (double& t : times) {
+          t = run(mode, s.clusters, s.cluster, smem, base, n, &errors);
+          if (t < best) best = t;
+        }
+        if (best < 0) break;
+        std::printf("  %-38s n %5d: %.3f us a round (runs %.3f %.3f %.3f), errors %d\n", kModeNames[mode], n, best,
+                    times[0], times[1], times[2], errors);
+      }
+    }
+  }
+  CHECK(cudaFree(base.partials));
+  CHECK(cudaFree(base.counter));
+  CHECK(cudaFree(base.errors));
+  return 0;
+}
