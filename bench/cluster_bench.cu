@@ -16,18 +16,12 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <cstdlib>
 
+#include "bench/event_timer.h"
+#include "core/error.h"
 #include "core/memory_order.cuh"
-
-#define CHECK(call)                                                                              \
-  do {                                                                                           \
-    const cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 namespace cg = cooperative_groups;
 
@@ -180,36 +174,22 @@ cudaLaunchConfig_t config_for(int blocks, int cluster, int smem, cudaLaunchAttri
 double run(int mode, int clusters, int cluster, int smem, const Args& base, int n, int* errors_out) {
   Args a = base;
   a.n = n;
-  CHECK(cudaMemset(a.counter, 0, 128));
-  CHECK(cudaMemset(a.errors, 0, 4));
+  CUDA_CHECK(cudaMemset(a.counter, 0, 128));
+  CUDA_CHECK(cudaMemset(a.errors, 0, 4));
   cudaLaunchAttribute attrs[2];
   cudaLaunchConfig_t cfg = config_for(clusters * cluster, cluster, smem, attrs, true);
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  CHECK(cudaEventRecord(start));
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kKernels[mode], a);
-  if (e != cudaSuccess) {
-    std::printf("    launch of %d clusters of %d refused: %s\n", clusters, cluster, cudaGetErrorString(e));
-    (void)cudaGetLastError();
-    CHECK(cudaEventDestroy(start));
-    CHECK(cudaEventDestroy(stop));
+  const float ms = bench::launch_ms([&] { return cudaLaunchKernelEx(&cfg, kKernels[mode], a); });
+  if (ms < 0.0f) {
+    std::printf("    a cooperative launch of %d clusters of %d was refused\n", clusters, cluster);
     return -1.0;
   }
-  CHECK(cudaEventRecord(stop));
-  CHECK(cudaEventSynchronize(stop));
-  CHECK(cudaGetLastError());
-  float ms = 0.0f;
-  CHECK(cudaEventElapsedTime(&ms, start, stop));
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
-  CHECK(cudaMemcpy(errors_out, a.errors, 4, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(errors_out, a.errors, 4, cudaMemcpyDeviceToHost));
   return 1000.0 * ms / a.rounds;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 4000;
   const int smem_kb = argc > 2 ? std::atoi(argv[2]) : 200;
   if (rounds < 1 || smem_kb < 0 || smem_kb > 227) {
@@ -222,13 +202,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs, dynamic shared memory %d KB a block, %d threads\n", prop.name,
               prop.multiProcessorCount, smem_kb, kThreads);
   const int smem = smem_kb * 1024;
   for (Kernel k : kKernels) {
-    CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
   const int cluster_sizes[] = {2, 4, 8, 12, 16};
   for (int c : cluster_sizes) {
@@ -246,9 +226,9 @@ int main(int argc, char** argv) {
   Args base;
   base.rounds = rounds;
   base.hidden = 1024;
-  CHECK(cudaMalloc(&base.partials, sizeof(float) * 2 * 32 * 4096));
-  CHECK(cudaMalloc(&base.counter, 128));
-  CHECK(cudaMalloc(&base.errors, 4));
+  CUDA_CHECK(cudaMalloc(&base.partials, sizeof(float) * 2 * 32 * 4096));
+  CUDA_CHECK(cudaMalloc(&base.counter, 128));
+  CUDA_CHECK(cudaMalloc(&base.errors, 4));
   struct Shape {
     int clusters, cluster;
   };
@@ -274,8 +254,17 @@ int main(int argc, char** argv) {
       }
     }
   }
-  CHECK(cudaFree(base.partials));
-  CHECK(cudaFree(base.counter));
-  CHECK(cudaFree(base.errors));
+  CUDA_CHECK(cudaFree(base.partials));
+  CUDA_CHECK(cudaFree(base.counter));
+  CUDA_CHECK(cudaFree(base.errors));
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return bench_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", "cluster_bench", e.what());
+    return 1;
+  }
 }

@@ -19,19 +19,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
+#include "bench/event_timer.h"
+#include "core/error.h"
 #include "core/memory_order.cuh"
-
-#define CHECK(call)                                                                              \
-  do {                                                                                           \
-    const cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 namespace {
 
@@ -157,22 +151,15 @@ double time_method(const Args& base, int blocks, int n, int rounds) {
   Args a = base;
   a.n = n;
   a.rounds = rounds;
-  CHECK(cudaMemset(a.counter, 0, 4 * kLineWords));
-  CHECK(cudaMemset(a.flags, 0, 4 * kLineWords * static_cast<std::size_t>(blocks)));
-  CHECK(cudaMemset(a.tagged, 0, 16 * static_cast<std::size_t>(n)));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
+  CUDA_CHECK(cudaMemset(a.counter, 0, 4 * kLineWords));
+  CUDA_CHECK(cudaMemset(a.flags, 0, 4 * kLineWords * static_cast<std::size_t>(blocks)));
+  CUDA_CHECK(cudaMemset(a.tagged, 0, 16 * static_cast<std::size_t>(n)));
   void* args[] = {&a};
-  CHECK(cudaEventRecord(start));
-  CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(handoff<M>), blocks, kThreads, args, 0, nullptr));
-  CHECK(cudaEventRecord(stop));
-  CHECK(cudaEventSynchronize(stop));
-  CHECK(cudaGetLastError());
-  float ms = 0.0f;
-  CHECK(cudaEventElapsedTime(&ms, start, stop));
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
+  const float ms = bench::launch_ms([&] {
+    return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(handoff<M>), blocks, kThreads, args, 0, nullptr);
+  });
+  if (ms < 0.0f)
+    throw core::Error("handoff_bench: the cooperative launch of " + std::to_string(blocks) + " blocks failed");
   return 1000.0 * ms / rounds;
 }
 
@@ -182,7 +169,7 @@ const TimeFn kTimers[] = {time_method<tagged>, time_method<tagged_hint>, time_me
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 4000;
   if (rounds < 1) {
     std::fprintf(stderr, "usage: handoff_bench [rounds (default 4000)] [vector sizes, multiples of 8]\n");
@@ -202,18 +189,18 @@ int main(int argc, char** argv) {
   }
   const int max_n = *std::max_element(sizes.begin(), sizes.end());
   int device = 0, sms = 0;
-  CHECK(cudaGetDevice(&device));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, device));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   Args a;
-  CHECK(cudaMalloc(&a.tagged, 16 * static_cast<std::size_t>(max_n)));
-  CHECK(cudaMalloc(&a.f32, 8 * static_cast<std::size_t>(max_n)));
-  CHECK(cudaMalloc(&a.b16, 4 * static_cast<std::size_t>(max_n)));
-  CHECK(cudaMalloc(&a.counter, 4 * kLineWords));
-  CHECK(cudaMalloc(&a.flags, 4 * kLineWords * static_cast<std::size_t>(sms)));
-  CHECK(cudaMalloc(&a.errors, 4));
-  CHECK(cudaMemset(a.errors, 0, 4));
+  CUDA_CHECK(cudaMalloc(&a.tagged, 16 * static_cast<std::size_t>(max_n)));
+  CUDA_CHECK(cudaMalloc(&a.f32, 8 * static_cast<std::size_t>(max_n)));
+  CUDA_CHECK(cudaMalloc(&a.b16, 4 * static_cast<std::size_t>(max_n)));
+  CUDA_CHECK(cudaMalloc(&a.counter, 4 * kLineWords));
+  CUDA_CHECK(cudaMalloc(&a.flags, 4 * kLineWords * static_cast<std::size_t>(sms)));
+  CUDA_CHECK(cudaMalloc(&a.errors, 4));
+  CUDA_CHECK(cudaMemset(a.errors, 0, 4));
   std::printf("%s, %d blocks x %d threads, %d rounds: microseconds per round (median of 5)\n", prop.name, sms, kThreads,
               rounds);
   std::printf("%-12s", "n");
@@ -231,7 +218,16 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
   int errors = 0;
-  CHECK(cudaMemcpy(&errors, a.errors, 4, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(&errors, a.errors, 4, cudaMemcpyDeviceToHost));
   std::printf("wrong sums: %d\n", errors);
   return errors == 0 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return bench_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", "handoff_bench", e.what());
+    return 1;
+  }
 }
