@@ -164,6 +164,10 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "JSON file (default: stdout)");
   app.add_option("--profile", profile_tokens,
                  "per variant, also this many greedy tokens with every unit timed: where a token's time goes");
+  std::string trace_out;
+  app.add_option("--trace-out", trace_out,
+                 "with --profile: every unit's marks of 8 tokens to this file (the preset and variant appended "
+                 "to its name); bench/megakernel_trace.py summarises it");
   CLI11_PARSE(app, argc, argv);
   try {
     const core::DeviceContext ctx(core::Device::cuda(0));
@@ -313,7 +317,8 @@ int main(int argc, char** argv) {
           if (profile_tokens > 0) {
             decoder.reset();
             decoder.prefill(prompt_ids);
-            const std::string summary = decoder.profile_greedy(std::min(profile_tokens, capacity - prompt));
+            const std::string trace = trace_out.empty() ? "" : trace_out + "." + preset + "." + variant;
+            const std::string summary = decoder.profile_greedy(std::min(profile_tokens, capacity - prompt), trace);
             std::fprintf(stderr, "%s", summary.c_str());
             row["profile"] = summary;
           }

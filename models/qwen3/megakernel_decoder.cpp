@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -407,7 +408,40 @@ void MegakernelDecoder::greedy(std::int64_t count, std::int32_t* ids_out) {
   m.launch(p, static_cast<int>(count));
 }
 
-std::string MegakernelDecoder::profile_greedy(std::int64_t count) {
+namespace {
+
+// Raw unit marks of tokens [2, 10) of a profile (fewer when it is shorter), one unit a line.
+void write_unit_trace(const std::string& path, const std::vector<std::uint64_t>& host, std::int64_t count,
+                      const mk::Schedule& schedule) {
+  constexpr int kWords = mk::kTraceWords;
+  const std::vector<mk::Unit>& units = schedule.units;
+  std::vector<int> block_of(units.size());
+  for (std::size_t b = 0; b + 1 < schedule.block_begin.size(); ++b) {
+    for (int i = schedule.block_begin[b]; i < schedule.block_begin[b + 1]; ++i) {
+      block_of[static_cast<std::size_t>(i)] = static_cast<int>(b);
+    }
+  }
+  std::ofstream out(path);
+  if (!out) throw core::InputError("decoder: cannot write the unit trace to '" + path + "'");
+  out << "# token unit block kind layer a b, then " << kWords
+      << " trace words (ns: start, marks 1-6, end; ns waiting for pages)\n";
+  const std::int64_t first = std::min<std::int64_t>(2, count - 1), end = std::min<std::int64_t>(count, first + 8);
+  for (std::int64_t t = first; t < end; ++t) {
+    const std::uint64_t* row = host.data() + static_cast<std::size_t>(t) * units.size() * kWords;
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      const mk::Unit& u = units[i];
+      out << t << ' ' << i << ' ' << block_of[i] << ' ' << static_cast<int>(u.kind) << ' ' << u.layer << ' ' << u.a
+          << ' ' << u.b;
+      for (int k = 0; k < kWords; ++k) out << ' ' << row[kWords * i + static_cast<std::size_t>(k)];
+      out << '\n';
+    }
+  }
+  if (!out) throw core::InputError("decoder: writing the unit trace to '" + path + "' failed");
+}
+
+}  // namespace
+
+std::string MegakernelDecoder::profile_greedy(std::int64_t count, const std::string& trace_path) {
   Impl& m = *impl_;
   if (count <= 0) return {};
   if (!m.has_logits) throw core::InputError("decoder: profile_greedy() needs logits first (prefill or step)");
@@ -427,6 +461,7 @@ std::string MegakernelDecoder::profile_greedy(std::int64_t count) {
   std::vector<std::uint64_t> host(words);
   CUDA_CHECK(cudaMemcpy(host.data(), trace.data(), words * 8, cudaMemcpyDeviceToHost));
 
+  if (!trace_path.empty()) write_unit_trace(trace_path, host, count, m.schedule);
   // Phases in chain order per token: qkv, attention, o_proj, gate_up, down per layer, then lm_head
   // and argmax; each phase's inputs are complete when the one before it has ended.
   const int layers = static_cast<int>(m.c.num_layers), kinds = 7;

@@ -77,7 +77,10 @@ class MegakernelDecoder final : public Decoder {
   // Diagnostics: greedy(count) with every unit's start and end recorded, summarised per phase
   // kind over the tokens and layers: the time each phase adds to the token's critical path, and
   // how long its units took once their inputs were complete (median and slowest). Synchronises.
-  std::string profile_greedy(std::int64_t count);
+  // With `trace_path`, also writes every unit's raw marks of up to 8 tokens after the first two
+  // (text, one unit a line: token, unit, block, kind, layer, a, b, then the trace words in ns;
+  // bench/megakernel_trace.py reads it).
+  std::string profile_greedy(std::int64_t count, const std::string& trace_path = "");
   // Tests: the next launch waits on a word that nothing writes (it must abort at the deadline).
   void stall_next_launch();
 
