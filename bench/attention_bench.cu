@@ -11,10 +11,8 @@
 // matrix products over half the score matrix) and 2.5 times that for the backward. Our backward
 // recomputes S and dP a second time for dQ (the price of having no atomics), which the count leaves
 // out, so its figure is the useful rate, comparable with the peer's.
-#include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +21,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/event_timer.h"
 #include "core/buffer.h"
 #include "core/device.h"
 #include "core/error.h"
@@ -44,31 +43,6 @@ void fill(core::Buffer& b, std::uint64_t seed, float scale, cudaStream_t stream)
   fill_normal_bf16<<<4096, 256, 0, stream>>>(b.as<std::uint16_t>(), static_cast<std::int64_t>(b.bytes() / 2), seed,
                                              scale);
   CUDA_CHECK_LAUNCH("fill_normal_bf16");
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Median milliseconds of `work` on `stream`, timed with events around each call.
-double time_ms(cudaStream_t stream, int warmup, int reps, const std::function<void()>& work) {
-  cudaEvent_t start{}, stop{};
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> ms;
-  for (int i = 0; i < warmup + reps; ++i) {
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    work();
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float e = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&e, start, stop));
-    if (i >= warmup) ms.push_back(e);
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  return median(ms);
 }
 
 void write_json(const std::string& path, const nlohmann::json& j) {
@@ -138,7 +112,7 @@ int main(int argc, char** argv) {
     nlohmann::json forward_sweep = nlohmann::json::array();
     for (int i = 0; i < ops::attention_cuda_variant_count(hd, false); ++i) {
       if (!selected(i)) continue;
-      const double ms = time_ms(stream, warmup, reps, [&] { forward(i); });
+      const double ms = bench::median_ms(stream, warmup, reps, [&] { forward(i); });
       forward_sweep.push_back({{"variant", ops::attention_cuda_variant_name(hd, false, i)},
                                {"ms", ms},
                                {"tflops", tflops(forward_flop, ms)}});
@@ -149,7 +123,7 @@ int main(int argc, char** argv) {
     nlohmann::json backward_sweep = nlohmann::json::array();
     for (int i = 0; i < ops::attention_cuda_variant_count(hd, true); ++i) {
       if (!selected(i)) continue;
-      const double ms = time_ms(stream, warmup, reps, [&] { backward(i); });
+      const double ms = bench::median_ms(stream, warmup, reps, [&] { backward(i); });
       backward_sweep.push_back({{"variant", ops::attention_cuda_variant_name(hd, true, i)},
                                 {"ms", ms},
                                 {"tflops", tflops(backward_flop, ms)}});
@@ -158,9 +132,9 @@ int main(int argc, char** argv) {
     }
     if (only_variant >= 0) return 0;
     // What the library runs by default (variant -1: the preferred one that fits this device).
-    const double forward_ms = time_ms(stream, warmup, reps, [&] { forward(-1); });
-    const double backward_ms = time_ms(stream, warmup, reps, [&] { backward(-1); });
-    const double both_ms = time_ms(stream, warmup, reps, [&] {
+    const double forward_ms = bench::median_ms(stream, warmup, reps, [&] { forward(-1); });
+    const double backward_ms = bench::median_ms(stream, warmup, reps, [&] { backward(-1); });
+    const double both_ms = bench::median_ms(stream, warmup, reps, [&] {
       forward(-1);
       backward(-1);
     });

@@ -1,6 +1,9 @@
-// Milliseconds of one kernel launch on the default stream, between two CUDA events, for the
-// small standalone benches (bench/handoff_bench, bench/cluster_bench).
+// Milliseconds between CUDA events for the benches: one kernel launch on the default stream
+// (bench/handoff_bench, bench/cluster_bench), or the median of repeated work on a stream.
 #pragma once
+
+#include <algorithm>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -29,6 +32,28 @@ float launch_ms(Launch launch) {
   CUDA_CHECK(cudaEventDestroy(start));
   CUDA_CHECK(cudaEventDestroy(stop));
   return ms;
+}
+
+// Median milliseconds of `work` on `stream` over `reps` calls after `warmup`, events around each.
+template <class Work>
+double median_ms(cudaStream_t stream, int warmup, int reps, Work work) {
+  cudaEvent_t start{}, stop{};
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> ms;
+  for (int i = 0; i < warmup + reps; ++i) {
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    work();
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float e = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&e, start, stop));
+    if (i >= warmup) ms.push_back(e);
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 }  // namespace bench

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
+#include "core/phase_timer.h"
 #include "optim/gradient_sink.h"
 #include "optim/param_spec.h"
 #include "optim/slab.h"
@@ -114,6 +115,10 @@ class TrainableModel {
   virtual std::int64_t largest_gradient_range() const { return 0; }
   // Device bytes held for activations.
   virtual std::size_t activation_bytes() const { return 0; }
+  // Events around the phases of forward_backward (core/phase_timer.h), for a step's time
+  // breakdown; nullptr (the default) records nothing. Backends without phases ignore it. The
+  // timer must outlive its use.
+  virtual void set_phase_timer(core::PhaseTimer* timer) { (void)timer; }
 };
 
 // Which decoder a family builds. megakernel: a family's single-launch decoder (Qwen3 on cuda);

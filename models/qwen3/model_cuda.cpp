@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include "core/error.h"
+#include "core/phase_timer.h"
 #include "models/lm_ends_cuda.h"
 #include "models/ops/attention.h"
 #include "models/ops/embedding.h"
@@ -97,6 +98,7 @@ struct ActivationLayout {
 
 struct Qwen3Cuda::Impl : ActivationLayout {
   using LayerWeights = Qwen3LayerTensors;
+  using Scope = core::PhaseScope;
 
   // The gradient ranges of one layer's backward, in the order it finishes them.
   struct LayerGroups {
@@ -122,6 +124,7 @@ struct Qwen3Cuda::Impl : ActivationLayout {
   WeightHolds holds;
   optim::Range embed_range, tail_range;
   std::vector<optim::Range> layer_ranges;
+  core::PhaseTimer* timer = nullptr;  // set_phase_timer; null records nothing
 
   Impl(const Qwen3Config& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens, Recompute r,
        optim::WeightSource* source)
@@ -151,41 +154,72 @@ struct Qwen3Cuda::Impl : ActivationLayout {
   }
   ops::DeviceWorkspace ws() { return {at<char>(workspace), workspace_bytes}; }
 
-  // One layer forward from s.x_in into out_x (the next layer's input), filling s's slots.
-  void layer_forward(std::size_t l, const LayerSlots& s, bf16* out_x, std::int64_t batch, std::int64_t seq) {
+  // One layer forward from s.x_in into out_x (the next layer's input), filling s's slots. `t`
+  // times its phases (null inside a backward's recompute, which is timed as one phase).
+  void layer_forward(std::size_t l, const LayerSlots& s, bf16* out_x, std::int64_t batch, std::int64_t seq,
+                     core::PhaseTimer* t) {
     const LayerWeights& lw = layers[l];
     const std::int64_t n = batch * seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), qkv = c.qkv_size();
     const std::int64_t qk = qs + kvs, f = c.intermediate_size;
-    ops::rmsnorm_forward_cuda(at<bf16>(s.x_in), w(lw.input_norm), n, d, c.rms_norm_eps, at<bf16>(s.h),
-                              at<float>(s.rstd_in), stream);
-    linear.forward(at<bf16>(s.h), w(lw.qkv), n, d, qkv, at<bf16>(s.qkv), ws());
-    ops::head_rmsnorm_forward_cuda(at<bf16>(s.qkv), qkv, w(lw.q_norm), n, c.num_heads, c.head_dim, c.rms_norm_eps,
-                                   at<bf16>(s.qk), qk, at<float>(s.rstd_q), stream);
-    ops::head_rmsnorm_forward_cuda(at<bf16>(s.qkv) + qs, qkv, w(lw.k_norm), n, c.num_kv_heads, c.head_dim,
-                                   c.rms_norm_eps, at<bf16>(s.qk) + qs, qk, at<float>(s.rstd_k), stream);
+    {
+      const Scope phase(t, "attn.norm.fwd");
+      ops::rmsnorm_forward_cuda(at<bf16>(s.x_in), w(lw.input_norm), n, d, c.rms_norm_eps, at<bf16>(s.h),
+                                at<float>(s.rstd_in), stream);
+    }
+    {
+      const Scope phase(t, "attn.qkv.fwd");
+      linear.forward(at<bf16>(s.h), w(lw.qkv), n, d, qkv, at<bf16>(s.qkv), ws());
+    }
     const std::int32_t* pos = at<std::int32_t>(positions);
-    ops::rope_forward_cuda(at<bf16>(s.qk), qk, at<bf16>(s.qk), qk, pos, n, c.num_heads, c.head_dim, c.rope_theta,
-                           stream);
-    ops::rope_forward_cuda(at<bf16>(s.qk) + qs, qk, at<bf16>(s.qk) + qs, qk, pos, n, c.num_kv_heads, c.head_dim,
-                           c.rope_theta, stream);
+    {
+      const Scope phase(t, "attn.qk_norm_rope.fwd");
+      ops::head_rmsnorm_forward_cuda(at<bf16>(s.qkv), qkv, w(lw.q_norm), n, c.num_heads, c.head_dim, c.rms_norm_eps,
+                                     at<bf16>(s.qk), qk, at<float>(s.rstd_q), stream);
+      ops::head_rmsnorm_forward_cuda(at<bf16>(s.qkv) + qs, qkv, w(lw.k_norm), n, c.num_kv_heads, c.head_dim,
+                                     c.rms_norm_eps, at<bf16>(s.qk) + qs, qk, at<float>(s.rstd_k), stream);
+      ops::rope_forward_cuda(at<bf16>(s.qk), qk, at<bf16>(s.qk), qk, pos, n, c.num_heads, c.head_dim, c.rope_theta,
+                             stream);
+      ops::rope_forward_cuda(at<bf16>(s.qk) + qs, qk, at<bf16>(s.qk) + qs, qk, pos, n, c.num_kv_heads, c.head_dim,
+                             c.rope_theta, stream);
+    }
     const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
-    ops::attention_forward_cuda(shape, {at<std::uint16_t>(s.qk), qk}, {at<std::uint16_t>(s.qk) + qs, qk},
-                                {at<std::uint16_t>(s.qkv) + qs + kvs, qkv}, at<std::uint16_t>(s.att), at<float>(s.lse),
-                                stream);
-    linear.forward(at<bf16>(s.att), w(lw.o_proj), n, qs, d, at<bf16>(dtmp), ws());
-    add_bf16(at<bf16>(s.x_in), at<bf16>(dtmp), at<bf16>(s.x_mid), n * d, stream);
-    mlp_forward(l, s, n);
-    linear.forward(at<bf16>(s.act), w(lw.down), n, f, d, at<bf16>(dtmp), ws());
+    {
+      const Scope phase(t, "attn.core.fwd");
+      ops::attention_forward_cuda(shape, {at<std::uint16_t>(s.qk), qk}, {at<std::uint16_t>(s.qk) + qs, qk},
+                                  {at<std::uint16_t>(s.qkv) + qs + kvs, qkv}, at<std::uint16_t>(s.att),
+                                  at<float>(s.lse), stream);
+    }
+    {
+      const Scope phase(t, "attn.o_proj.fwd");
+      linear.forward(at<bf16>(s.att), w(lw.o_proj), n, qs, d, at<bf16>(dtmp), ws());
+    }
+    {
+      const Scope phase(t, "residual.fwd");
+      add_bf16(at<bf16>(s.x_in), at<bf16>(dtmp), at<bf16>(s.x_mid), n * d, stream);
+    }
+    mlp_forward(l, s, n, t);
+    {
+      const Scope phase(t, "mlp.down.fwd");
+      linear.forward(at<bf16>(s.act), w(lw.down), n, f, d, at<bf16>(dtmp), ws());
+    }
+    const Scope phase(t, "residual.fwd");
     add_bf16(at<bf16>(s.x_mid), at<bf16>(dtmp), out_x, n * d, stream);
   }
 
   // norm -> gate_up -> swiglu from s.x_mid.
-  void mlp_forward(std::size_t l, const LayerSlots& s, std::int64_t n) {
+  void mlp_forward(std::size_t l, const LayerSlots& s, std::int64_t n, core::PhaseTimer* t) {
     const LayerWeights& lw = layers[l];
     const std::int64_t d = c.hidden_size, f = c.intermediate_size;
-    ops::rmsnorm_forward_cuda(at<bf16>(s.x_mid), w(lw.post_norm), n, d, c.rms_norm_eps, at<bf16>(s.h2),
-                              at<float>(s.rstd_post), stream);
-    linear.forward(at<bf16>(s.h2), w(lw.gate_up), n, d, 2 * f, at<bf16>(s.gate_up), ws());
+    {
+      const Scope phase(t, "mlp.norm.fwd");
+      ops::rmsnorm_forward_cuda(at<bf16>(s.x_mid), w(lw.post_norm), n, d, c.rms_norm_eps, at<bf16>(s.h2),
+                                at<float>(s.rstd_post), stream);
+    }
+    {
+      const Scope phase(t, "mlp.gate_up.fwd");
+      linear.forward(at<bf16>(s.h2), w(lw.gate_up), n, d, 2 * f, at<bf16>(s.gate_up), ws());
+    }
+    const Scope phase(t, "mlp.silu.fwd");
     ops::swiglu_forward_cuda(at<bf16>(s.gate_up), n, f, at<bf16>(s.act), stream);
   }
 
@@ -195,11 +229,13 @@ struct Qwen3Cuda::Impl : ActivationLayout {
     if (recompute == Recompute::full) {
       LayerSlots s = scratch;
       s.x_in = saved[l].x_in;
-      layer_forward(l, s, at<bf16>(dh), batch, seq);  // the layer's output is not needed: dh is free here
+      const Scope phase(timer, "recompute.bwd");
+      layer_forward(l, s, at<bf16>(dh), batch, seq, nullptr);  // the layer's output is not needed: dh is free here
       return s;
     }
     LayerSlots s = saved[l];
     if (recompute == Recompute::mlp) {
+      const Scope phase(timer, "recompute.bwd");
       s.gate_up = scratch.gate_up;
       s.act = scratch.act;
       const LayerWeights& lw = layers[l];
@@ -217,8 +253,9 @@ struct Qwen3Cuda::Impl : ActivationLayout {
       throw core::Error("Qwen3Cuda: batch * seq = " + std::to_string(n) + " outside (0, " + std::to_string(max_tokens) +
                         "]");
     }
-    fill_positions(at<std::int32_t>(positions), n, seq, stream);
     {
+      const Scope phase(timer, "embedding.fwd");  // with the positions RoPE reads
+      fill_positions(at<std::int32_t>(positions), n, seq, stream);
       const auto held = holds.hold(embed_range);
       ends->embed(ids, n, at<bf16>(saved[0].x_in));
     }
@@ -228,9 +265,10 @@ struct Qwen3Cuda::Impl : ActivationLayout {
                            : recompute == Recompute::mlp ? with_mlp(saved[l], scratch)
                                                          : saved[l];
       bf16* next = l + 1 < layers.size() ? at<bf16>(saved[l + 1].x_in) : ends->x_final();
-      layer_forward(l, s, next, batch, seq);
+      layer_forward(l, s, next, batch, seq, timer);
     }
     const auto held = holds.hold(tail_range);
+    const Scope phase(timer, "final_norm.fwd");
     ends->final_norm(n);
   }
 
@@ -260,6 +298,8 @@ struct Qwen3Cuda::Impl : ActivationLayout {
       // The tail holds the final norm and an untied head; a tied head is the embedding.
       const auto tail = holds.hold(tail_range);
       const auto tied = holds.hold(head == embed ? embed_range : optim::Range{});
+      // The logits, the loss and their backward are one fused pass, with the final norm's backward.
+      const Scope phase(timer, "lm_head+loss.fwd+bwd");
       ends->backward_head(out, targets, n, grad_scale, at<bf16>(dtmp), ws());
     }
     bf16* dx = ends->dx();
@@ -269,10 +309,15 @@ struct Qwen3Cuda::Impl : ActivationLayout {
     // norm's backward into dtmp and its weight's gradient, the branch's range released, dtmp added
     // to the residual gradient dx.
     auto branch_norm_backward = [&](const bf16* x, int norm_weight, const float* rstd, float* range_grad,
-                                    const optim::Range& range) {
-      ops::rmsnorm_backward_cuda(at<bf16>(dh), x, w(norm_weight), rstd, n, d, at<bf16>(dtmp),
-                                 grad_in(range_grad, range, norm_weight), at<char>(workspace), workspace_bytes, stream);
+                                    const optim::Range& range, const char* norm_phase) {
+      {
+        const Scope phase(timer, norm_phase);
+        ops::rmsnorm_backward_cuda(at<bf16>(dh), x, w(norm_weight), rstd, n, d, at<bf16>(dtmp),
+                                   grad_in(range_grad, range, norm_weight), at<char>(workspace), workspace_bytes,
+                                   stream);
+      }
       out.release(range);
+      const Scope phase(timer, "residual.bwd");
       add_bf16(dx, at<bf16>(dtmp), dx, n * d, stream);
     };
     for (std::size_t l = layers.size(); l-- > 0;) {
@@ -282,38 +327,61 @@ struct Qwen3Cuda::Impl : ActivationLayout {
       // MLP: out = x_mid + down(swiglu(gate_up(norm(x_mid)))).
       const optim::Range mlp = groups[l].mlp;
       float* mlp_grad = out.acquire(mlp);
-      linear.backward(dx, at<bf16>(s.act), w(lw.down), n, f, d, at<bf16>(dact), grad_in(mlp_grad, mlp, lw.down), ws());
-      ops::swiglu_backward_cuda(at<bf16>(dact), at<bf16>(s.gate_up), n, f, at<bf16>(dgate_up), stream);
-      linear.backward(at<bf16>(dgate_up), at<bf16>(s.h2), w(lw.gate_up), n, d, 2 * f, at<bf16>(dh),
-                      grad_in(mlp_grad, mlp, lw.gate_up), ws());
-      branch_norm_backward(at<bf16>(s.x_mid), lw.post_norm, at<float>(s.rstd_post), mlp_grad, mlp);
+      {
+        const Scope phase(timer, "mlp.down.bwd");
+        linear.backward(dx, at<bf16>(s.act), w(lw.down), n, f, d, at<bf16>(dact), grad_in(mlp_grad, mlp, lw.down),
+                        ws());
+      }
+      {
+        const Scope phase(timer, "mlp.silu.bwd");
+        ops::swiglu_backward_cuda(at<bf16>(dact), at<bf16>(s.gate_up), n, f, at<bf16>(dgate_up), stream);
+      }
+      {
+        const Scope phase(timer, "mlp.gate_up.bwd");
+        linear.backward(at<bf16>(dgate_up), at<bf16>(s.h2), w(lw.gate_up), n, d, 2 * f, at<bf16>(dh),
+                        grad_in(mlp_grad, mlp, lw.gate_up), ws());
+      }
+      branch_norm_backward(at<bf16>(s.x_mid), lw.post_norm, at<float>(s.rstd_post), mlp_grad, mlp, "mlp.norm.bwd");
       // Attention: x_mid = x_in + o_proj(attention(rope(norm(q)), rope(norm(k)), v)).
       const optim::Range attention = groups[l].attention;
       float* att_grad = out.acquire(attention);
-      linear.backward(dx, at<bf16>(s.att), w(lw.o_proj), n, qs, d, at<bf16>(datt),
-                      grad_in(att_grad, attention, lw.o_proj), ws());
-      ops::attention_backward_cuda(shape, {at<std::uint16_t>(s.qk), qk}, {at<std::uint16_t>(s.qk) + qs, qk},
-                                   {at<std::uint16_t>(s.qkv) + qs + kvs, qkv}, at<std::uint16_t>(s.att),
-                                   at<float>(s.lse), at<std::uint16_t>(datt), {at<std::uint16_t>(dqk), qk},
-                                   {at<std::uint16_t>(dqk) + qs, qk}, {at<std::uint16_t>(dqkv) + qs + kvs, qkv},
-                                   at<char>(workspace), workspace_bytes, stream);
-      ops::rope_backward_cuda(at<bf16>(dqk), qk, at<bf16>(dqk), qk, pos, n, c.num_heads, c.head_dim, c.rope_theta,
-                              stream);
-      ops::rope_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(dqk) + qs, qk, pos, n, c.num_kv_heads, c.head_dim,
-                              c.rope_theta, stream);
-      ops::head_rmsnorm_backward_cuda(
-          at<bf16>(dqk), qk, at<bf16>(s.qkv), qkv, w(lw.q_norm), at<float>(s.rstd_q), n, c.num_heads, c.head_dim,
-          at<bf16>(dqkv), qkv, grad_in(att_grad, attention, lw.q_norm), at<char>(workspace), workspace_bytes, stream);
-      ops::head_rmsnorm_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(s.qkv) + qs, qkv, w(lw.k_norm),
-                                      at<float>(s.rstd_k), n, c.num_kv_heads, c.head_dim, at<bf16>(dqkv) + qs, qkv,
-                                      grad_in(att_grad, attention, lw.k_norm), at<char>(workspace), workspace_bytes,
-                                      stream);
-      linear.backward(at<bf16>(dqkv), at<bf16>(s.h), w(lw.qkv), n, d, qkv, at<bf16>(dh),
-                      grad_in(att_grad, attention, lw.qkv), ws());
-      branch_norm_backward(at<bf16>(s.x_in), lw.input_norm, at<float>(s.rstd_in), att_grad, attention);
+      {
+        const Scope phase(timer, "attn.o_proj.bwd");
+        linear.backward(dx, at<bf16>(s.att), w(lw.o_proj), n, qs, d, at<bf16>(datt),
+                        grad_in(att_grad, attention, lw.o_proj), ws());
+      }
+      {
+        const Scope phase(timer, "attn.core.bwd");
+        ops::attention_backward_cuda(shape, {at<std::uint16_t>(s.qk), qk}, {at<std::uint16_t>(s.qk) + qs, qk},
+                                     {at<std::uint16_t>(s.qkv) + qs + kvs, qkv}, at<std::uint16_t>(s.att),
+                                     at<float>(s.lse), at<std::uint16_t>(datt), {at<std::uint16_t>(dqk), qk},
+                                     {at<std::uint16_t>(dqk) + qs, qk}, {at<std::uint16_t>(dqkv) + qs + kvs, qkv},
+                                     at<char>(workspace), workspace_bytes, stream);
+      }
+      {
+        const Scope phase(timer, "attn.qk_norm_rope.bwd");
+        ops::rope_backward_cuda(at<bf16>(dqk), qk, at<bf16>(dqk), qk, pos, n, c.num_heads, c.head_dim, c.rope_theta,
+                                stream);
+        ops::rope_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(dqk) + qs, qk, pos, n, c.num_kv_heads, c.head_dim,
+                                c.rope_theta, stream);
+        ops::head_rmsnorm_backward_cuda(
+            at<bf16>(dqk), qk, at<bf16>(s.qkv), qkv, w(lw.q_norm), at<float>(s.rstd_q), n, c.num_heads, c.head_dim,
+            at<bf16>(dqkv), qkv, grad_in(att_grad, attention, lw.q_norm), at<char>(workspace), workspace_bytes, stream);
+        ops::head_rmsnorm_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(s.qkv) + qs, qkv, w(lw.k_norm),
+                                        at<float>(s.rstd_k), n, c.num_kv_heads, c.head_dim, at<bf16>(dqkv) + qs, qkv,
+                                        grad_in(att_grad, attention, lw.k_norm), at<char>(workspace), workspace_bytes,
+                                        stream);
+      }
+      {
+        const Scope phase(timer, "attn.qkv.bwd");
+        linear.backward(at<bf16>(dqkv), at<bf16>(s.h), w(lw.qkv), n, d, qkv, at<bf16>(dh),
+                        grad_in(att_grad, attention, lw.qkv), ws());
+      }
+      branch_norm_backward(at<bf16>(s.x_in), lw.input_norm, at<float>(s.rstd_in), att_grad, attention, "attn.norm.bwd");
     }
     // Row windows recompute the logits from the head's weights.
     const auto held = holds.hold(head_range());
+    const Scope phase(timer, "embedding.bwd");
     ends->backward_embedding(out, ids, targets, n, grad_scale, ws());
   }
 
@@ -393,6 +461,8 @@ void Qwen3Cuda::set_gradient_sink(optim::GradientSink* sink) {
 }
 
 std::int64_t Qwen3Cuda::largest_gradient_range() const { return impl_->largest_group(); }
+
+void Qwen3Cuda::set_phase_timer(core::PhaseTimer* timer) { impl_->timer = timer; }
 
 const float* Qwen3Cuda::loss() const { return impl_->ends->loss_value(); }
 const float* Qwen3Cuda::token_losses() const { return impl_->ends->token_losses(); }

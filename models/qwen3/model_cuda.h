@@ -52,6 +52,10 @@ class Qwen3Cuda final : public TrainableModel {
   void set_gradient_sink(optim::GradientSink* sink) override;
   // The most elements one range given to a limited sink spans (the size of its staging).
   std::int64_t largest_gradient_range() const override;
+  // Events around each phase of forward_backward, the same names in every layer (embedding, the
+  // layers' norms, products, attention, SwiGLU and residual adds, recompute, the fused head and
+  // loss), ".fwd" or ".bwd" after each; nullptr (the default) records nothing.
+  void set_phase_timer(core::PhaseTimer* timer) override;
 
   const float* loss() const override;          // device fp32: mean loss of the last call
   const float* token_losses() const override;  // device fp32, of the last forward_loss
