@@ -1,5 +1,6 @@
 // Milliseconds between CUDA events for the benches: one kernel launch on the default stream
-// (bench/handoff_bench, bench/cluster_bench), or the median of repeated work on a stream.
+// (bench/handoff_bench, bench/cluster_bench), or the median of repeated work on a stream; and the
+// device copy bandwidth that memory-bound floors are measured against.
 #pragma once
 
 #include <algorithm>
@@ -7,6 +8,8 @@
 
 #include <cuda_runtime.h>
 
+#include "core/buffer.h"
+#include "core/device.h"
 #include "core/error.h"
 
 namespace bench {
@@ -54,6 +57,17 @@ double median_ms(cudaStream_t stream, int warmup, int reps, Work work) {
   CUDA_CHECK(cudaEventDestroy(stop));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+// Device-to-device copy bandwidth in bytes/s, reads plus writes: the median of `reps` copies of
+// `bytes` (well past L2) after 3 warm-up copies.
+inline double copy_bytes_per_s(const core::DeviceContext& ctx, std::size_t bytes, int reps) {
+  core::Buffer src(ctx.device(), bytes), dst(ctx.device(), bytes);
+  src.fill_bytes(1, ctx.stream());
+  const double ms = median_ms(ctx.stream(), 3, reps, [&] {
+    CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, ctx.stream()));
+  });
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3);
 }
 
 }  // namespace bench

@@ -28,6 +28,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/event_timer.h"
 #include "bench/plain_gemm.h"
 #include "bench/qwen3_params.h"
 #include "core/error.h"
@@ -102,21 +103,6 @@ struct Timer {
     return ms;
   }
 };
-
-double copy_bandwidth_gbps(const core::DeviceContext& ctx, std::size_t bytes, int reps) {
-  core::Buffer a(ctx.device(), bytes), b(ctx.device(), bytes);
-  fill(a, 7, 1.0f, ctx.stream());
-  Timer t;
-  std::vector<double> ms;
-  for (int i = 0; i < reps + 3; ++i) {
-    CUDA_CHECK(cudaEventRecord(t.start, ctx.stream()));
-    CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, ctx.stream()));
-    CUDA_CHECK(cudaEventRecord(t.stop, ctx.stream()));
-    const double e = t.elapsed_ms();
-    if (i >= 3) ms.push_back(e);
-  }
-  return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3) / 1e9;
-}
 
 // Median ms of `reps` timed calls of run() after `warmup` untimed ones.
 template <typename Run>
@@ -251,7 +237,7 @@ int main(int argc, char** argv) {
     const auto elements = layout.parameter_count();
     const double bytes_per_element = step_bytes_per_element(type, layout);
     const double bytes = bytes_per_element * static_cast<double>(elements);
-    const double copy_gbps = copy_bandwidth_gbps(ctx, std::size_t{4} << 30, 20);
+    const double copy_gbps = bench::copy_bytes_per_s(ctx, std::size_t{4} << 30, 20) / 1e9;
 
     optim::OptimizerConfig config;
     config.type = type;

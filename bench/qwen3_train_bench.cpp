@@ -27,18 +27,6 @@
 
 namespace {
 
-// Bytes per second of a device-to-device copy of 256 MiB (well past L2), reads plus writes: the
-// yardstick of the element-wise phases, whose floors also count reads plus writes.
-double copy_bandwidth(const core::DeviceContext& ctx) {
-  const std::size_t bytes = std::size_t{256} << 20;
-  core::Buffer src(ctx.device(), bytes), dst(ctx.device(), bytes);
-  src.fill_bytes(1, ctx.stream());
-  const double ms = bench::median_ms(ctx.stream(), 3, 20, [&] {
-    CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, ctx.stream()));
-  });
-  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3);
-}
-
 // FLOP/s of one large bf16 product through the model's own linear layer (LinearPlan, cuBLASLt):
 // 8192 x 8192 x 8192, random operands (constant ones draw less power and run faster).
 double matmul_rate(const core::DeviceContext& ctx) {
@@ -174,7 +162,7 @@ int main(int argc, char** argv) {
       }
       const auto totals = timer.collect();
       model.set_phase_timer(nullptr);
-      const double copy_bps = copy_bandwidth(ctx);
+      const double copy_bps = bench::copy_bytes_per_s(ctx, std::size_t{256} << 20, 20);
       const double flops_per_s = matmul_rate_option > 0 ? matmul_rate_option : matmul_rate(ctx);
 
       bench::Qwen3StepShape s = bench::qwen3_step_shape(shape, batch, seq, spec->parameter_count());
