@@ -133,6 +133,21 @@ __device__ __forceinline__ void score_partials(std::uint32_t H, const float (&v)
   }
 }
 
+// One step of the lanes' butterfly over v[0, 2 Half): a lane keeps half of its values (the upper
+// half when its lane bit Half / 2 is set) and adds its partner's copy of that half. A template
+// step, so every index is a constant and v stays in registers (a loop over the steps left v in
+// local memory with computed offsets).
+template <int Half>
+__device__ __forceinline__ void butterfly_step(float (&v)[kTileRows * kItems], int lane) {
+  const bool upper = (lane & (Half / 2)) != 0;
+#pragma unroll
+  for (int q = 0; q < Half; ++q) {
+    const float keep = upper ? v[q + Half] : v[q];
+    const float send = upper ? v[q] : v[q + Half];
+    v[q] = keep + __shfl_xor_sync(kFull, send, Half / 2);
+  }
+}
+
 // 16 rows x 4 sequences, lane partial sums over this warp's 256-feature blocks [j0, j1), reduced
 // across the lanes: lane l ends with sums q_base(l) and q_base(l) + 1 (q = row * 4 + item).
 // `hs[i]` points at sequence i's h (shared or global memory; nullptr: absent, zero).
@@ -194,19 +209,11 @@ __device__ __forceinline__ void tile_product(const __nv_bfloat16* w_tile, int ld
       }
     }
   }
-  // Butterfly: at each step a lane keeps half of its values (the upper half when its lane bit is
-  // set) and adds its partner's copy of that half.
-#pragma unroll
-  for (int s = 0; s < 5; ++s) {
-    const int offset = 16 >> s, half = 32 >> s;
-    const bool upper = (lane & offset) != 0;
-#pragma unroll
-    for (int q = 0; q < half; ++q) {
-      const float keep = upper ? v[q + half] : v[q];
-      const float send = upper ? v[q] : v[q + half];
-      v[q] = keep + __shfl_xor_sync(kFull, send, offset);
-    }
-  }
+  butterfly_step<32>(v, lane);
+  butterfly_step<16>(v, lane);
+  butterfly_step<8>(v, lane);
+  butterfly_step<4>(v, lane);
+  butterfly_step<2>(v, lane);
   out[0] = v[0];
   out[1] = v[1];
 }
