@@ -1,6 +1,6 @@
-// One E29a layer's forward + backward on one GPU (models/e29a/layer_cuda.h; `--forward` picks the
-// persistent forward or the hybrid one, the backward is the hybrid path's), at upstream's training shapes: D = 1024, T
-// = 512 and B = 64 with N = 8 or B = 16 with N = 16. Random weights at the initialisation's scales, random input and
+// One E29a layer's forward + backward on one GPU (models/e29a/layer_cuda.h; `--forward` and
+// `--backward` pick the persistent kernel or the hybrid path for each direction), at upstream's
+// training shapes: D = 1024, T = 512 and B = 64 with N = 8 or B = 16 with N = 16. Random weights at the initialisation's scales, random input and
 // output gradient; CUDA events around the forward and the backward of each timed iteration, the
 // median after warm-up. Prints one JSON object (the figures bench/record.py joins with
 // bench/peer_e29a.py's); bench/e29a_record.sh runs both and appends to bench/results/e29a.jsonl.
@@ -53,7 +53,7 @@ core::Buffer zeros_f32(std::int64_t count) {
 int main(int argc, char** argv) {
   CLI::App app{"E29a layer forward + backward benchmark"};
   std::int64_t batch = 64, steps = 512, dim = 1024, slots = 8, interval = 0;
-  std::string forward = "automatic";
+  std::string forward = "automatic", backward = "automatic";
   int warmup = 3, iterations = 10;
   app.add_option("--batch", batch);
   app.add_option("--steps", steps);
@@ -62,8 +62,10 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-interval", interval, "tape checkpoint every K steps (0: about sqrt(steps))");
   app.add_option("--forward", forward, "automatic (persistent where it fits), hybrid or persistent")
       ->check(CLI::IsMember({"automatic", "hybrid", "persistent"}));
+  app.add_option("--backward", backward, "automatic (persistent where it fits), hybrid or persistent")
+      ->check(CLI::IsMember({"automatic", "hybrid", "persistent"}));
   bool profile = false;
-  app.add_flag("--profile", profile, "persistent forward: us per step in each phase kind (block 0, last block)");
+  app.add_flag("--profile", profile, "persistent kernels: us per step in each phase kind (block 0, last block)");
   app.add_option("--warmup", warmup);
   app.add_option("--iterations", iterations);
   CLI11_PARSE(app, argc, argv);
@@ -91,11 +93,19 @@ int main(int argc, char** argv) {
                                                  g_write.as<float>(), g_tape0.as<float>()};
 
     models::e29a::LayerCuda layer(ctx, dim, slots, batch, steps, interval);
-    layer.set_forward_kernel(forward == "hybrid"       ? models::e29a::ForwardKernel::hybrid
-                             : forward == "persistent" ? models::e29a::ForwardKernel::persistent
-                                                       : models::e29a::ForwardKernel::automatic);
-    core::Buffer profile_ns = zeros_f32(11 * 2);  // 11 uint64
-    if (profile) layer.set_persistent_profile(profile_ns.as<std::uint64_t>());
+    auto kernel = [](const std::string& name) {
+      return name == "hybrid"       ? models::e29a::RecurrenceKernel::hybrid
+             : name == "persistent" ? models::e29a::RecurrenceKernel::persistent
+                                    : models::e29a::RecurrenceKernel::automatic;
+    };
+    layer.set_forward_kernel(kernel(forward));
+    layer.set_backward_kernel(kernel(backward));
+    core::Buffer profile_ns = zeros_f32(11 * 2);       // 11 uint64
+    core::Buffer backward_profile_ns = zeros_f32(8 * 2);  // 8 uint64
+    if (profile) {
+      layer.set_persistent_profile(profile_ns.as<std::uint64_t>());
+      layer.set_persistent_backward_profile(backward_profile_ns.as<std::uint64_t>());
+    }
     auto acts = layer.make_activations();
     cudaEvent_t start, mid, stop;
     CUDA_CHECK(cudaEventCreate(&start));
@@ -130,7 +140,9 @@ int main(int argc, char** argv) {
         {"bench", "e29a_layer_fwd_bwd_d" + std::to_string(dim) + "_t" + std::to_string(steps) + "_b" +
                       std::to_string(batch) + "_n" + std::to_string(slots)},
         {"device", ctx.device_name()},
-        {"forward", layer.last_forward_kernel() == models::e29a::ForwardKernel::persistent ? "persistent" : "hybrid"},
+        {"forward", layer.last_forward_kernel() == models::e29a::RecurrenceKernel::persistent ? "persistent" : "hybrid"},
+        {"backward",
+         layer.last_backward_kernel() == models::e29a::RecurrenceKernel::persistent ? "persistent" : "hybrid"},
         {"ours_ms", ms},
         {"fwd_ms", median(fwd)},
         {"bwd_ms", median(bwd)},
@@ -155,6 +167,14 @@ int main(int argc, char** argv) {
           out["profile_us_per_step"][k < 4 ? "block0" : "last_block"][kinds[k % 4]] = us;
         } else {
           out["profile_us_per_step"]["block0_parts"][subs[k - 8]] = us;
+        }
+      }
+      if (layer.last_backward_kernel() == models::e29a::RecurrenceKernel::persistent) {
+        std::vector<std::uint64_t> bns(8);
+        CUDA_CHECK(cudaMemcpy(bns.data(), backward_profile_ns.data(), 8 * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+        for (int k = 0; k < 8; ++k) {
+          out["backward_profile_us_per_step"][k < 4 ? "block0" : "last_block"][kinds[k % 4]] =
+              static_cast<double>(bns[k]) * 1e-3 / static_cast<double>(steps);
         }
       }
     }

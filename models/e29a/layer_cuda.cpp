@@ -60,22 +60,67 @@ ActivationOffsets activation_offsets(std::int64_t batch, std::int64_t steps, std
 }  // namespace
 
 // Scratch of the forward and backward, sized for max_batch x max_steps, and the product plan.
-struct LayerCuda::Plan {
-  explicit Plan(const core::DeviceContext& context)
-      : gemm(context),
-        sync(context.device(), sizeof(kernels::PersistentSync)),
-        record(core::Device::cpu(), sizeof(kernels::PersistentSync), true) {
+// A persistent launch's barrier words (device), their copy after the launch (pinned) and the event
+// that says the copy landed.
+struct PersistentLaunch {
+  explicit PersistentLaunch(const core::DeviceContext& context, bool backward)
+      : sync(context.device(), sizeof(kernels::PersistentSync)),
+        record(core::Device::cpu(), sizeof(kernels::PersistentSync), true),
+        backward(backward) {
     CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   }
-  ~Plan() { cudaEventDestroy(done); }
-  Plan(const Plan&) = delete;
-  Plan& operator=(const Plan&) = delete;
-  GemmPlan gemm;
-  // The persistent forward's barrier words (device), their copy after the launch (pinned) and the
-  // event that says the copy landed.
+  ~PersistentLaunch() { cudaEventDestroy(done); }
+  PersistentLaunch(const PersistentLaunch&) = delete;
+  PersistentLaunch& operator=(const PersistentLaunch&) = delete;
+
+  kernels::PersistentSync* words() { return sync.as<kernels::PersistentSync>(); }
+  // After the launch on `stream`: copy the words back and mark it.
+  void after(cudaStream_t stream) {
+    CUDA_CHECK(cudaMemcpyAsync(record.data(), sync.data(), sizeof(kernels::PersistentSync), cudaMemcpyDeviceToHost,
+                               stream));
+    CUDA_CHECK(cudaEventRecord(done, stream));
+    launched = true;
+  }
+  // Waits for the last launch's record; throws if it aborted.
+  void check(double timeout_seconds) {
+    if (!launched) return;
+    CUDA_CHECK(cudaEventSynchronize(done));
+    launched = false;
+    const auto& words = *record.as<kernels::PersistentSync>();
+    if (words.aborted != 0) throw core::Error(kernels::persistent_abort_message(words, timeout_seconds, backward));
+  }
+  // Before a new launch: the previous one's record if it has landed (no wait: check() waits).
+  void check_if_landed(double timeout_seconds) {
+    if (!launched) return;
+    const cudaError_t landed = cudaEventQuery(done);
+    if (landed == cudaSuccess) {
+      check(timeout_seconds);
+    } else if (landed == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error: the launch is still running
+    } else {
+      CUDA_CHECK(landed);
+    }
+  }
+
   core::Buffer sync, record;
   cudaEvent_t done = nullptr;
   bool launched = false;
+  bool backward;
+};
+
+// The backward's scratch (Plan offsets) as pointers.
+struct BackwardScratch {
+  float *w_h, *w_write, *d_tape, *dh_next, *dh_local, *d_gate, *d_write, *dh_write, *d_pre, *d_bias, *segment;
+  bf16 *d_pre_all, *d_write_all, *dxz;
+};
+
+struct LayerCuda::Plan {
+  explicit Plan(const core::DeviceContext& context)
+      : gemm(context), forward_launch(context, false), backward_launch(context, true) {}
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  GemmPlan gemm;
+  PersistentLaunch forward_launch, backward_launch;
   // fp32 copies of the recurrent weights (the per-step products run in fp32).
   std::size_t w_h = 0, w_write = 0;
   // Forward: the running tape [B, N, D], W_h h_{t-1} and w_t staging [B, D].
@@ -84,6 +129,14 @@ struct LayerCuda::Plan {
   // the bf16 operands of the weight-gradient products over all rows.
   std::size_t d_tape = 0, dh_next = 0, dh_local = 0, d_gate = 0, d_write = 0, dh_write = 0, d_pre = 0, d_bias = 0;
   std::size_t segment = 0, d_pre_all = 0, d_write_all = 0, dxz = 0;
+
+  BackwardScratch backward_scratch(void* scratch) const {
+    char* base = static_cast<char*>(scratch);
+    auto f = [&](std::size_t offset) { return reinterpret_cast<float*>(base + offset); };
+    auto h = [&](std::size_t offset) { return reinterpret_cast<bf16*>(base + offset); };
+    return {f(w_h),   f(w_write), f(d_tape),  f(dh_next),   f(dh_local),   f(d_gate), f(d_write),
+            f(dh_write), f(d_pre), f(d_bias), f(segment), h(d_pre_all), h(d_write_all), h(dxz)};
+  }
 };
 
 LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::int64_t slots, std::int64_t max_batch,
@@ -137,22 +190,28 @@ LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::
   scratch_ = core::Buffer(context.device(), c.size());
   workspace_ = core::Buffer(context.device(), ops::linear_workspace_bytes());
   persistent_refusal_ = kernels::persistent_forward_refusal(static_cast<int>(dim), static_cast<int>(slots), max_batch);
+  backward_refusal_ = options_.carry_clip > 0
+                          ? "carry_grad_clip needs the carried gradients' whole norm before each step"
+                          : kernels::persistent_backward_refusal(static_cast<int>(dim), static_cast<int>(slots), max_batch);
 }
 
-void LayerCuda::set_forward_kernel(ForwardKernel kernel) {
-  if (kernel == ForwardKernel::persistent && !persistent_refusal_.empty()) {
+void LayerCuda::set_forward_kernel(RecurrenceKernel kernel) {
+  if (kernel == RecurrenceKernel::persistent && !persistent_refusal_.empty()) {
     throw core::Error("e29a LayerCuda: the persistent forward cannot run this layer: " + persistent_refusal_);
   }
   forward_kernel_ = kernel;
 }
 
+void LayerCuda::set_backward_kernel(RecurrenceKernel kernel) {
+  if (kernel == RecurrenceKernel::persistent && !backward_refusal_.empty()) {
+    throw core::Error("e29a LayerCuda: the persistent backward cannot run this layer: " + backward_refusal_);
+  }
+  backward_kernel_ = kernel;
+}
+
 void LayerCuda::check() {
-  Plan& p = *plan_;
-  if (!p.launched) return;
-  CUDA_CHECK(cudaEventSynchronize(p.done));
-  p.launched = false;
-  const auto& record = *p.record.as<kernels::PersistentSync>();
-  if (record.aborted != 0) throw core::Error(kernels::persistent_abort_message(record, timeout_seconds_));
+  plan_->forward_launch.check(timeout_seconds_);
+  plan_->backward_launch.check(timeout_seconds_);
 }
 
 LayerCuda::~LayerCuda() = default;
@@ -224,21 +283,11 @@ void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int
   }
 
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  const bool persistent = forward_kernel_ == ForwardKernel::persistent ||
-                          (forward_kernel_ == ForwardKernel::automatic && persistent_refusal_.empty());
-  last_forward_ = persistent ? ForwardKernel::persistent : ForwardKernel::hybrid;
+  const bool persistent = forward_kernel_ == RecurrenceKernel::persistent ||
+                          (forward_kernel_ == RecurrenceKernel::automatic && persistent_refusal_.empty());
+  last_forward_ = persistent ? RecurrenceKernel::persistent : RecurrenceKernel::hybrid;
   if (persistent && T > 0) {
-    // The previous launch's record, if it has landed (no wait here: check() waits).
-    if (p.launched) {
-      const cudaError_t landed = cudaEventQuery(p.done);
-      if (landed == cudaSuccess) {
-        check();
-      } else if (landed == cudaErrorNotReady) {
-        (void)cudaGetLastError();  // not an error: the launch is still running
-      } else {
-        CUDA_CHECK(landed);
-      }
-    }
+    p.forward_launch.check_if_landed(timeout_seconds_);
     kernels::PersistentForwardArgs a;
     a.batch = B;
     a.steps = T;
@@ -260,15 +309,12 @@ void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int
     a.interval = interval_;
     a.recurrent = recurrent;
     a.y = y;
-    a.sync = p.sync.as<kernels::PersistentSync>();
+    a.sync = p.forward_launch.words();
     a.timeout_seconds = timeout_seconds_;
     a.stall_block = stall_block_;
     a.profile = profile_;
     kernels::persistent_forward(a, stream);
-    CUDA_CHECK(cudaMemcpyAsync(p.record.data(), p.sync.data(), sizeof(kernels::PersistentSync), cudaMemcpyDeviceToHost,
-                               stream));
-    CUDA_CHECK(cudaEventRecord(p.done, stream));
-    p.launched = true;
+    p.forward_launch.after(stream);
   }
   for (std::int64_t t = 0; t < T && !persistent; ++t) {
     float* h_prev = saved.h_ + t * B * D;
@@ -321,30 +367,27 @@ void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int
   }
 }
 
-void LayerCuda::backward(const LayerWeightsCuda& weights, const bf16* u, const bf16* dy, bf16* du,
-                         const LayerGradientsCuda& grads, const LayerActivationsCuda& saved,
-                         const ScoreGradientsCuda* scores) {
-  if (saved.xz_ == nullptr) throw core::Error("e29a LayerCuda::backward: no forward was run on these activations");
+void LayerCuda::hybrid_backward(const LayerWeightsCuda& weights, const bf16* dy, const LayerActivationsCuda& saved,
+                                const ScoreGradientsCuda* scores) {
   const cudaStream_t stream = context_->stream();
   Plan& p = *plan_;
   const std::int64_t B = saved.batch_, T = saved.steps_, D = dim_, N = slots_;
-  if (B == 0 || T == 0) return;
   const ops::DeviceWorkspace ws{workspace_.data(), workspace_.bytes()};
-  char* scr = static_cast<char*>(scratch_.data());
-  float* w_h = reinterpret_cast<float*>(scr + p.w_h);
-  float* w_write = reinterpret_cast<float*>(scr + p.w_write);
-  float* d_tape = reinterpret_cast<float*>(scr + p.d_tape);
-  float* dh_next = reinterpret_cast<float*>(scr + p.dh_next);
-  float* dh_local = reinterpret_cast<float*>(scr + p.dh_local);
-  float* d_gate = reinterpret_cast<float*>(scr + p.d_gate);
-  float* d_write = reinterpret_cast<float*>(scr + p.d_write);
-  float* dh_write = reinterpret_cast<float*>(scr + p.dh_write);
-  float* d_pre = reinterpret_cast<float*>(scr + p.d_pre);
-  float* d_bias = reinterpret_cast<float*>(scr + p.d_bias);
-  float* segment = reinterpret_cast<float*>(scr + p.segment);
-  bf16* d_pre_all = reinterpret_cast<bf16*>(scr + p.d_pre_all);
-  bf16* d_write_all = reinterpret_cast<bf16*>(scr + p.d_write_all);
-  bf16* dxz = reinterpret_cast<bf16*>(scr + p.dxz);
+  const BackwardScratch bs = p.backward_scratch(scratch_.data());
+  float* w_h = bs.w_h;
+  float* w_write = bs.w_write;
+  float* d_tape = bs.d_tape;
+  float* dh_next = bs.dh_next;
+  float* dh_local = bs.dh_local;
+  float* d_gate = bs.d_gate;
+  float* d_write = bs.d_write;
+  float* dh_write = bs.dh_write;
+  float* d_pre = bs.d_pre;
+  float* d_bias = bs.d_bias;
+  float* segment = bs.segment;
+  bf16* d_pre_all = bs.d_pre_all;
+  bf16* d_write_all = bs.d_write_all;
+  bf16* dxz = bs.dxz;
 
   // The forward of another call may have replaced the fp32 weight copies.
   kernels::bf16_to_float(weights.w_h, D * D, w_h, stream);
@@ -421,19 +464,79 @@ void LayerCuda::backward(const LayerWeightsCuda& weights, const bf16* u, const b
     }
   }
 
+}
+
+void LayerCuda::backward(const LayerWeightsCuda& weights, const bf16* u, const bf16* dy, bf16* du,
+                         const LayerGradientsCuda& grads, const LayerActivationsCuda& saved,
+                         const ScoreGradientsCuda* scores) {
+  if (saved.xz_ == nullptr) throw core::Error("e29a LayerCuda::backward: no forward was run on these activations");
+  const cudaStream_t stream = context_->stream();
+  Plan& p = *plan_;
+  const std::int64_t B = saved.batch_, T = saved.steps_, D = dim_, N = slots_;
+  if (B == 0 || T == 0) return;
+  const ops::DeviceWorkspace ws{workspace_.data(), workspace_.bytes()};
+  const BackwardScratch bs = p.backward_scratch(scratch_.data());
+
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const bool persistent = backward_kernel_ == RecurrenceKernel::persistent ||
+                          (backward_kernel_ == RecurrenceKernel::automatic && backward_refusal_.empty());
+  last_backward_ = persistent ? RecurrenceKernel::persistent : RecurrenceKernel::hybrid;
+  if (persistent) {
+    p.backward_launch.check_if_landed(timeout_seconds_);
+    kernels::PersistentBackwardArgs a;
+    a.batch = B;
+    a.steps = T;
+    a.dim = static_cast<int>(D);
+    a.slots = static_cast<int>(N);
+    a.scale = scale;
+    a.w_h = weights.w_h;
+    a.w_write = weights.w_write;
+    a.xz = saved.xz_;
+    a.h = saved.h_;
+    a.read = saved.read_;
+    a.write = saved.write_;
+    a.read_attn = saved.read_attn_;
+    a.write_attn = saved.write_attn_;
+    a.checkpoints = saved.checkpoints_;
+    a.interval = interval_;
+    a.dy = dy;
+    a.d_pre_bf16 = bs.d_pre_all;
+    a.d_write_bf16 = bs.d_write_all;
+    a.dxz = bs.dxz;
+    a.d_bias = bs.d_bias;
+    a.d_tape = bs.d_tape;
+    a.read_scores = scores ? scores->read : nullptr;
+    a.write_scores = scores ? scores->write : nullptr;
+    a.detach_read = options_.detach_read_scores;
+    a.detach_write = options_.detach_write_scores;
+    a.d_pre = bs.d_pre;
+    a.d_write = bs.d_write;
+    a.recurrent = bs.dh_next;
+    a.dh_write = bs.dh_write;
+    a.segment = bs.segment;
+    a.sync = p.backward_launch.words();
+    a.timeout_seconds = timeout_seconds_;
+    a.stall_block = stall_block_;
+    a.profile = backward_profile_;
+    kernels::persistent_backward(a, stream);
+    p.backward_launch.after(stream);
+  } else {
+    hybrid_backward(weights, dy, saved, scores);
+  }
+
   // Weight gradients over all T*B rows (time-major for the recurrent ones, token order for W_xz).
   const std::int64_t rows = T * B;
-  p.gemm.run(D, D, rows, {d_pre_all, CUDA_R_16BF, D, Transpose::yes}, {saved.h_bf16_, CUDA_R_16BF, D, Transpose::no},
+  p.gemm.run(D, D, rows, {bs.d_pre_all, CUDA_R_16BF, D, Transpose::yes}, {saved.h_bf16_, CUDA_R_16BF, D, Transpose::no},
              {grads.w_h, CUDA_R_32F, D, true}, ws);
-  p.gemm.run(D, D, rows, {d_write_all, CUDA_R_16BF, D, Transpose::yes},
+  p.gemm.run(D, D, rows, {bs.d_write_all, CUDA_R_16BF, D, Transpose::yes},
              {saved.h_bf16_ + B * D, CUDA_R_16BF, D, Transpose::no}, {grads.w_write, CUDA_R_32F, D, true}, ws);
-  p.gemm.run(2 * D, D, rows, {dxz, CUDA_R_16BF, 2 * D, Transpose::yes}, {u, CUDA_R_16BF, D, Transpose::no},
+  p.gemm.run(2 * D, D, rows, {bs.dxz, CUDA_R_16BF, 2 * D, Transpose::yes}, {u, CUDA_R_16BF, D, Transpose::no},
              {grads.w_xz, CUDA_R_32F, D, true}, ws);
   // du [B*T, D] = dxz [B*T, 2D] W_xz [2D, D].
-  p.gemm.run(rows, D, 2 * D, {dxz, CUDA_R_16BF, 2 * D, Transpose::no}, {weights.w_xz, CUDA_R_16BF, D, Transpose::no},
+  p.gemm.run(rows, D, 2 * D, {bs.dxz, CUDA_R_16BF, 2 * D, Transpose::no}, {weights.w_xz, CUDA_R_16BF, D, Transpose::no},
              {du, CUDA_R_16BF, D, false}, ws);
-  kernels::add_batch_sum(d_bias, B, D, grads.b_h, stream);
-  kernels::add_batch_sum(d_tape, B, N * D, grads.tape0, stream);
+  kernels::add_batch_sum(bs.d_bias, B, D, grads.b_h, stream);
+  kernels::add_batch_sum(bs.d_tape, B, N * D, grads.tape0, stream);
 }
 
 }  // namespace models::e29a

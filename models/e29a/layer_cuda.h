@@ -11,9 +11,10 @@
 // weight gradients of W_xz, W_h, W_write) take bf16 operands with fp32 accumulation, like every
 // linear layer of the project; weight gradients are added (+=) in fp32 to the caller's buffers.
 //
-// The forward's recurrence runs either as the hybrid path's launches per step or as one persistent
-// kernel for all steps (layer_persistent.h), which the default takes where the device and shape
-// allow; both save the same tensors, so the backward (hybrid) runs after either.
+// Each direction's recurrence runs either as the hybrid path's launches per step or as one
+// persistent kernel for all steps (layer_persistent.h), which the default takes where the device
+// and shape allow; both forwards save the same tensors and both backwards give the same operands,
+// so any forward pairs with any backward.
 //
 // Memory: the forward saves x/z, h (fp32 and bf16), r, w and both attentions for every step,
 // but the tape only every `checkpoint_interval` steps; the backward replays each segment's tapes
@@ -69,9 +70,9 @@ struct ScoreGradientsCuda {
 
 class LayerCuda;
 
-// How the forward runs its recurrence: `automatic` takes the persistent kernel where it can
-// (persistent_refusal() is empty), else the hybrid path.
-enum class ForwardKernel { automatic, hybrid, persistent };
+// How a direction runs its recurrence: `automatic` takes the persistent kernel where it can (its
+// refusal is empty), else the hybrid path.
+enum class RecurrenceKernel { automatic, hybrid, persistent };
 
 // What one layer's forward keeps for its backward (device memory sized at creation).
 class LayerActivationsCuda {
@@ -116,19 +117,26 @@ class LayerCuda {
   std::int64_t slots() const { return slots_; }
   std::int64_t checkpoint_interval() const { return interval_; }
   // Choosing `persistent` where the persistent kernel cannot take the layer throws, naming why.
-  void set_forward_kernel(ForwardKernel kernel);
+  void set_forward_kernel(RecurrenceKernel kernel);
+  void set_backward_kernel(RecurrenceKernel kernel);
   // Why the persistent forward cannot run this layer on this device ("" when it can).
   const std::string& persistent_refusal() const { return persistent_refusal_; }
-  // What the last forward ran (hybrid or persistent).
-  ForwardKernel last_forward_kernel() const { return last_forward_; }
-  // Waits for the last persistent forward and throws core::Error if a barrier passed its deadline
-  // (the forward also checks, without waiting, the one before it); a record is reported once.
+  // Why the persistent backward cannot ("" when it can): its own shared memory, or a carried
+  // gradient clip (which needs the whole carried norm before the step).
+  const std::string& persistent_backward_refusal() const { return backward_refusal_; }
+  // What the last forward and backward ran (hybrid or persistent).
+  RecurrenceKernel last_forward_kernel() const { return last_forward_; }
+  RecurrenceKernel last_backward_kernel() const { return last_backward_; }
+  // Waits for the last persistent launches and throws core::Error if a barrier passed its deadline
+  // (each launch also checks, without waiting, the one before it); a record is reported once.
   // Tests set the deadline and stall a block on purpose.
   void check();
   void set_persistent_timeout(double seconds) { timeout_seconds_ = seconds; }
   void stall_block_for_tests(int block) { stall_block_ = block; }
-  // Benchmarks: a device array of 11 uint64 that receives ns per phase kind (layer_persistent.h).
+  // Benchmarks: device arrays of 11 (forward) and 8 (backward) uint64 that receive ns per phase
+  // kind (layer_persistent.h).
   void set_persistent_profile(std::uint64_t* device_ns) { profile_ = device_ns; }
+  void set_persistent_backward_profile(std::uint64_t* device_ns) { backward_profile_ = device_ns; }
   // Device bytes of one LayerActivationsCuda, and of this object's own scratch.
   std::size_t activation_bytes() const;
   std::size_t scratch_bytes() const { return scratch_.bytes() + workspace_.bytes(); }
@@ -148,15 +156,21 @@ class LayerCuda {
 
  private:
   struct Plan;
+  // The backward's recurrence as launches per step (writes the same operands as the persistent one).
+  void hybrid_backward(const LayerWeightsCuda& weights, const __nv_bfloat16* dy, const LayerActivationsCuda& saved,
+                       const ScoreGradientsCuda* scores);
   const core::DeviceContext* context_;
   std::int64_t dim_, slots_, max_batch_, max_steps_, interval_;
   LayerBackwardOptions options_;
-  ForwardKernel forward_kernel_ = ForwardKernel::automatic;
-  ForwardKernel last_forward_ = ForwardKernel::hybrid;
-  std::string persistent_refusal_;
+  RecurrenceKernel forward_kernel_ = RecurrenceKernel::automatic;
+  RecurrenceKernel backward_kernel_ = RecurrenceKernel::automatic;
+  RecurrenceKernel last_forward_ = RecurrenceKernel::hybrid;
+  RecurrenceKernel last_backward_ = RecurrenceKernel::hybrid;
+  std::string persistent_refusal_, backward_refusal_;
   double timeout_seconds_ = 5.0;
   int stall_block_ = -1;
   std::uint64_t* profile_ = nullptr;
+  std::uint64_t* backward_profile_ = nullptr;
   core::Buffer scratch_;
   core::Buffer workspace_;
   std::unique_ptr<Plan> plan_;

@@ -40,18 +40,33 @@ constexpr int kItems = 4;        // sequences of a warp pass
 constexpr int kMaxTiles = 8;     // at most 128 rows a block
 constexpr int kMaxFeatures = 8;  // features a thread owns in the sequence phase: D <= 2048
 
-struct Params {
-  PersistentForwardArgs a;
-  int rows_per_block = 0, tiles = 0, ld = 0;
-  std::size_t weight_bytes = 0, reduce_bytes = 0, step_bytes = 0;
+// The barrier words of a launch and its deadline.
+struct GridSync {
+  PersistentSync* sync = nullptr;
+  int stall_block = -1;
   std::uint64_t timeout_ns = 0;
+};
+
+// A block's rows of the stacked matrix it keeps in shared memory: rows [0, split) take the first
+// input vector, rows from split the second (split = D forward; the backward pads it to whole
+// tiles so no tile takes both).
+struct Layout {
+  int rows_per_block = 0, tiles = 0, ld = 0, split = 0;
+  std::size_t weight_bytes = 0, reduce_bytes = 0, step_bytes = 0;
+};
+
+template <typename Args>
+struct Params {
+  Args a;
+  GridSync grid;
+  Layout l;
 };
 
 using step::kFull;
 
 // Records the first timed-out wait of the launch (later ones see `aborted` and just leave).
-__device__ void record_abort(const Params& p, std::uint32_t barrier, std::uint32_t wanted, std::uint32_t seen) {
-  PersistentSync* s = p.a.sync;
+__device__ void record_abort(const GridSync& g, std::uint32_t barrier, std::uint32_t wanted, std::uint32_t seen) {
+  PersistentSync* s = g.sync;
   if (atomicCAS(&s->aborted, 0u, 1u) == 0u) {
     s->block = blockIdx.x;
     s->barrier = barrier;
@@ -62,12 +77,12 @@ __device__ void record_abort(const Params& p, std::uint32_t barrier, std::uint32
 }
 
 // A grid-wide barrier with a deadline. Returns false when the launch aborted (here or elsewhere).
-__device__ bool grid_barrier(const Params& p, std::uint32_t& passed, int* ok_flag) {
+__device__ bool grid_barrier(const GridSync& g, std::uint32_t& passed, int* ok_flag) {
   ++passed;
   __syncthreads();
   if (threadIdx.x == 0) {
-    PersistentSync* s = p.a.sync;
-    const bool stall = p.a.stall_block == static_cast<int>(blockIdx.x) && passed == 1;
+    PersistentSync* s = g.sync;
+    const bool stall = g.stall_block == static_cast<int>(blockIdx.x) && passed == 1;
     if (!stall) core::red_add_release(&s->arrived, 1);
     const std::uint32_t want = passed * gridDim.x;
     bool ok = true;
@@ -83,8 +98,8 @@ __device__ bool grid_barrier(const Params& p, std::uint32_t& passed, int* ok_fla
         const std::uint64_t now = core::globaltimer();
         if (start == 0) {
           start = now;
-        } else if (now - start > p.timeout_ns) {
-          record_abort(p, passed, want, seen);
+        } else if (now - start > g.timeout_ns) {
+          record_abort(g, passed, want, seen);
           ok = false;
           break;
         }
@@ -218,37 +233,46 @@ __device__ __forceinline__ void tile_product(const __nv_bfloat16* w_tile, int ld
   out[1] = v[1];
 }
 
-// Rows [row0, row0 + rows) of [W_h ; W_write] times h_t of every sequence: a row r < D goes to
-// recurrent[b, r] (when want_pre), a row D + r to write_out[b, r] (when want_write). A warp takes
-// 4 sequences (a group) over all of K, or, with fewer groups than warps, a part of K; parts are
-// summed through shared memory in part order.
+// What one rows phase multiplies: rows below split times in_lo, rows from split times in_hi (both
+// [B, K]); row r < split goes to out_lo[b, r], row r >= split to out_hi[b, r - split] (rows whose
+// index in their half is out_dim or more are padding; a null output is not wanted).
+struct RowsJob {
+  int K = 0, B = 0, split = 0, out_dim = 0;
+  const float* in_lo = nullptr;
+  const float* in_hi = nullptr;
+  float* out_lo = nullptr;
+  float* out_hi = nullptr;
+};
+
+// Rows [row0, row0 + rows) of the block's stacked matrix times every sequence's input. A warp
+// takes 4 sequences (a group) over all of K, or, with fewer groups than warps, a part of K; parts
+// are summed through shared memory in part order.
 template <bool Vec>
-__device__ __noinline__ void rows_phase(const Params& p, const __nv_bfloat16* weights, float* reduce, int row0,
-                                        int rows, const float* h, bool want_pre, bool want_write, float* write_out) {
-  const PersistentForwardArgs& a = p.a;
-  const int D = a.dim, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const auto B = static_cast<int>(a.batch);
-  float* recurrent = a.recurrent;
-  const int blocks256 = (D + 255) / 256;
+__device__ __noinline__ void rows_phase(const RowsJob& job, const Layout& l, const __nv_bfloat16* weights,
+                                        float* reduce, int row0, int rows) {
+  const int K = job.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int B = job.B;
+  const int blocks256 = (K + 255) / 256;
   const int q_base =
       ((lane >> 4) & 1) * 32 + ((lane >> 3) & 1) * 16 + ((lane >> 2) & 1) * 8 + ((lane >> 1) & 1) * 4 + (lane & 1) * 2;
   const int groups = (B + kItems - 1) / kItems;
   const int kparts = max(1, kWarps / groups);
   auto put = [&](int row, int b, float value) {
-    if (row < D) {
-      if (want_pre) recurrent[static_cast<std::size_t>(b) * D + row] = value;
-    } else if (want_write) {
-      write_out[static_cast<std::size_t>(b) * D + (row - D)] = value;
+    if (row < job.split) {
+      if (job.out_lo && row < job.out_dim) job.out_lo[static_cast<std::size_t>(b) * job.out_dim + row] = value;
+    } else if (job.out_hi && row - job.split < job.out_dim) {
+      job.out_hi[static_cast<std::size_t>(b) * job.out_dim + (row - job.split)] = value;
     }
   };
-  for (int tile = 0; tile < p.tiles; ++tile) {
+  for (int tile = 0; tile < l.tiles; ++tile) {
     const int first = row0 + tile * kTileRows, last = row0 + min(rows, (tile + 1) * kTileRows);
-    if (first >= last || !((want_pre && first < D) || (want_write && last > D))) continue;
-    const __nv_bfloat16* w_tile = weights + static_cast<std::size_t>(tile) * kTileRows * p.ld;
+    if (first >= last || !((job.out_lo && first < job.split) || (job.out_hi && last > job.split))) continue;
+    const __nv_bfloat16* w_tile = weights + static_cast<std::size_t>(tile) * kTileRows * l.ld;
+    const float* in = first < job.split ? job.in_lo : job.in_hi;
     // Warp w: group w (every kWarps-th when there are more groups than warps), or group
     // w % groups and K-part w / groups.
-    for (int job = warp; job < max(groups, kWarps); job += kWarps) {
-      const int g = groups >= kWarps ? job : job % groups, part = groups >= kWarps ? 0 : job / groups;
+    for (int task = warp; task < max(groups, kWarps); task += kWarps) {
+      const int g = groups >= kWarps ? task : task % groups, part = groups >= kWarps ? 0 : task / groups;
       const bool active = g < groups && part < kparts;
       float sums[2] = {0.0f, 0.0f};
       if (active) {
@@ -256,9 +280,9 @@ __device__ __noinline__ void rows_phase(const Params& p, const __nv_bfloat16* we
 #pragma unroll
         for (int i = 0; i < kItems; ++i) {
           const int b = g * kItems + i;
-          hs[i] = b < B ? h + static_cast<std::size_t>(b) * D : nullptr;
+          hs[i] = b < B ? in + static_cast<std::size_t>(b) * K : nullptr;
         }
-        tile_product<Vec>(w_tile, p.ld, D, hs, part * blocks256 / kparts, (part + 1) * blocks256 / kparts, sums);
+        tile_product<Vec>(w_tile, l.ld, K, hs, part * blocks256 / kparts, (part + 1) * blocks256 / kparts, sums);
       }
       if (kparts == 1) {
         if (!active) continue;
@@ -284,6 +308,22 @@ __device__ __noinline__ void rows_phase(const Params& p, const __nv_bfloat16* we
       }
     }
   }
+}
+
+// The forward's rows phase: [W_h ; W_write] times h (W_h h into `recurrent` when wanted, W_write h
+// into `write_out` when not null).
+__device__ __forceinline__ RowsJob forward_rows(const PersistentForwardArgs& a, const float* h, bool want_pre,
+                                                float* write_out) {
+  RowsJob job;
+  job.K = a.dim;
+  job.B = static_cast<int>(a.batch);
+  job.split = a.dim;
+  job.out_dim = a.dim;
+  job.in_lo = h;
+  job.in_hi = h;
+  job.out_lo = want_pre ? a.recurrent : nullptr;
+  job.out_hi = write_out;
+  return job;
 }
 
 // Profile timing by one thread: ns added to slot k from the previous mark (start or lap) to now.
@@ -438,7 +478,8 @@ __device__ __noinline__ void write_then_read(const PersistentForwardArgs& a, con
 }
 
 template <int MaxN, bool Vec>
-__global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(
+    const __grid_constant__ Params<PersistentForwardArgs> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int ok_flag;
   const PersistentForwardArgs& a = p.a;
@@ -446,18 +487,18 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(const _
   const std::int64_t B = a.batch, T = a.steps;
   unsigned char* at = smem;
   auto* weights = reinterpret_cast<__nv_bfloat16*>(at);
-  at += p.weight_bytes;
+  at += p.l.weight_bytes;
   auto* reduce = reinterpret_cast<float*>(at);
-  at += p.reduce_bytes;
+  at += p.l.reduce_bytes;
   const step::Shared<MaxN> sh(reinterpret_cast<float*>(at));
-  at += p.step_bytes;
+  at += p.l.step_bytes;
   float* chip_tape = reinterpret_cast<float*>(at);
 
   // This block's rows, zero-padded to whole tiles and to ld columns.
-  const int row0 = static_cast<int>(blockIdx.x) * p.rows_per_block;
-  const int rows = max(0, min(p.rows_per_block, 2 * D - row0));
-  for (int i = threadIdx.x; i < p.tiles * kTileRows * p.ld; i += kThreads) {
-    const int r = i / p.ld, k = i % p.ld, row = row0 + r;
+  const int row0 = static_cast<int>(blockIdx.x) * p.l.rows_per_block;
+  const int rows = max(0, min(p.l.rows_per_block, 2 * D - row0));
+  for (int i = threadIdx.x; i < p.l.tiles * kTileRows * p.l.ld; i += kThreads) {
+    const int r = i / p.l.ld, k = i % p.l.ld, row = row0 + r;
     __nv_bfloat16 w = __float2bfloat16_rn(0.0f);
     if (r < rows && k < D) {
       w = row < D ? a.w_h[static_cast<std::size_t>(row) * D + k] : a.w_write[static_cast<std::size_t>(row - D) * D + k];
@@ -483,21 +524,22 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(const _
   Laps<3> sub;
   sub.on = phases.on && blockIdx.x == 0;
   std::uint32_t passed = 0;
-  rows_phase<Vec>(p, weights, reduce, row0, rows, a.h, true, false, nullptr);  // W_h h_{-1}
+  rows_phase<Vec>(forward_rows(a, a.h, true, nullptr), p.l, weights, reduce, row0, rows);  // W_h h_{-1}
   phases.lap(0);
-  bool ok = grid_barrier(p, passed, &ok_flag);
+  bool ok = grid_barrier(p.grid, passed, &ok_flag);
   phases.lap(1);
   if (ok && T > 0) {
     if (owner) first_read<MaxN>(a, sh, tape, blockIdx.x, own);
     phases.lap(2);
   }
   for (std::int64_t t = 0; ok && t < T; ++t) {
-    if (!(ok = grid_barrier(p, passed, &ok_flag))) break;
+    if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
     phases.lap(3);
     // w_t = W_write h_t and, unless last, W_h h_t.
-    rows_phase<Vec>(p, weights, reduce, row0, rows, a.h + (t + 1) * B * D, t + 1 < T, true, a.write + t * B * D);
+    rows_phase<Vec>(forward_rows(a, a.h + (t + 1) * B * D, t + 1 < T, a.write + t * B * D), p.l, weights, reduce,
+                    row0, rows);
     phases.lap(0);
-    if (!(ok = grid_barrier(p, passed, &ok_flag))) break;
+    if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
     phases.lap(1);
     if (owner) write_then_read<MaxN>(a, sh, tape, blockIdx.x, t, own, sub);
     phases.lap(2);
@@ -512,6 +554,293 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(const _
   }
   if (sub.on) {
     for (int k = 0; k < 3; ++k) a.profile[8 + k] = sub.ns[k];
+  }
+}
+
+// ---- Backward ----
+//
+// Per step t in reverse, a sequence phase and a rows phase between grid-wide barriers, as the
+// forward. The write attention's gradients of step t need only dL/dH_t, so they are computed at
+// the end of step t + 1's sequence phase; a rows phase then carries both products a step needs at
+// once: W_h^T dp_{t+1} (to dL/dh_t) and W_write^T dw_t (to dL/dh_t as well). Sequence phase of t:
+// the gate and dL/dh_t, the tanh, the read attention's backward over H_{t-1} (dL/dH_{t-1} and the
+// read scores' part of dL/dh_{t-1}), then the write attention's backward of step t - 1 over
+// H_{t-2} (dw_{t-1} and the rest of dL/dH_{t-2}). dL/dH stays in the block's shared memory; the
+// tapes come from the segment replayed from its checkpoint by the block (the forward's update
+// arithmetic: the forward's bits), kept in the segment scratch.
+
+// What a thread keeps of its features between backward steps.
+struct BackOwned {
+  float dh_read[kMaxFeatures];  // the read attention's part of dL/dh_{t-1}, from step t
+  float d_bias[kMaxFeatures];   // dL/db_h of the sequence, summed over the steps walked
+};
+
+// The tape before step t of sequence b in the replayed segment starting at s0 ([K, B, N, D]).
+__device__ __forceinline__ const float* segment_tape(const PersistentBackwardArgs& a, std::int64_t b, std::int64_t t,
+                                                     std::int64_t s0) {
+  return a.segment + ((t - s0) * a.batch + b) * a.slots * a.dim;
+}
+
+// The tapes before steps s0 .. s0 + count - 1 of sequence b (the thread's features, every slot),
+// from the checkpoint and the saved writes; `scratch` (shared) holds the running tape.
+template <int MaxN>
+__device__ __noinline__ void replay_segment(const PersistentBackwardArgs& a, std::int64_t b, std::int64_t s0,
+                                            std::uint32_t scratch) {
+  const int D = a.dim, N = a.slots;
+  const std::int64_t B = a.batch, per_tape = static_cast<std::int64_t>(N) * D;
+  const std::int64_t count = min(a.steps, s0 + a.interval) - s0;
+  const float* checkpoint = a.checkpoints + ((s0 / a.interval) * B + b) * per_tape;
+  float* seg = a.segment + b * per_tape;
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) {
+    const int d = threadIdx.x + j * kThreads;
+    if (d >= D) break;
+    for (int n = 0; n < N; ++n) {
+      const float v = checkpoint[n * D + d];
+      seg[n * D + d] = v;
+      sts(scratch + 4u * static_cast<std::uint32_t>(n * D + d), v);
+    }
+  }
+  for (std::int64_t k = 1; k < count; ++k) {
+    const std::int64_t row = (s0 + k - 1) * B + b;
+    float attn[MaxN];
+#pragma unroll
+    for (int n = 0; n < MaxN; ++n) attn[n] = n < N ? a.write_attn[row * N + n] : 0.0f;
+    float* out = seg + k * B * per_tape;
+#pragma unroll
+    for (int j = 0; j < kMaxFeatures; ++j) {
+      const int d = threadIdx.x + j * kThreads;
+      if (d >= D) break;
+      const float w = a.write[row * D + d];
+#pragma unroll
+      for (int n = 0; n < MaxN; ++n) {
+        if (n < N) {
+          const std::uint32_t at = scratch + 4u * static_cast<std::uint32_t>(n * D + d);
+          const float v = step::tape_update(lds(at), attn[n], w);
+          sts(at, v);
+          out[n * D + d] = v;
+        }
+      }
+    }
+  }
+}
+
+// The attention weights and score gradients of one softmax backward, from the slot partial sums
+// `part` and the saved weights `attn_in` ([N]); `scores` (optional) receives the score gradients.
+template <int MaxN>
+__device__ __forceinline__ void slot_attention_backward(float (&part)[MaxN], const step::Shared<MaxN>& sh,
+                                                        const float* attn_in, int N, bool detach, float* scores,
+                                                        float (&attn)[MaxN], float (&ds)[MaxN]) {
+  __syncthreads();  // the previous attention's weights are no longer read
+  if (threadIdx.x < N) sh.attn[threadIdx.x] = attn_in[threadIdx.x];
+  step::block_slot_sums<MaxN>(part, sh, N);
+  if (threadIdx.x < 32) step::softmax_backward_warp<MaxN>(sh, N, detach);
+  __syncthreads();
+  if (scores && threadIdx.x < N) scores[threadIdx.x] = sh.ds[threadIdx.x];
+#pragma unroll
+  for (int n = 0; n < MaxN; ++n) {
+    attn[n] = n < N ? sh.attn[n] : 0.0f;
+    ds[n] = n < N ? sh.ds[n] : 0.0f;
+  }
+}
+
+// Sequence phase of step t (see above). `products`: this step's rows phase ran (not the last step).
+// `s0`: the first step of the segment in the scratch, moved back when step t - 1 needs the one before.
+template <int MaxN>
+__device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, const step::Shared<MaxN>& sh,
+                                           std::uint32_t dH, std::uint32_t scratch, std::int64_t b, std::int64_t t,
+                                           bool products, std::int64_t& s0, BackOwned& own) {
+  const int D = a.dim, N = a.slots;
+  const std::int64_t B = a.batch, T = a.steps, row = t * B + b;
+  const float* H = segment_tape(a, b, t, s0);  // H_{t-1}
+  const float* xz = a.xz + (b * T + t) * 2 * D;
+  __nv_bfloat16* dxz = a.dxz + (b * T + t) * 2 * D;
+  const __nv_bfloat16* dy = a.dy + (b * T + t) * D;
+  float hp[kMaxFeatures], dr[kMaxFeatures];
+  float part[MaxN];
+#pragma unroll
+  for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) {
+    const int d = threadIdx.x + j * kThreads;
+    if (d >= D) break;
+    const float h = a.h[(row + B) * D + d];
+    hp[j] = a.h[row * D + d];
+    const float rec = products ? __ldcg(a.recurrent + b * D + d) : 0.0f;
+    const float dhw = products ? __ldcg(a.dh_write + b * D + d) : 0.0f;
+    // Gate and output: y = h * silu(g), g = z + r + h.
+    const float g = (xz[D + d] + a.read[row * D + d]) + h;
+    const float s = step::sigmoidf(g);
+    const float dout = __bfloat162float(dy[d]);
+    const float dg = dout * h * (s * (1.0f + g * (1.0f - s)));
+    dxz[D + d] = __float2bfloat16_rn(dg);
+    const float dh_local = ((rec + own.dh_read[j]) + dout * (g * s)) + dg;
+    const float dp = (dh_local + dhw) * (1.0f - h * h);
+    a.d_pre[b * D + d] = dp;
+    a.d_pre_bf16[row * D + d] = __float2bfloat16_rn(dp);
+    dxz[d] = __float2bfloat16_rn(dp);
+    own.d_bias[j] += dp;
+    dr[j] = dg + dp;
+#pragma unroll
+    for (int n = 0; n < MaxN; ++n) {
+      if (n < N) part[n] = fmaf(dr[j], H[n * D + d], part[n]);
+    }
+  }
+  float attn[MaxN], ds[MaxN];
+  slot_attention_backward<MaxN>(part, sh, a.read_attn + row * N, N, a.detach_read,
+                                a.read_scores ? a.read_scores + row * N : nullptr, attn, ds);
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) {
+    const int d = threadIdx.x + j * kThreads;
+    if (d >= D) break;
+    float dh_prev = 0.0f;
+#pragma unroll
+    for (int n = 0; n < MaxN; ++n) {
+      if (n < N) {
+        const std::uint32_t at = dH + 4u * static_cast<std::uint32_t>(n * D + d);
+        sts(at, lds(at) + fmaf(attn[n], dr[j], (a.scale * ds[n]) * hp[j]));
+        dh_prev = fmaf(ds[n], H[n * D + d], dh_prev);
+      }
+    }
+    own.dh_read[j] = a.scale * dh_prev;
+  }
+  if (t == 0) return;
+
+  // The write attention of step t - 1 over H_{t-2}.
+  if (t - 1 < s0) {
+    s0 -= a.interval;
+    replay_segment<MaxN>(a, b, s0, scratch);
+  }
+  const float* Hp = segment_tape(a, b, t - 1, s0);
+  const std::int64_t prev = row - B;
+  float w[kMaxFeatures];
+#pragma unroll
+  for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) {
+    const int d = threadIdx.x + j * kThreads;
+    if (d >= D) break;
+    w[j] = a.write[prev * D + d];
+#pragma unroll
+    for (int n = 0; n < MaxN; ++n) {
+      if (n < N) part[n] = fmaf(lds(dH + 4u * static_cast<std::uint32_t>(n * D + d)), w[j] - Hp[n * D + d], part[n]);
+    }
+  }
+  slot_attention_backward<MaxN>(part, sh, a.write_attn + prev * N, N, a.detach_write,
+                                a.write_scores ? a.write_scores + prev * N : nullptr, attn, ds);
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) {
+    const int d = threadIdx.x + j * kThreads;
+    if (d >= D) break;
+    float dw = 0.0f;
+#pragma unroll
+    for (int n = 0; n < MaxN; ++n) {
+      if (n < N) {
+        const std::uint32_t at = dH + 4u * static_cast<std::uint32_t>(n * D + d);
+        const float dh_n = lds(at);
+        const float sds = a.scale * ds[n];
+        dw = fmaf(attn[n], dh_n, dw);
+        dw = fmaf(sds, Hp[n * D + d], dw);
+        sts(at, fmaf(1.0f - attn[n], dh_n, sds * w[j]));
+      }
+    }
+    a.d_write[b * D + d] = dw;
+    a.d_write_bf16[prev * D + d] = __float2bfloat16_rn(dw);
+  }
+}
+
+template <int MaxN, bool Vec>
+__global__ void __launch_bounds__(kThreads, 1) persistent_backward_kernel(
+    const __grid_constant__ Params<PersistentBackwardArgs> p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int ok_flag;
+  const PersistentBackwardArgs& a = p.a;
+  const int D = a.dim, N = a.slots;
+  const std::int64_t B = a.batch, T = a.steps;
+  unsigned char* at = smem;
+  auto* weights = reinterpret_cast<__nv_bfloat16*>(at);
+  at += p.l.weight_bytes;
+  auto* reduce = reinterpret_cast<float*>(at);
+  at += p.l.reduce_bytes;
+  const step::Shared<MaxN> sh(reinterpret_cast<float*>(at));
+  at += p.l.step_bytes;
+  const std::int64_t per_tape = static_cast<std::int64_t>(N) * D;
+  float* chip_d_tape = reinterpret_cast<float*>(at);
+  const std::uint32_t d_tape = core::smem_addr(chip_d_tape);
+  const std::uint32_t scratch = core::smem_addr(chip_d_tape + (per_tape + 3) / 4 * 4);
+
+  // This block's rows of [W_h^T ; W_write^T] (rows of the second from split), zero-padded.
+  const int row0 = static_cast<int>(blockIdx.x) * p.l.rows_per_block;
+  const int rows = max(0, min(p.l.rows_per_block, 2 * p.l.split - row0));
+  for (int i = threadIdx.x; i < p.l.tiles * kTileRows * p.l.ld; i += kThreads) {
+    const int r = i / p.l.ld, k = i % p.l.ld, row = row0 + r;
+    __nv_bfloat16 w = __float2bfloat16_rn(0.0f);
+    if (r < rows && k < D) {
+      if (row < D) {
+        w = a.w_h[static_cast<std::size_t>(k) * D + row];
+      } else if (row >= p.l.split && row - p.l.split < D) {
+        w = a.w_write[static_cast<std::size_t>(k) * D + (row - p.l.split)];
+      }
+    }
+    weights[i] = w;
+  }
+  const bool owner = static_cast<std::int64_t>(blockIdx.x) < B;
+  const auto b = static_cast<std::int64_t>(blockIdx.x);
+  BackOwned own;
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) own.dh_read[j] = own.d_bias[j] = 0.0f;
+  std::int64_t s0 = (T - 1) / a.interval * a.interval;
+  if (owner) {
+    for (std::int64_t i = threadIdx.x; i < per_tape; i += kThreads) chip_d_tape[i] = 0.0f;
+    // dL/dH_{T-1} is zero, so the write attention of the last step has no gradient.
+    for (int d = threadIdx.x; d < D; d += kThreads) {
+      a.d_write_bf16[((T - 1) * B + b) * D + d] = __float2bfloat16_rn(0.0f);
+    }
+    if (a.write_scores && threadIdx.x < N) a.write_scores[((T - 1) * B + b) * N + threadIdx.x] = 0.0f;
+  }
+  __syncthreads();
+
+  Laps<4> phases;
+  phases.on = a.profile != nullptr && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == gridDim.x - 1);
+  phases.start();
+  if (owner) {
+    replay_segment<MaxN>(a, b, s0, scratch);
+    backward_step<MaxN>(a, sh, d_tape, scratch, b, T - 1, false, s0, own);
+  }
+  phases.lap(2);
+  RowsJob job;
+  job.K = D;
+  job.B = static_cast<int>(B);
+  job.split = p.l.split;
+  job.out_dim = D;
+  job.in_lo = a.d_pre;
+  job.in_hi = a.d_write;
+  job.out_lo = a.recurrent;
+  job.out_hi = a.dh_write;
+  std::uint32_t passed = 0;
+  bool ok = true;
+  for (std::int64_t t = T - 2; ok && t >= 0; --t) {
+    if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
+    phases.lap(3);
+    rows_phase<Vec>(job, p.l, weights, reduce, row0, rows);  // W_h^T dp_{t+1}, W_write^T dw_t
+    phases.lap(0);
+    if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
+    phases.lap(1);
+    if (owner) backward_step<MaxN>(a, sh, d_tape, scratch, b, t, true, s0, own);
+    phases.lap(2);
+  }
+  __syncthreads();
+  if (ok && owner) {
+    float* dst = a.d_tape + b * per_tape;
+    for (std::int64_t i = threadIdx.x; i < per_tape; i += kThreads) dst[i] = chip_d_tape[i];
+#pragma unroll
+    for (int j = 0; j < kMaxFeatures; ++j) {
+      const int d = threadIdx.x + j * kThreads;
+      if (d < D) a.d_bias[b * D + d] = own.d_bias[j];
+    }
+  }
+  if (phases.on) {
+    for (int k = 0; k < 4; ++k) a.profile[(blockIdx.x == 0 ? 0 : 4) + k] = phases.ns[k];
   }
 }
 
@@ -531,9 +860,14 @@ Device current_device() {
 
 int slot_capacity(int slots) { return slots <= 8 ? 8 : slots <= 16 ? 16 : slots <= 32 ? 32 : 64; }
 
+enum class Direction { forward, backward };
+
+const char* direction_name(Direction direction) { return direction == Direction::forward ? "forward" : "backward"; }
+
 struct Geometry {
-  int grid = 0, rows_per_block = 0, tiles = 0, ld = 0;
-  std::size_t weight_bytes = 0, reduce_bytes = 0, step_bytes = 0, tape_bytes = 0, smem = 0;
+  int grid = 0;
+  Layout l;
+  std::size_t tape_bytes = 0, smem = 0;
 };
 
 std::size_t align16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
@@ -541,49 +875,66 @@ std::size_t align16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
 // Dynamic shared memory a block may take: the opt-in limit less the kernel's static words.
 std::size_t smem_limit(const Device& dev) { return static_cast<std::size_t>(dev.smem_optin) - 64; }
 
-// Blocks: enough for 16 rows each and one per sequence, at most one per SM.
-Geometry geometry_for(const Device& dev, int dim, int slots, std::int64_t batch) {
+// Blocks: enough for 16 rows each and one per sequence, at most one per SM. Forward: the 2D rows
+// of [W_h ; W_write] split evenly, and the tape on chip. Backward: [W_h^T ; W_write^T] with each
+// half padded to whole tiles and whole tiles a block, and two tapes on chip (dL/dH and the replay's
+// running tape).
+Geometry geometry_for(Direction direction, const Device& dev, int dim, int slots, std::int64_t batch) {
   Geometry g;
-  const int tiles_needed = (2 * dim + kTileRows - 1) / kTileRows;
+  const bool backward = direction == Direction::backward;
+  g.l.split = backward ? (dim + kTileRows - 1) / kTileRows * kTileRows : dim;
+  const int tiles_needed = (2 * g.l.split + kTileRows - 1) / kTileRows;
   g.grid = static_cast<int>(std::min<std::int64_t>(dev.sms, std::max<std::int64_t>({tiles_needed, batch, 1})));
-  g.rows_per_block = (2 * dim + g.grid - 1) / g.grid;
-  g.tiles = (g.rows_per_block + kTileRows - 1) / kTileRows;
-  g.ld = (dim + 7) / 8 * 8;
-  g.weight_bytes = align16(static_cast<std::size_t>(g.tiles) * kTileRows * g.ld * sizeof(__nv_bfloat16));
-  g.reduce_bytes = kWarps * 64 * sizeof(float);
-  g.step_bytes = align16(step::shared_floats(slot_capacity(slots), kThreads, dim) * sizeof(float));
-  g.tape_bytes = align16(static_cast<std::size_t>(slots) * dim * sizeof(float));
-  g.smem = g.weight_bytes + g.reduce_bytes + g.step_bytes + g.tape_bytes;
+  if (backward) {
+    g.l.tiles = (tiles_needed + g.grid - 1) / g.grid;
+    g.l.rows_per_block = g.l.tiles * kTileRows;
+  } else {
+    g.l.rows_per_block = (2 * dim + g.grid - 1) / g.grid;
+    g.l.tiles = (g.l.rows_per_block + kTileRows - 1) / kTileRows;
+  }
+  g.l.ld = (dim + 7) / 8 * 8;
+  g.l.weight_bytes = align16(static_cast<std::size_t>(g.l.tiles) * kTileRows * g.l.ld * sizeof(__nv_bfloat16));
+  g.l.reduce_bytes = kWarps * 64 * sizeof(float);
+  g.l.step_bytes = align16(step::shared_floats(slot_capacity(slots), kThreads, dim) * sizeof(float));
+  g.tape_bytes = align16(static_cast<std::size_t>(slots) * dim * sizeof(float)) * (backward ? 2 : 1);
+  g.smem = g.l.weight_bytes + g.l.reduce_bytes + g.l.step_bytes + g.tape_bytes;
   return g;
 }
 
-template <int MaxN, bool Vec>
-void launch(const PersistentForwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream) {
-  auto* kernel = persistent_forward_kernel<MaxN, Vec>;
+template <typename Args>
+void launch_kernel(void (*kernel)(Params<Args>), Direction direction, const Args& args, const Device& dev,
+                   const Geometry& g, cudaStream_t stream) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem)));
   int per_sm = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, g.smem));
   if (per_sm * dev.sms < g.grid) {
-    throw core::Error("e29a persistent forward: " + std::to_string(g.grid) + " blocks of " + std::to_string(g.smem) +
-                      " bytes of shared memory cannot all be resident (" + std::to_string(per_sm) + " per SM, " +
-                      std::to_string(dev.sms) + " SMs)");
+    throw core::Error(std::string("e29a persistent ") + direction_name(direction) + ": " + std::to_string(g.grid) +
+                      " blocks of " + std::to_string(g.smem) + " bytes of shared memory cannot all be resident (" +
+                      std::to_string(per_sm) + " per SM, " + std::to_string(dev.sms) + " SMs)");
   }
-  Params p;
+  Params<Args> p;
   p.a = args;
-  p.rows_per_block = g.rows_per_block;
-  p.tiles = g.tiles;
-  p.ld = g.ld;
-  p.weight_bytes = g.weight_bytes;
-  p.reduce_bytes = g.reduce_bytes;
-  p.step_bytes = g.step_bytes;
-  p.timeout_ns = static_cast<std::uint64_t>(args.timeout_seconds * 1e9);
+  p.grid.sync = args.sync;
+  p.grid.stall_block = args.stall_block;
+  p.grid.timeout_ns = static_cast<std::uint64_t>(args.timeout_seconds * 1e9);
+  p.l = g.l;
   void* params[] = {&p};
   CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(g.grid), dim3(kThreads), params,
                                          g.smem, stream));
 }
 
-template <bool Vec>
-void launch_by_slots(const PersistentForwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream) {
+template <int MaxN, bool Vec>
+void launch(const PersistentForwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream) {
+  launch_kernel(persistent_forward_kernel<MaxN, Vec>, Direction::forward, args, dev, g, stream);
+}
+
+template <int MaxN, bool Vec>
+void launch(const PersistentBackwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream) {
+  launch_kernel(persistent_backward_kernel<MaxN, Vec>, Direction::backward, args, dev, g, stream);
+}
+
+template <bool Vec, typename Args>
+void launch_by_slots(const Args& args, const Device& dev, const Geometry& g, cudaStream_t stream) {
   switch (slot_capacity(args.slots)) {
     case 8: launch<8, Vec>(args, dev, g, stream); break;
     case 16: launch<16, Vec>(args, dev, g, stream); break;
@@ -592,9 +943,7 @@ void launch_by_slots(const PersistentForwardArgs& args, const Device& dev, const
   }
 }
 
-}  // namespace
-
-std::string persistent_forward_refusal(int dim, int slots, std::int64_t max_batch) {
+std::string refusal(Direction direction, int dim, int slots, std::int64_t max_batch) {
   const Device dev = current_device();
   if (dev.cooperative == 0) return "the device has no cooperative launch";
   if (slots < 1 || slots > kMaxSlots) return "slots " + std::to_string(slots) + " outside [1, 64]";
@@ -604,37 +953,57 @@ std::string persistent_forward_refusal(int dim, int slots, std::int64_t max_batc
   if (max_batch > dev.sms) {
     return "batch " + std::to_string(max_batch) + " is above one sequence per SM (" + std::to_string(dev.sms) + ")";
   }
-  const Geometry g = geometry_for(dev, dim, slots, max_batch);
-  if (g.tiles > kMaxTiles) {
-    return "dim " + std::to_string(dim) + " needs " + std::to_string(g.rows_per_block) + " rows a block (at most " +
+  const Geometry g = geometry_for(direction, dev, dim, slots, max_batch);
+  if (g.l.tiles > kMaxTiles) {
+    return "dim " + std::to_string(dim) + " needs " + std::to_string(g.l.rows_per_block) + " rows a block (at most " +
            std::to_string(kMaxTiles * kTileRows) + ")";
   }
   if (g.smem > smem_limit(dev)) {
     return "dim " + std::to_string(dim) + " and " + std::to_string(slots) + " slots need " + std::to_string(g.smem) +
-           " bytes of shared memory a block (weight rows and the tape; " + std::to_string(smem_limit(dev)) +
+           " bytes of shared memory a block (weight rows and " +
+           (direction == Direction::forward ? "the tape; " : "two tapes; ") + std::to_string(smem_limit(dev)) +
            " available)";
   }
   return "";
 }
 
-void persistent_forward(const PersistentForwardArgs& args, cudaStream_t stream) {
+template <typename Args>
+void run(Direction direction, const Args& args, cudaStream_t stream) {
   CUDA_CHECK(cudaMemsetAsync(args.sync, 0, sizeof(PersistentSync), stream));
-  if (args.batch == 0) return;
+  if (args.batch == 0 || args.steps == 0) return;
   const Device dev = current_device();
-  const Geometry g = geometry_for(dev, args.dim, args.slots, args.batch);
+  const Geometry g = geometry_for(direction, dev, args.dim, args.slots, args.batch);
   if (args.dim % 8 == 0) {
     launch_by_slots<true>(args, dev, g, stream);
   } else {
     launch_by_slots<false>(args, dev, g, stream);
   }
-  CUDA_CHECK_LAUNCH("e29a persistent forward");
+  CUDA_CHECK_LAUNCH(direction == Direction::forward ? "e29a persistent forward" : "e29a persistent backward");
 }
 
-std::string persistent_abort_message(const PersistentSync& record, double timeout_seconds) {
+}  // namespace
+
+std::string persistent_forward_refusal(int dim, int slots, std::int64_t max_batch) {
+  return refusal(Direction::forward, dim, slots, max_batch);
+}
+
+std::string persistent_backward_refusal(int dim, int slots, std::int64_t max_batch) {
+  return refusal(Direction::backward, dim, slots, max_batch);
+}
+
+void persistent_forward(const PersistentForwardArgs& args, cudaStream_t stream) {
+  run(Direction::forward, args, stream);
+}
+
+void persistent_backward(const PersistentBackwardArgs& args, cudaStream_t stream) {
+  run(Direction::backward, args, stream);
+}
+
+std::string persistent_abort_message(const PersistentSync& record, double timeout_seconds, bool backward) {
   const std::string where = "grid barrier " + std::to_string(record.barrier) + " (counter " +
                             std::to_string(record.seen) + ", wanted " + std::to_string(record.wanted) + ")";
-  return "e29a persistent forward: block " + std::to_string(record.block) + " waited more than " +
-         std::to_string(timeout_seconds) + " s at " + where +
+  return std::string("e29a persistent ") + (backward ? "backward" : "forward") + ": block " +
+         std::to_string(record.block) + " waited more than " + std::to_string(timeout_seconds) + " s at " + where +
          "; every block left, the layer's outputs of that call are not valid";
 }
 

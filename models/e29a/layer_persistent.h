@@ -1,5 +1,5 @@
-// The E29a layer's forward recurrence as one persistent kernel (all T steps in one cooperative
-// launch) instead of the hybrid path's four launches a step.
+// The E29a layer's recurrence as one persistent kernel per direction (all T steps in one
+// cooperative launch) instead of the hybrid path's four launches a step.
 //
 // Per step two phases separated by grid-wide barriers:
 // - rows: block k holds rows of [W_h ; W_write] (bf16, exact as the mirror stores them) in shared
@@ -11,7 +11,13 @@
 //   order: fp32 throughout). The sequence's tape [N, D] stays in that block's shared memory for
 //   all T steps (loaded at the start, written back at the end).
 // It writes every saved tensor the hybrid forward writes (h, r, w, both attentions, checkpoints),
-// so the hybrid backward runs on either forward's output.
+// so either backward runs on either forward's output.
+//
+// The backward has the same two phases a step in reverse: rows of [W_h^T ; W_write^T] times
+// (dL/dpre_{t+1}, dL/dw_t), then a block per sequence for the gate, tanh and both attentions'
+// backwards with dL/dH in shared memory and the tapes replayed segment by segment from the
+// forward's checkpoints (layer_persistent.cu says in which order). Its outputs are the hybrid
+// backward's per-step operands of the weight-gradient products.
 //
 // Every barrier wait has a deadline; the first wait to pass it records where it stood and every
 // block leaves; check() throws with the record.
@@ -59,12 +65,54 @@ struct PersistentForwardArgs {
   std::uint64_t* profile = nullptr;
 };
 
+struct PersistentBackwardArgs {
+  std::int64_t batch = 0, steps = 0;
+  int dim = 0, slots = 0;
+  float scale = 0;
+  const __nv_bfloat16* w_h = nullptr;      // [D, D]
+  const __nv_bfloat16* w_write = nullptr;  // [D, D]
+  // The forward's saved tensors (LayerActivationsCuda).
+  const float* xz = nullptr;           // [batch, steps, 2D]
+  const float* h = nullptr;            // [steps + 1, batch, D]
+  const float* read = nullptr;         // [steps, batch, D]
+  const float* write = nullptr;        // [steps, batch, D]
+  const float* read_attn = nullptr;    // [steps, batch, N]
+  const float* write_attn = nullptr;   // [steps, batch, N]
+  const float* checkpoints = nullptr;  // [ceil(steps / interval), batch, N, D]
+  std::int64_t interval = 1;
+  const __nv_bfloat16* dy = nullptr;  // [batch, steps, D]
+  // Outputs (written): the weight-gradient products' operands and the per-sequence sums.
+  __nv_bfloat16* d_pre_bf16 = nullptr;    // dL/dpre [steps, batch, D]
+  __nv_bfloat16* d_write_bf16 = nullptr;  // dL/dw [steps, batch, D]
+  __nv_bfloat16* dxz = nullptr;           // [batch, steps, 2D]: dL/dx then dL/dz
+  float* d_bias = nullptr;                // [batch, D]: dL/db_h of each sequence
+  float* d_tape = nullptr;                // [batch, N, D]: dL/dH_0 of each sequence
+  float* read_scores = nullptr;           // optional [steps, batch, N]
+  float* write_scores = nullptr;          // optional [steps, batch, N]
+  bool detach_read = false, detach_write = false;
+  // Scratch: the rows phase's operands and results [batch, D], the replayed segment
+  // [interval, batch, N, D].
+  float* d_pre = nullptr;
+  float* d_write = nullptr;
+  float* recurrent = nullptr;  // W_h^T dL/dpre_{t+1}
+  float* dh_write = nullptr;   // W_write^T dL/dw_t
+  float* segment = nullptr;
+  PersistentSync* sync = nullptr;
+  double timeout_seconds = 5.0;
+  int stall_block = -1;
+  // Optional [8]: ns in rows, wait, sequences, wait (block 0, then the last block).
+  std::uint64_t* profile = nullptr;
+};
+
 // Why the persistent forward cannot take this shape on the current device ("" when it can): it
 // needs a block per sequence and room in shared memory for the block's weight rows and its tape.
 std::string persistent_forward_refusal(int dim, int slots, std::int64_t max_batch);
-// Launches it (the caller checked persistent_forward_refusal). Zeroes args.sync first.
+// The same for the backward, which keeps two tapes on chip (dL/dH and the replay's).
+std::string persistent_backward_refusal(int dim, int slots, std::int64_t max_batch);
+// Launch them (the caller checked the refusal). Zero args.sync first.
 void persistent_forward(const PersistentForwardArgs& args, cudaStream_t stream);
+void persistent_backward(const PersistentBackwardArgs& args, cudaStream_t stream);
 // The message of an aborted launch's record.
-std::string persistent_abort_message(const PersistentSync& record, double timeout_seconds);
+std::string persistent_abort_message(const PersistentSync& record, double timeout_seconds, bool backward);
 
 }  // namespace models::e29a::kernels

@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -244,10 +245,14 @@ struct GpuResult {
   std::vector<float> h, read_attn, write_attn, score_read, score_write, end_h, end_tape;
 };
 
+// Which kernel each direction runs.
+struct Kernels {
+  e29a::RecurrenceKernel forward = e29a::RecurrenceKernel::hybrid, backward = e29a::RecurrenceKernel::hybrid;
+};
+
 GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weights& w, const Bits& u, const Bits& dy,
                   const std::vector<float>& grad_init, std::int64_t interval = 0,
-                  const e29a::LayerBackwardOptions& options = {},
-                  e29a::ForwardKernel kernel = e29a::ForwardKernel::hybrid) {
+                  const e29a::LayerBackwardOptions& options = {}, Kernels kernels = {}) {
   const std::int64_t B = c.batch, T = c.steps, D = c.dim, N = c.slots;
   auto slice = [&](std::size_t offset, std::size_t count) {
     return std::vector<float>(grad_init.begin() + offset, grad_init.begin() + offset + count);
@@ -256,7 +261,8 @@ GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weigh
   DeviceLayer layer(w, slice(0, 2 * dd), slice(2 * dd, dd), slice(3 * dd, D), slice(3 * dd + D, dd),
                     slice(4 * dd + D, N * D));
   e29a::LayerCuda cuda(context, D, N, B, T, interval, options);
-  cuda.set_forward_kernel(kernel);
+  cuda.set_forward_kernel(kernels.forward);
+  cuda.set_backward_kernel(kernels.backward);
   auto acts = cuda.make_activations();
   core::Buffer u_d = to_device(u), dy_d = to_device(dy);
   const std::size_t tokens = static_cast<std::size_t>(B * T * D);
@@ -266,9 +272,10 @@ GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weigh
   const e29a::LayerStateCuda end{end_h.as<float>(), end_tape.as<float>()};
   const e29a::ScoreGradientsCuda scores{score_r.as<float>(), score_w.as<float>()};
   cuda.forward(layer.weights(), u_d.as<__nv_bfloat16>(), B, T, y_d.as<__nv_bfloat16>(), acts, nullptr, &end);
-  EXPECT_EQ(cuda.last_forward_kernel(), kernel);
+  EXPECT_EQ(cuda.last_forward_kernel(), kernels.forward);
   cuda.backward(layer.weights(), u_d.as<__nv_bfloat16>(), dy_d.as<__nv_bfloat16>(), du_d.as<__nv_bfloat16>(),
                 layer.grads(), acts, &scores);
+  EXPECT_EQ(cuda.last_backward_kernel(), kernels.backward);
   context.synchronize();
   cuda.check();
   GpuResult r;
@@ -386,15 +393,32 @@ void compare(const Case& c, const GpuResult& g, const Reference& r, const std::v
               g_worst_bf16.name.c_str());
 }
 
-constexpr e29a::ForwardKernel kKernels[] = {e29a::ForwardKernel::hybrid, e29a::ForwardKernel::persistent};
+constexpr e29a::RecurrenceKernel kHybrid = e29a::RecurrenceKernel::hybrid;
+constexpr e29a::RecurrenceKernel kPersistent = e29a::RecurrenceKernel::persistent;
+constexpr e29a::RecurrenceKernel kKernels[] = {kHybrid, kPersistent};
 
-// Whether the persistent forward takes the case on this GPU (N 64 at D 1024 does not: its tape).
-bool persistent_takes(const Case& c) {
+// Whether the persistent kernels take the case on this GPU (N 64 at D 1024 does not: its tape;
+// the backward keeps two tapes on chip).
+bool persistent_forward_takes(const Case& c) {
   return e29a::kernels::persistent_forward_refusal(static_cast<int>(c.dim), static_cast<int>(c.slots), c.batch).empty();
 }
+bool persistent_backward_takes(const Case& c) {
+  return e29a::kernels::persistent_backward_refusal(static_cast<int>(c.dim), static_cast<int>(c.slots), c.batch)
+      .empty();
+}
 
-const char* kernel_name(e29a::ForwardKernel kernel) {
-  return kernel == e29a::ForwardKernel::persistent ? "persistent forward" : "hybrid forward";
+// `kernel` in both directions where the case allows it (else hybrid); nullopt when persistent
+// takes neither.
+std::optional<Kernels> both(e29a::RecurrenceKernel kernel, const Case& c) {
+  if (kernel == kHybrid) return Kernels{};
+  Kernels k{persistent_forward_takes(c) ? kPersistent : kHybrid, persistent_backward_takes(c) ? kPersistent : kHybrid};
+  if (k.forward == kHybrid && k.backward == kHybrid) return std::nullopt;
+  return k;
+}
+
+std::string kernel_name(Kernels k) {
+  auto name = [](e29a::RecurrenceKernel kernel) { return kernel == kPersistent ? "persistent" : "hybrid"; };
+  return std::string(name(k.forward)) + " forward, " + name(k.backward) + " backward";
 }
 
 std::size_t gradient_count(const Case& c) {
@@ -420,17 +444,19 @@ TEST(E29aGpu, MatchesReference) {
     const std::vector<float> grad_init = test::random_normal(rng, gradient_count(c), 0.5f);
     const Reference r = run_reference(c, w, u.values, dy.values);
     const double tol = fp32_tolerance(c, w, u.values, dy.values, r);
-    for (const e29a::ForwardKernel kernel : kKernels) {
-      SCOPED_TRACE(kernel_name(kernel));
-      if (kernel == e29a::ForwardKernel::persistent && !persistent_takes(c)) continue;
-      const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
+    for (const e29a::RecurrenceKernel kernel : kKernels) {
+      const std::optional<Kernels> k = both(kernel, c);
+      if (!k) continue;
+      SCOPED_TRACE(kernel_name(*k));
+      const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, *k);
       compare(c, g, r, grad_init, tol);
     }
   }
 }
 
 // The backward's options (detached scores, the carried gradient's bound) on the GPU as in the
-// reference; the bound (1.0) is below the carried norms of these draws, so it acts.
+// reference, both backwards (the persistent one refuses the bound); the bound (1.0) is below the
+// carried norms of these draws, so it acts.
 TEST(E29aGpu, BackwardOptionsMatchReference) {
   REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
@@ -455,9 +481,14 @@ TEST(E29aGpu, BackwardOptionsMatchReference) {
       const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
       const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
       const std::vector<float> grad_init = test::random_normal(rng, gradient_count(c), 0.5f);
-      const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, options);
       const Reference r = run_reference(c, w, u.values, dy.values, options);
-      compare(c, g, r, grad_init, fp32_tolerance(c, w, u.values, dy.values, r, options));
+      const double tol = fp32_tolerance(c, w, u.values, dy.values, r, options);
+      for (const e29a::RecurrenceKernel backward : kKernels) {
+        if (backward == kPersistent && options.carry_clip > 0) continue;
+        SCOPED_TRACE(backward == kPersistent ? "persistent backward" : "hybrid backward");
+        const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, options, {kHybrid, backward});
+        compare(c, g, r, grad_init, tol);
+      }
     }
   }
 }
@@ -473,13 +504,14 @@ TEST(E29aGpu, BitIdenticalAcrossRunsAndCheckpointIntervals) {
   const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
   const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
   const std::vector<float> grad_init = test::random_normal(rng, gradient_count(c), 0.5f);
-  for (const e29a::ForwardKernel kernel : kKernels) {
-    SCOPED_TRACE(kernel_name(kernel));
-    const GpuResult base = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
+  for (const e29a::RecurrenceKernel kernel : kKernels) {
+    const Kernels k = *both(kernel, c);
+    SCOPED_TRACE(kernel_name(k));
+    const GpuResult base = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, k);
     for (const std::int64_t interval :
          {std::int64_t{0}, std::int64_t{1}, std::int64_t{5}, std::int64_t{36}, std::int64_t{37}, std::int64_t{1000}}) {
       SCOPED_TRACE("interval " + std::to_string(interval));
-      const GpuResult again = run_gpu(context, c, w, u.bits, dy.bits, grad_init, interval, {}, kernel);
+      const GpuResult again = run_gpu(context, c, w, u.bits, dy.bits, grad_init, interval, {}, k);
       EXPECT_TRUE(bit_identical("y", again.y, base.y));
       EXPECT_TRUE(bit_identical("du", again.du, base.du));
       EXPECT_TRUE(bit_identical("dW_xz", again.g_xz, base.g_xz));
@@ -487,7 +519,8 @@ TEST(E29aGpu, BitIdenticalAcrossRunsAndCheckpointIntervals) {
       EXPECT_TRUE(bit_identical("db_h", again.g_b, base.g_b));
       EXPECT_TRUE(bit_identical("dW_write", again.g_write, base.g_write));
       EXPECT_TRUE(bit_identical("dH_0", again.g_tape0, base.g_tape0));
-      EXPECT_TRUE(bit_identical("score gradients", again.score_write, base.score_write));
+      EXPECT_TRUE(bit_identical("write score gradients", again.score_write, base.score_write));
+      EXPECT_TRUE(bit_identical("read score gradients", again.score_read, base.score_read));
     }
   }
 }
@@ -502,10 +535,11 @@ TEST(E29aGpu, BenchmarkShapeIsFiniteAndDeterministic) {
   const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
   const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
   const std::vector<float> grad_init(gradient_count(c), 0.0f);
-  for (const e29a::ForwardKernel kernel : kKernels) {
-    SCOPED_TRACE(kernel_name(kernel));
-    const GpuResult a = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
-    const GpuResult b = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, kernel);
+  for (const e29a::RecurrenceKernel kernel : kKernels) {
+    const Kernels k = *both(kernel, c);
+    SCOPED_TRACE(kernel_name(k));
+    const GpuResult a = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, k);
+    const GpuResult b = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, k);
     for (const float v : a.g_tape0) ASSERT_TRUE(std::isfinite(v));
     for (const float v : a.g_h) ASSERT_TRUE(std::isfinite(v));
     for (const auto v : a.du) ASSERT_TRUE(std::isfinite(core::bf16_to_float(v)));
@@ -523,15 +557,18 @@ TEST(E29aGpu, ZeroTapeDegeneracy) {
   REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
   core::DeviceContext context(core::Device::cuda());
-  for (const Case c : {Case{8, 72, 19, 3}, Case{64, 200, 7, 2}, Case{40, 64, 9, 1}}) {
-    SCOPED_TRACE(describe(c));
+  for (const auto& [c, kernel] : {std::pair{Case{8, 72, 19, 3}, kHybrid}, std::pair{Case{64, 200, 7, 2}, kHybrid},
+                                  std::pair{Case{40, 64, 9, 1}, kHybrid}, std::pair{Case{8, 72, 19, 3}, kPersistent},
+                                  std::pair{Case{40, 64, 9, 2}, kPersistent}}) {
+    const Kernels k = *both(kernel, c);
+    SCOPED_TRACE(describe(c) + ", " + kernel_name(k));
     Weights w = random_weights(rng, c.dim, c.slots);
     std::fill(w.tape0.bits.begin(), w.tape0.bits.end(), std::uint16_t{0});
     std::fill(w.tape0.values.begin(), w.tape0.values.end(), 0.0);
     const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
     const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
     const std::vector<float> grad_init(gradient_count(c), 0.0f);
-    const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init);
+    const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, k);
     const float uniform = 1.0f / static_cast<float>(c.slots);
     for (const float a : g.read_attn) ASSERT_EQ(a, uniform);
     for (const float a : g.write_attn) ASSERT_EQ(a, uniform);
@@ -567,8 +604,8 @@ TEST(E29aGpu, StateCarriesAcrossCalls) {
   auto slice = [&](std::size_t n) { return std::vector<float>(n, 0.0f); };
   const auto dd = static_cast<std::size_t>(D * D);
   DeviceLayer layer(w, slice(2 * dd), slice(dd), slice(D), slice(dd), slice(N * D));
-  for (const e29a::ForwardKernel kernel : kKernels) {
-    SCOPED_TRACE(kernel_name(kernel));
+  for (const e29a::RecurrenceKernel kernel : kKernels) {
+    SCOPED_TRACE(kernel == kPersistent ? "persistent forward" : "hybrid forward");
     e29a::LayerCuda cuda(context, D, N, B, T);
     cuda.set_forward_kernel(kernel);
     auto acts = cuda.make_activations();
@@ -612,39 +649,51 @@ TEST(E29aGpu, StateCarriesAcrossCalls) {
   }
 }
 
-// The two forwards on the same draw: every saved tensor and every gradient close. They differ only
-// in the recurrent products' summation order, fp32 rounding that the recurrence carries and may
-// amplify (on a D 1024, B 64 draw the fp32 CPU reference itself is up to 1e-4 from fp64; see
-// MatchesReference, which holds both forwards to the reference), so fp32 paths are compared
-// normwise at 10x the fp32 floor and bf16 outputs at the bf16 tolerance; a wrong row, slot or step
-// moves them by 1e-2 or more.
-TEST(E29aGpu, PersistentForwardMatchesHybrid) {
+// The persistent kernels against the hybrid path on the same draw, in every pairing of forward and
+// backward: every saved tensor and every gradient close. They differ only in the recurrent
+// products' summation order, fp32 rounding that the recurrence carries and may amplify (on a
+// D 1024, B 64 draw the fp32 CPU reference itself is up to 1e-4 from fp64; see MatchesReference,
+// which holds both to the reference), so fp32 paths are compared normwise at 10x the fp32 floor
+// and bf16 outputs and products at the bf16 tolerance; a wrong row, slot or step moves them by
+// 1e-2 or more.
+TEST(E29aGpu, PersistentKernelsMatchHybrid) {
   REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
   core::DeviceContext context(core::Device::cuda());
   const double fp32_tol = 10 * kFp32Tolerance;
   for (const Case c : {Case{8, 1024, 64, 64}, Case{16, 1024, 33, 16}, Case{64, 200, 19, 7}, Case{5, 24, 9, 120}}) {
-    SCOPED_TRACE(describe(c));
     const Weights w = random_weights(rng, c.dim, c.slots);
     const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
     const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
     const std::vector<float> grad_init(gradient_count(c), 0.0f);
-    const GpuResult hybrid = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, e29a::ForwardKernel::hybrid);
-    const GpuResult persistent =
-        run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, e29a::ForwardKernel::persistent);
-    g_worst_fp32 = {};
-    g_worst_bf16 = {};
-    EXPECT_TRUE(normwise_close("y", bf16_values(persistent.y), bf16_values(hybrid.y), kBf16Tolerance));
-    EXPECT_TRUE(normwise_close("h", widen(persistent.h), widen(hybrid.h), fp32_tol));
-    EXPECT_TRUE(normwise_close("read attention", widen(persistent.read_attn), widen(hybrid.read_attn), fp32_tol));
-    EXPECT_TRUE(normwise_close("write attention", widen(persistent.write_attn), widen(hybrid.write_attn), fp32_tol));
-    EXPECT_TRUE(normwise_close("end h", widen(persistent.end_h), widen(hybrid.end_h), fp32_tol));
-    EXPECT_TRUE(normwise_close("end tape", widen(persistent.end_tape), widen(hybrid.end_tape), fp32_tol));
-    EXPECT_TRUE(normwise_close("dL/dH_0", widen(persistent.g_tape0), widen(hybrid.g_tape0), kBf16Tolerance));
-    EXPECT_TRUE(normwise_close("dL/dW_h", widen(persistent.g_h), widen(hybrid.g_h), kBf16Tolerance));
-    EXPECT_TRUE(normwise_close("du", bf16_values(persistent.du), bf16_values(hybrid.du), kBf16Tolerance));
-    std::printf("[ errors   ] %s: persistent vs hybrid worst fp32 %.3g (%s), bf16 %.3g (%s)\n", describe(c).c_str(),
-                g_worst_fp32.error, g_worst_fp32.name.c_str(), g_worst_bf16.error, g_worst_bf16.name.c_str());
+    const GpuResult hybrid = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, {});
+    for (const Kernels k : {Kernels{kPersistent, kPersistent}, Kernels{kPersistent, kHybrid},
+                            Kernels{kHybrid, kPersistent}}) {
+      SCOPED_TRACE(describe(c) + ", " + kernel_name(k));
+      ASSERT_TRUE(persistent_forward_takes(c) && persistent_backward_takes(c));
+      const GpuResult persistent = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, k);
+      g_worst_fp32 = {};
+      g_worst_bf16 = {};
+      EXPECT_TRUE(normwise_close("y", bf16_values(persistent.y), bf16_values(hybrid.y), kBf16Tolerance));
+      EXPECT_TRUE(normwise_close("h", widen(persistent.h), widen(hybrid.h), fp32_tol));
+      EXPECT_TRUE(normwise_close("read attention", widen(persistent.read_attn), widen(hybrid.read_attn), fp32_tol));
+      EXPECT_TRUE(normwise_close("write attention", widen(persistent.write_attn), widen(hybrid.write_attn), fp32_tol));
+      EXPECT_TRUE(normwise_close("end h", widen(persistent.end_h), widen(hybrid.end_h), fp32_tol));
+      EXPECT_TRUE(normwise_close("end tape", widen(persistent.end_tape), widen(hybrid.end_tape), fp32_tol));
+      EXPECT_TRUE(normwise_close("read score gradients", widen(persistent.score_read), widen(hybrid.score_read),
+                                 kBf16Tolerance));
+      EXPECT_TRUE(normwise_close("write score gradients", widen(persistent.score_write), widen(hybrid.score_write),
+                                 kBf16Tolerance));
+      EXPECT_TRUE(normwise_close("dL/dH_0", widen(persistent.g_tape0), widen(hybrid.g_tape0), kBf16Tolerance));
+      EXPECT_TRUE(normwise_close("dL/db_h", widen(persistent.g_b), widen(hybrid.g_b), kBf16Tolerance));
+      EXPECT_TRUE(normwise_close("dL/dW_h", widen(persistent.g_h), widen(hybrid.g_h), kBf16Tolerance));
+      EXPECT_TRUE(normwise_close("dL/dW_write", widen(persistent.g_write), widen(hybrid.g_write), kBf16Tolerance));
+      EXPECT_TRUE(normwise_close("dL/dW_xz", widen(persistent.g_xz), widen(hybrid.g_xz), kBf16Tolerance));
+      EXPECT_TRUE(normwise_close("du", bf16_values(persistent.du), bf16_values(hybrid.du), kBf16Tolerance));
+      std::printf("[ errors   ] %s, %s: against hybrid worst fp32 %.3g (%s), bf16 %.3g (%s)\n", describe(c).c_str(),
+                  kernel_name(k).c_str(), g_worst_fp32.error, g_worst_fp32.name.c_str(), g_worst_bf16.error,
+                  g_worst_bf16.name.c_str());
+    }
   }
 }
 
@@ -661,7 +710,7 @@ TEST(E29aGpu, PersistentStallLeavesAtDeadline) {
   auto zeros = [](std::size_t n) { return std::vector<float>(n, 0.0f); };
   DeviceLayer layer(w, zeros(2 * dd), zeros(dd), zeros(D), zeros(dd), zeros(N * D));
   e29a::LayerCuda cuda(context, D, N, B, T);
-  cuda.set_forward_kernel(e29a::ForwardKernel::persistent);
+  cuda.set_forward_kernel(e29a::RecurrenceKernel::persistent);
   cuda.set_persistent_timeout(0.05);
   cuda.stall_block_for_tests(1);
   auto acts = cuda.make_activations();
@@ -680,6 +729,26 @@ TEST(E29aGpu, PersistentStallLeavesAtDeadline) {
   EXPECT_NO_THROW(cuda.check());
   const auto out = bf16_values(from_device<std::uint16_t>(y.data(), B * T * D));
   for (const double v : out) ASSERT_TRUE(std::isfinite(v));
+
+  // The backward: the same deadline, its own message, and the next backward runs normally.
+  core::Buffer dy_d = to_device(u.bits), du = poisoned(B * T * D * 2);
+  cuda.set_backward_kernel(e29a::RecurrenceKernel::persistent);
+  cuda.stall_block_for_tests(2);
+  cuda.backward(layer.weights(), u_d.as<__nv_bfloat16>(), dy_d.as<__nv_bfloat16>(), du.as<__nv_bfloat16>(),
+                layer.grads(), acts);
+  try {
+    cuda.check();
+    ADD_FAILURE() << "a stalled backward should throw";
+  } catch (const core::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("persistent backward"), std::string::npos) << what;
+    EXPECT_NE(what.find("grid barrier 1"), std::string::npos) << what;
+  }
+  cuda.stall_block_for_tests(-1);
+  cuda.backward(layer.weights(), u_d.as<__nv_bfloat16>(), dy_d.as<__nv_bfloat16>(), du.as<__nv_bfloat16>(),
+                layer.grads(), acts);
+  EXPECT_NO_THROW(cuda.check());
+  for (const double v : bf16_values(from_device<std::uint16_t>(du.data(), B * T * D))) ASSERT_TRUE(std::isfinite(v));
 }
 
 // A width whose rows do not fit a block's shared memory: the persistent forward refuses by name,
@@ -690,7 +759,7 @@ TEST(E29aGpu, PersistentRefusesWhatDoesNotFit) {
   e29a::LayerCuda wide(context, 8192, 8, 1, 1);
   EXPECT_FALSE(wide.persistent_refusal().empty());
   try {
-    wide.set_forward_kernel(e29a::ForwardKernel::persistent);
+    wide.set_forward_kernel(e29a::RecurrenceKernel::persistent);
     ADD_FAILURE() << "dim 8192 should be refused";
   } catch (const core::Error& e) {
     EXPECT_NE(std::string(e.what()).find("persistent forward cannot run"), std::string::npos) << e.what();
@@ -703,6 +772,24 @@ TEST(E29aGpu, PersistentRefusesWhatDoesNotFit) {
   // The tape on chip: N 64 at D 1024 is 256 KB.
   e29a::LayerCuda big_tape(context, 1024, 64, 4, 4);
   EXPECT_NE(big_tape.persistent_refusal().find("shared memory"), std::string::npos) << big_tape.persistent_refusal();
+  // The backward keeps two tapes: N 32 at D 1024 fits the forward only.
+  e29a::LayerCuda two_tapes(context, 1024, 32, 4, 4);
+  EXPECT_TRUE(two_tapes.persistent_refusal().empty()) << two_tapes.persistent_refusal();
+  EXPECT_NE(two_tapes.persistent_backward_refusal().find("two tapes"), std::string::npos)
+      << two_tapes.persistent_backward_refusal();
+  try {
+    two_tapes.set_backward_kernel(e29a::RecurrenceKernel::persistent);
+    ADD_FAILURE() << "N 32 at D 1024 should be refused by the persistent backward";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("persistent backward cannot run"), std::string::npos) << e.what();
+  }
+  // The carried gradient's bound needs the whole carried norm before each step.
+  e29a::LayerBackwardOptions clip;
+  clip.carry_clip = 1.0;
+  e29a::LayerCuda clipped(context, 64, 8, 4, 4, 0, clip);
+  EXPECT_NE(clipped.persistent_backward_refusal().find("carry_grad_clip"), std::string::npos)
+      << clipped.persistent_backward_refusal();
+  EXPECT_TRUE(narrow.persistent_backward_refusal().empty()) << narrow.persistent_backward_refusal();
 }
 
 TEST(E29aGpu, RejectsBadShapes) {
