@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     layer.set_forward_kernel(kernel(forward));
     layer.set_backward_kernel(kernel(backward));
     core::Buffer profile_ns = zeros_f32(11 * 2);       // 11 uint64
-    core::Buffer backward_profile_ns = zeros_f32(8 * 2);  // 8 uint64
+    core::Buffer backward_profile_ns = zeros_f32(12 * 2);  // 12 uint64
     if (profile) {
       layer.set_persistent_profile(profile_ns.as<std::uint64_t>());
       layer.set_persistent_backward_profile(backward_profile_ns.as<std::uint64_t>());
@@ -170,11 +170,17 @@ int main(int argc, char** argv) {
         }
       }
       if (layer.last_backward_kernel() == models::e29a::RecurrenceKernel::persistent) {
-        std::vector<std::uint64_t> bns(8);
-        CUDA_CHECK(cudaMemcpy(bns.data(), backward_profile_ns.data(), 8 * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
-        for (int k = 0; k < 8; ++k) {
-          out["backward_profile_us_per_step"][k < 4 ? "block0" : "last_block"][kinds[k % 4]] =
-              static_cast<double>(bns[k]) * 1e-3 / static_cast<double>(steps);
+        std::vector<std::uint64_t> bns(12);
+        CUDA_CHECK(
+            cudaMemcpy(bns.data(), backward_profile_ns.data(), 12 * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+        const char* back_subs[] = {"read_back_scores", "d_tape_and_dh", "replay", "write_back"};
+        for (int k = 0; k < 12; ++k) {
+          const double us = static_cast<double>(bns[k]) * 1e-3 / static_cast<double>(steps);
+          if (k < 8) {
+            out["backward_profile_us_per_step"][k < 4 ? "block0" : "last_block"][kinds[k % 4]] = us;
+          } else {
+            out["backward_profile_us_per_step"]["block0_parts"][back_subs[k - 8]] = us;
+          }
         }
       }
     }

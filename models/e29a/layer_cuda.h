@@ -133,7 +133,7 @@ class LayerCuda {
   void check();
   void set_persistent_timeout(double seconds) { timeout_seconds_ = seconds; }
   void stall_block_for_tests(int block) { stall_block_ = block; }
-  // Benchmarks: device arrays of 11 (forward) and 8 (backward) uint64 that receive ns per phase
+  // Benchmarks: device arrays of 11 (forward) and 12 (backward) uint64 that receive ns per phase
   // kind (layer_persistent.h).
   void set_persistent_profile(std::uint64_t* device_ns) { profile_ = device_ns; }
   void set_persistent_backward_profile(std::uint64_t* device_ns) { backward_profile_ = device_ns; }

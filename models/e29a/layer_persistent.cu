@@ -122,7 +122,9 @@ __device__ __forceinline__ void unpack8(const uint4& w, float (&v)[8]) {
 
 // Shared-memory accesses by 32-bit shared addresses: the tape is reached through a pointer the
 // compiler cannot place in shared memory across calls (generic accesses). Volatile keeps them in
-// program order around the stores.
+// program order among themselves; without a memory clobber global loads may still move across
+// them (the on-chip tapes are reached only through these, and __syncthreads orders the copies in
+// and out).
 __device__ __forceinline__ float lds(std::uint32_t address) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(address));
@@ -130,7 +132,7 @@ __device__ __forceinline__ float lds(std::uint32_t address) {
 }
 
 __device__ __forceinline__ void sts(std::uint32_t address, float v) {
-  asm volatile("st.shared.f32 [%0], %1;" ::"r"(address), "f"(v) : "memory");
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(address), "f"(v));
 }
 
 // part[n] += H[n] . v over the thread's features d = tid + 256 j (H: the tape's shared address).
@@ -345,6 +347,7 @@ struct Laps {
 // The features a thread owns in the sequence phase and what it keeps of them between steps.
 struct Owned {
   float h[kMaxFeatures], r[kMaxFeatures];
+  float bias[kMaxFeatures];  // b_h, loaded once: a load after the step's stores would wait for L2
 };
 
 // The read attention of step t over H (= H_{t-1}) from the slot partial sums `part` (of H . h_{t-1}),
@@ -358,7 +361,6 @@ __device__ __forceinline__ void finish_read(const PersistentForwardArgs& a, cons
   const std::int64_t B = a.batch;
   // Everything the loop needs, in registers: stores through the output pointers below could
   // otherwise alias `a` and `sh` and make the compiler reload them on every use.
-  const __nv_bfloat16* bias = a.bias;
   float* h_out = a.h + ((t + 1) * B + b) * D;
   __nv_bfloat16* h_bf16 = a.h_bf16 + ((t + 1) * B + b) * D;
   float* read = a.read + (t * B + b) * D;
@@ -375,7 +377,7 @@ __device__ __forceinline__ void finish_read(const PersistentForwardArgs& a, cons
     for (int n = 0; n < MaxN; ++n) {
       if (n < N) r = fmaf(attn[n], lds(H + 4u * static_cast<std::uint32_t>(n * D + d)), r);
     }
-    const float pre = ((x[j] + rec[j]) + r) + __bfloat162float(bias[d]);
+    const float pre = ((x[j] + rec[j]) + r) + own.bias[j];
     const float h = tanhf(pre);
     h_out[d] = h;
     h_bf16[d] = __float2bfloat16_rn(h);
@@ -515,6 +517,11 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(
   __syncthreads();
   const std::uint32_t tape = core::smem_addr(chip_tape);
   Owned own;
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) {
+    const int d = threadIdx.x + j * kThreads;
+    own.bias[j] = d < D ? __bfloat162float(a.bias[d]) : 0.0f;
+  }
 
   // Profile (thread 0 of block 0 and of the last block): ns in each kind of phase; block 0 also
   // splits its sequence phases (sub).
@@ -601,22 +608,38 @@ __device__ __noinline__ void replay_segment(const PersistentBackwardArgs& a, std
       sts(scratch + 4u * static_cast<std::uint32_t>(n * D + d), v);
     }
   }
-  for (std::int64_t k = 1; k < count; ++k) {
+  // Step k's write attention and values are loaded before step k - 1's stores (a load after them
+  // could not be moved above: see backward_step).
+  float attn[MaxN], w[kMaxFeatures];
+  auto load = [&](std::int64_t k) {
     const std::int64_t row = (s0 + k - 1) * B + b;
-    float attn[MaxN];
+    const bool in = k < count;
 #pragma unroll
-    for (int n = 0; n < MaxN; ++n) attn[n] = n < N ? a.write_attn[row * N + n] : 0.0f;
+    for (int n = 0; n < MaxN; ++n) attn[n] = in && n < N ? a.write_attn[row * N + n] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxFeatures; ++j) {
+      const int d = threadIdx.x + j * kThreads;
+      w[j] = in && d < D ? a.write[row * D + d] : 0.0f;
+    }
+  };
+  load(1);
+  for (std::int64_t k = 1; k < count; ++k) {
     float* out = seg + k * B * per_tape;
+    float attn_k[MaxN], w_k[kMaxFeatures];
+#pragma unroll
+    for (int n = 0; n < MaxN; ++n) attn_k[n] = attn[n];
+#pragma unroll
+    for (int j = 0; j < kMaxFeatures; ++j) w_k[j] = w[j];
+    load(k + 1);
 #pragma unroll
     for (int j = 0; j < kMaxFeatures; ++j) {
       const int d = threadIdx.x + j * kThreads;
       if (d >= D) break;
-      const float w = a.write[row * D + d];
 #pragma unroll
       for (int n = 0; n < MaxN; ++n) {
         if (n < N) {
           const std::uint32_t at = scratch + 4u * static_cast<std::uint32_t>(n * D + d);
-          const float v = step::tape_update(lds(at), attn[n], w);
+          const float v = step::tape_update(lds(at), attn_k[n], w_k[j]);
           sts(at, v);
           out[n * D + d] = v;
         }
@@ -649,17 +672,16 @@ __device__ __forceinline__ void slot_attention_backward(float (&part)[MaxN], con
 template <int MaxN>
 __device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, const step::Shared<MaxN>& sh,
                                            std::uint32_t dH, std::uint32_t scratch, std::int64_t b, std::int64_t t,
-                                           bool products, std::int64_t& s0, BackOwned& own) {
+                                           bool products, std::int64_t& s0, BackOwned& own, Laps<4>& sub) {
+  sub.start();
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps, row = t * B + b;
   const float* H = segment_tape(a, b, t, s0);  // H_{t-1}
   const float* xz = a.xz + (b * T + t) * 2 * D;
-  __nv_bfloat16* dxz = a.dxz + (b * T + t) * 2 * D;
   const __nv_bfloat16* dy = a.dy + (b * T + t) * D;
-  float hp[kMaxFeatures], dr[kMaxFeatures];
-  float part[MaxN];
-#pragma unroll
-  for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
+  // Loads and arithmetic first, stores last: a load after a store through another pointer cannot
+  // be moved above it (they might alias) and would wait for memory each feature.
+  float hp[kMaxFeatures], dg[kMaxFeatures], dp[kMaxFeatures], dr[kMaxFeatures];
 #pragma unroll
   for (int j = 0; j < kMaxFeatures; ++j) {
     const int d = threadIdx.x + j * kThreads;
@@ -672,38 +694,59 @@ __device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, cons
     const float g = (xz[D + d] + a.read[row * D + d]) + h;
     const float s = step::sigmoidf(g);
     const float dout = __bfloat162float(dy[d]);
-    const float dg = dout * h * (s * (1.0f + g * (1.0f - s)));
-    dxz[D + d] = __float2bfloat16_rn(dg);
-    const float dh_local = ((rec + own.dh_read[j]) + dout * (g * s)) + dg;
-    const float dp = (dh_local + dhw) * (1.0f - h * h);
-    a.d_pre[b * D + d] = dp;
-    a.d_pre_bf16[row * D + d] = __float2bfloat16_rn(dp);
-    dxz[d] = __float2bfloat16_rn(dp);
-    own.d_bias[j] += dp;
-    dr[j] = dg + dp;
+    dg[j] = dout * h * (s * (1.0f + g * (1.0f - s)));
+    const float dh_local = ((rec + own.dh_read[j]) + dout * (g * s)) + dg[j];
+    dp[j] = (dh_local + dhw) * (1.0f - h * h);
+    own.d_bias[j] += dp[j];
+    dr[j] = dg[j] + dp[j];
+  }
+  float part[MaxN];
+#pragma unroll
+  for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) {
+    const int d = threadIdx.x + j * kThreads;
+    if (d >= D) break;
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
       if (n < N) part[n] = fmaf(dr[j], H[n * D + d], part[n]);
     }
   }
-  float attn[MaxN], ds[MaxN];
-  slot_attention_backward<MaxN>(part, sh, a.read_attn + row * N, N, a.detach_read,
-                                a.read_scores ? a.read_scores + row * N : nullptr, attn, ds);
+  __nv_bfloat16* dxz = a.dxz + (b * T + t) * 2 * D;
 #pragma unroll
   for (int j = 0; j < kMaxFeatures; ++j) {
     const int d = threadIdx.x + j * kThreads;
     if (d >= D) break;
+    dxz[D + d] = __float2bfloat16_rn(dg[j]);
+    a.d_pre[b * D + d] = dp[j];
+    a.d_pre_bf16[row * D + d] = __float2bfloat16_rn(dp[j]);
+    dxz[d] = __float2bfloat16_rn(dp[j]);
+  }
+  float attn[MaxN], ds[MaxN];
+  slot_attention_backward<MaxN>(part, sh, a.read_attn + row * N, N, a.detach_read,
+                                a.read_scores ? a.read_scores + row * N : nullptr, attn, ds);
+  sub.lap(0);
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) {
+    const int d = threadIdx.x + j * kThreads;
+    if (d >= D) break;
+    // The feature's tape values first: the shared-memory stores below are ordered with every
+    // memory access, so a load between them would wait for L2 each time.
+    float hv[MaxN];
+#pragma unroll
+    for (int n = 0; n < MaxN; ++n) hv[n] = n < N ? H[n * D + d] : 0.0f;
     float dh_prev = 0.0f;
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
       if (n < N) {
         const std::uint32_t at = dH + 4u * static_cast<std::uint32_t>(n * D + d);
         sts(at, lds(at) + fmaf(attn[n], dr[j], (a.scale * ds[n]) * hp[j]));
-        dh_prev = fmaf(ds[n], H[n * D + d], dh_prev);
+        dh_prev = fmaf(ds[n], hv[n], dh_prev);
       }
     }
     own.dh_read[j] = a.scale * dh_prev;
   }
+  sub.lap(1);
   if (t == 0) return;
 
   // The write attention of step t - 1 over H_{t-2}.
@@ -711,9 +754,10 @@ __device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, cons
     s0 -= a.interval;
     replay_segment<MaxN>(a, b, s0, scratch);
   }
+  sub.lap(2);
   const float* Hp = segment_tape(a, b, t - 1, s0);
   const std::int64_t prev = row - B;
-  float w[kMaxFeatures];
+  float w[kMaxFeatures], dw[kMaxFeatures];
 #pragma unroll
   for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
 #pragma unroll
@@ -732,21 +776,31 @@ __device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, cons
   for (int j = 0; j < kMaxFeatures; ++j) {
     const int d = threadIdx.x + j * kThreads;
     if (d >= D) break;
-    float dw = 0.0f;
+    float hv[MaxN];
+#pragma unroll
+    for (int n = 0; n < MaxN; ++n) hv[n] = n < N ? Hp[n * D + d] : 0.0f;
+    float v = 0.0f;
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
       if (n < N) {
         const std::uint32_t at = dH + 4u * static_cast<std::uint32_t>(n * D + d);
         const float dh_n = lds(at);
         const float sds = a.scale * ds[n];
-        dw = fmaf(attn[n], dh_n, dw);
-        dw = fmaf(sds, Hp[n * D + d], dw);
+        v = fmaf(attn[n], dh_n, v);
+        v = fmaf(sds, hv[n], v);
         sts(at, fmaf(1.0f - attn[n], dh_n, sds * w[j]));
       }
     }
-    a.d_write[b * D + d] = dw;
-    a.d_write_bf16[prev * D + d] = __float2bfloat16_rn(dw);
+    dw[j] = v;
   }
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) {
+    const int d = threadIdx.x + j * kThreads;
+    if (d >= D) break;
+    a.d_write[b * D + d] = dw[j];
+    a.d_write_bf16[prev * D + d] = __float2bfloat16_rn(dw[j]);
+  }
+  sub.lap(3);
 }
 
 template <int MaxN, bool Vec>
@@ -803,9 +857,11 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_backward_kernel(
   Laps<4> phases;
   phases.on = a.profile != nullptr && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == gridDim.x - 1);
   phases.start();
+  Laps<4> sub;
+  sub.on = phases.on && blockIdx.x == 0;
   if (owner) {
     replay_segment<MaxN>(a, b, s0, scratch);
-    backward_step<MaxN>(a, sh, d_tape, scratch, b, T - 1, false, s0, own);
+    backward_step<MaxN>(a, sh, d_tape, scratch, b, T - 1, false, s0, own, sub);
   }
   phases.lap(2);
   RowsJob job;
@@ -826,7 +882,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_backward_kernel(
     phases.lap(0);
     if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
     phases.lap(1);
-    if (owner) backward_step<MaxN>(a, sh, d_tape, scratch, b, t, true, s0, own);
+    if (owner) backward_step<MaxN>(a, sh, d_tape, scratch, b, t, true, s0, own, sub);
     phases.lap(2);
   }
   __syncthreads();
@@ -841,6 +897,9 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_backward_kernel(
   }
   if (phases.on) {
     for (int k = 0; k < 4; ++k) a.profile[(blockIdx.x == 0 ? 0 : 4) + k] = phases.ns[k];
+  }
+  if (sub.on) {
+    for (int k = 0; k < 4; ++k) a.profile[8 + k] = sub.ns[k];
   }
 }
 

@@ -100,7 +100,9 @@ struct PersistentBackwardArgs {
   PersistentSync* sync = nullptr;
   double timeout_seconds = 5.0;
   int stall_block = -1;
-  // Optional [8]: ns in rows, wait, sequences, wait (block 0, then the last block).
+  // Optional [12]: ns in rows, wait, sequences, wait (block 0, then the last block); block 0's
+  // sequence phases split: loads + read attention's scores, dL/dH and dL/dh_{t-1}, replay, write
+  // attention's backward.
   std::uint64_t* profile = nullptr;
 };
 
