@@ -572,9 +572,11 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(
 // once: W_h^T dp_{t+1} (to dL/dh_t) and W_write^T dw_t (to dL/dh_t as well). Sequence phase of t:
 // the gate and dL/dh_t, the tanh, the read attention's backward over H_{t-1} (dL/dH_{t-1} and the
 // read scores' part of dL/dh_{t-1}), then the write attention's backward of step t - 1 over
-// H_{t-2} (dw_{t-1} and the rest of dL/dH_{t-2}). dL/dH stays in the block's shared memory; the
-// tapes come from the segment replayed from its checkpoint by the block (the forward's update
-// arithmetic: the forward's bits), kept in the segment scratch.
+// H_{t-2} (dw_{t-1} and the rest of dL/dH_{t-2}). dL/dH stays in the block's shared memory, and so
+// does the tape a step reads: H_{t-2} is brought in by step t's write-attention pass and read again
+// by step t - 1's read attention. The tapes come from the segment replayed from its checkpoint by
+// the block (the forward's update arithmetic: the forward's bits) into the segment scratch in
+// global memory; a replay ends with the tape it is needed for already on chip.
 
 // What a thread keeps of its features between backward steps.
 struct BackOwned {
@@ -589,7 +591,8 @@ __device__ __forceinline__ const float* segment_tape(const PersistentBackwardArg
 }
 
 // The tapes before steps s0 .. s0 + count - 1 of sequence b (the thread's features, every slot),
-// from the checkpoint and the saved writes; `scratch` (shared) holds the running tape.
+// from the checkpoint and the saved writes, into the segment; `scratch` (shared) holds the running
+// tape and ends with the segment's last.
 template <int MaxN>
 __device__ __noinline__ void replay_segment(const PersistentBackwardArgs& a, std::int64_t b, std::int64_t s0,
                                             std::uint32_t scratch) {
@@ -671,12 +674,13 @@ __device__ __forceinline__ void slot_attention_backward(float (&part)[MaxN], con
 // `s0`: the first step of the segment in the scratch, moved back when step t - 1 needs the one before.
 template <int MaxN>
 __device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, const step::Shared<MaxN>& sh,
-                                           std::uint32_t dH, std::uint32_t scratch, std::int64_t b, std::int64_t t,
+                                           std::uint32_t dH, std::uint32_t tape, std::int64_t b, std::int64_t t,
                                            bool products, std::int64_t& s0, BackOwned& own, Laps<4>& sub) {
   sub.start();
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps, row = t * B + b;
-  const float* H = segment_tape(a, b, t, s0);  // H_{t-1}
+  // `tape` (shared) holds H_{t-1} on entry and H_{t-2} on return.
+  auto H = [&](int n, int d) { return lds(tape + 4u * static_cast<std::uint32_t>(n * D + d)); };
   const float* xz = a.xz + (b * T + t) * 2 * D;
   const __nv_bfloat16* dy = a.dy + (b * T + t) * D;
   // Loads and arithmetic first, stores last: a load after a store through another pointer cannot
@@ -709,7 +713,7 @@ __device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, cons
     if (d >= D) break;
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(dr[j], H[n * D + d], part[n]);
+      if (n < N) part[n] = fmaf(dr[j], H(n, d), part[n]);
     }
   }
   __nv_bfloat16* dxz = a.dxz + (b * T + t) * 2 * D;
@@ -730,18 +734,13 @@ __device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, cons
   for (int j = 0; j < kMaxFeatures; ++j) {
     const int d = threadIdx.x + j * kThreads;
     if (d >= D) break;
-    // The feature's tape values first: the shared-memory stores below are ordered with every
-    // memory access, so a load between them would wait for L2 each time.
-    float hv[MaxN];
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) hv[n] = n < N ? H[n * D + d] : 0.0f;
     float dh_prev = 0.0f;
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
       if (n < N) {
         const std::uint32_t at = dH + 4u * static_cast<std::uint32_t>(n * D + d);
         sts(at, lds(at) + fmaf(attn[n], dr[j], (a.scale * ds[n]) * hp[j]));
-        dh_prev = fmaf(ds[n], hv[n], dh_prev);
+        dh_prev = fmaf(ds[n], H(n, d), dh_prev);
       }
     }
     own.dh_read[j] = a.scale * dh_prev;
@@ -749,10 +748,12 @@ __device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, cons
   sub.lap(1);
   if (t == 0) return;
 
-  // The write attention of step t - 1 over H_{t-2}.
-  if (t - 1 < s0) {
+  // The write attention of step t - 1 over H_{t-2}: replayed into `tape` when step t - 1 starts
+  // the segment before, else copied there from the segment as the scores are summed.
+  const bool replayed = t - 1 < s0;
+  if (replayed) {
     s0 -= a.interval;
-    replay_segment<MaxN>(a, b, s0, scratch);
+    replay_segment<MaxN>(a, b, s0, tape);
   }
   sub.lap(2);
   const float* Hp = segment_tape(a, b, t - 1, s0);
@@ -765,9 +766,15 @@ __device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, cons
     const int d = threadIdx.x + j * kThreads;
     if (d >= D) break;
     w[j] = a.write[prev * D + d];
+    float hv[MaxN];
+#pragma unroll
+    for (int n = 0; n < MaxN; ++n) hv[n] = n < N ? (replayed ? H(n, d) : Hp[n * D + d]) : 0.0f;
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(lds(dH + 4u * static_cast<std::uint32_t>(n * D + d)), w[j] - Hp[n * D + d], part[n]);
+      if (n < N) {
+        if (!replayed) sts(tape + 4u * static_cast<std::uint32_t>(n * D + d), hv[n]);
+        part[n] = fmaf(lds(dH + 4u * static_cast<std::uint32_t>(n * D + d)), w[j] - hv[n], part[n]);
+      }
     }
   }
   slot_attention_backward<MaxN>(part, sh, a.write_attn + prev * N, N, a.detach_write,
@@ -776,9 +783,6 @@ __device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, cons
   for (int j = 0; j < kMaxFeatures; ++j) {
     const int d = threadIdx.x + j * kThreads;
     if (d >= D) break;
-    float hv[MaxN];
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) hv[n] = n < N ? Hp[n * D + d] : 0.0f;
     float v = 0.0f;
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
@@ -787,7 +791,7 @@ __device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, cons
         const float dh_n = lds(at);
         const float sds = a.scale * ds[n];
         v = fmaf(attn[n], dh_n, v);
-        v = fmaf(sds, hv[n], v);
+        v = fmaf(sds, H(n, d), v);
         sts(at, fmaf(1.0f - attn[n], dh_n, sds * w[j]));
       }
     }
@@ -821,7 +825,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_backward_kernel(
   const std::int64_t per_tape = static_cast<std::int64_t>(N) * D;
   float* chip_d_tape = reinterpret_cast<float*>(at);
   const std::uint32_t d_tape = core::smem_addr(chip_d_tape);
-  const std::uint32_t scratch = core::smem_addr(chip_d_tape + (per_tape + 3) / 4 * 4);
+  const std::uint32_t tape = core::smem_addr(chip_d_tape + (per_tape + 3) / 4 * 4);
 
   // This block's rows of [W_h^T ; W_write^T] (rows of the second from split), zero-padded.
   const int row0 = static_cast<int>(blockIdx.x) * p.l.rows_per_block;
@@ -860,8 +864,8 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_backward_kernel(
   Laps<4> sub;
   sub.on = phases.on && blockIdx.x == 0;
   if (owner) {
-    replay_segment<MaxN>(a, b, s0, scratch);
-    backward_step<MaxN>(a, sh, d_tape, scratch, b, T - 1, false, s0, own, sub);
+    replay_segment<MaxN>(a, b, s0, tape);  // leaves H_{T-2} in `tape`
+    backward_step<MaxN>(a, sh, d_tape, tape, b, T - 1, false, s0, own, sub);
   }
   phases.lap(2);
   RowsJob job;
@@ -882,7 +886,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_backward_kernel(
     phases.lap(0);
     if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
     phases.lap(1);
-    if (owner) backward_step<MaxN>(a, sh, d_tape, scratch, b, t, true, s0, own, sub);
+    if (owner) backward_step<MaxN>(a, sh, d_tape, tape, b, t, true, s0, own, sub);
     phases.lap(2);
   }
   __syncthreads();
