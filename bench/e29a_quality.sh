@@ -120,4 +120,4 @@ for name in "${names[@]}"; do grep -h '^.*info done:' "$out/$name.log" | sed "s/
 record=()
 for name in "${names[@]}"; do record+=(--params "$name=${params[$name]}" --setup "$name=${launch[$name]}"); done
 python3 bench/e29a_train_record.py --bench e29a_quality --output "$results" --title "$title" --device "$device" \
-  --commit "$(git rev-parse --short HEAD)" --png "$png" "${record[@]}" "${runs[@]}"
+  --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" --png "$png" "${record[@]}" "${runs[@]}"
