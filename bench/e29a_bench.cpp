@@ -1,8 +1,8 @@
 // One E29a layer's forward + backward on one GPU (models/e29a/layer_cuda.h; `--forward` and
 // `--backward` pick the persistent kernel or the hybrid path for each direction), at upstream's
-// training shapes: D = 1024, T = 512 and B = 64 with N = 8 or B = 16 with N = 16. Random weights at the initialisation's scales, random input and
-// output gradient; CUDA events around the forward and the backward of each timed iteration, the
-// median after warm-up. Prints one JSON object (the figures bench/record.py joins with
+// training shapes: D = 1024, T = 512 and B = 64 with N = 8 or B = 16 with N = 16. Random weights at the
+// initialisation's scales, random input and output gradient; CUDA events around the forward and the backward of each
+// timed iteration, the median after warm-up. Prints one JSON object (the figures bench/record.py joins with
 // bench/peer_e29a.py's); bench/e29a_record.sh runs both and appends to bench/results/e29a.jsonl.
 #include <algorithm>
 #include <cmath>
@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
     };
     layer.set_forward_kernel(kernel(forward));
     layer.set_backward_kernel(kernel(backward));
-    core::Buffer profile_ns = zeros_f32(11 * 2);       // 11 uint64
+    core::Buffer profile_ns = zeros_f32(11 * 2);           // 11 uint64
     core::Buffer backward_profile_ns = zeros_f32(12 * 2);  // 12 uint64
     if (profile) {
       layer.set_persistent_profile(profile_ns.as<std::uint64_t>());
@@ -140,7 +140,8 @@ int main(int argc, char** argv) {
         {"bench", "e29a_layer_fwd_bwd_d" + std::to_string(dim) + "_t" + std::to_string(steps) + "_b" +
                       std::to_string(batch) + "_n" + std::to_string(slots)},
         {"device", ctx.device_name()},
-        {"forward", layer.last_forward_kernel() == models::e29a::RecurrenceKernel::persistent ? "persistent" : "hybrid"},
+        {"forward",
+         layer.last_forward_kernel() == models::e29a::RecurrenceKernel::persistent ? "persistent" : "hybrid"},
         {"backward",
          layer.last_backward_kernel() == models::e29a::RecurrenceKernel::persistent ? "persistent" : "hybrid"},
         {"ours_ms", ms},

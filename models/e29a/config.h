@@ -36,6 +36,7 @@ struct E29aConfig {
   double rms_norm_eps = 1e-6;
   std::int64_t checkpoint_interval = 0;  // cuda: tape checkpoint every K steps (0: about sqrt(seq))
   LayerBackwardOptions backward;         // detach_scores, carry_grad_clip (default: the exact gradient)
+  RecurrenceKernel recurrence_kernel = RecurrenceKernel::automatic;  // cuda: both directions
 
   std::int64_t parameter_count() const;
 };

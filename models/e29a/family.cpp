@@ -91,6 +91,12 @@ const std::vector<ConfigField>& table() {
        .max = 1e30,
        .shape = false,
        .help = "bound on the norm of the gradient a sequence carries from one step to the one before (0: off)"},
+      {.key = "recurrence_kernel",
+       .type = FieldType::choice,
+       .fallback = "automatic",
+       .choices = {"automatic", "hybrid", "persistent"},
+       .shape = false,
+       .help = "cuda: the recurrence's kernels in training (automatic: persistent where the shape fits)"},
   };
   return fields;
 }
@@ -247,6 +253,12 @@ E29aConfig config_from_shape(const Shape& s) {
     c.backward.detach_write_scores = detach == "write" || detach == "both";
   }
   if (s.contains("carry_grad_clip")) c.backward.carry_clip = s.at("carry_grad_clip");
+  if (s.contains("recurrence_kernel")) {
+    const std::string kernel = s.at("recurrence_kernel");
+    c.recurrence_kernel = kernel == "hybrid"       ? RecurrenceKernel::hybrid
+                          : kernel == "persistent" ? RecurrenceKernel::persistent
+                                                   : RecurrenceKernel::automatic;
+  }
   return c;
 }
 
@@ -265,6 +277,9 @@ Shape shape_from_config(const E29aConfig& c) {
   const bool read = c.backward.detach_read_scores, write = c.backward.detach_write_scores;
   s["detach_scores"] = read && write ? "both" : read ? "read" : write ? "write" : "none";
   s["carry_grad_clip"] = c.backward.carry_clip;
+  s["recurrence_kernel"] = c.recurrence_kernel == RecurrenceKernel::hybrid       ? "hybrid"
+                           : c.recurrence_kernel == RecurrenceKernel::persistent ? "persistent"
+                                                                                 : "automatic";
   return s;
 }
 

@@ -84,6 +84,10 @@ struct LayerBackwardTrace {
   std::vector<double> tape_grad_norm;
 };
 
+// How the CUDA layer runs a direction's recurrence (layer_cuda.h): `automatic` takes the persistent
+// kernel where it can (its refusal is empty), else the hybrid path.
+enum class RecurrenceKernel { automatic, hybrid, persistent };
+
 // The backward's treatment of the two paths that can make the gradient grow without bound going
 // back in time (docs/e29a.md, "Exploding gradients"). The default is the exact gradient.
 struct LayerBackwardOptions {

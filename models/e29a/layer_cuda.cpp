@@ -76,8 +76,8 @@ struct PersistentLaunch {
   kernels::PersistentSync* words() { return sync.as<kernels::PersistentSync>(); }
   // After the launch on `stream`: copy the words back and mark it.
   void after(cudaStream_t stream) {
-    CUDA_CHECK(cudaMemcpyAsync(record.data(), sync.data(), sizeof(kernels::PersistentSync), cudaMemcpyDeviceToHost,
-                               stream));
+    CUDA_CHECK(
+        cudaMemcpyAsync(record.data(), sync.data(), sizeof(kernels::PersistentSync), cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaEventRecord(done, stream));
     launched = true;
   }
@@ -134,8 +134,8 @@ struct LayerCuda::Plan {
     char* base = static_cast<char*>(scratch);
     auto f = [&](std::size_t offset) { return reinterpret_cast<float*>(base + offset); };
     auto h = [&](std::size_t offset) { return reinterpret_cast<bf16*>(base + offset); };
-    return {f(w_h),   f(w_write), f(d_tape),  f(dh_next),   f(dh_local),   f(d_gate), f(d_write),
-            f(dh_write), f(d_pre), f(d_bias), f(segment), h(d_pre_all), h(d_write_all), h(dxz)};
+    return {f(w_h),      f(w_write), f(d_tape), f(dh_next), f(dh_local),  f(d_gate),      f(d_write),
+            f(dh_write), f(d_pre),   f(d_bias), f(segment), h(d_pre_all), h(d_write_all), h(dxz)};
   }
 };
 
@@ -190,9 +190,10 @@ LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::
   scratch_ = core::Buffer(context.device(), c.size());
   workspace_ = core::Buffer(context.device(), ops::linear_workspace_bytes());
   persistent_refusal_ = kernels::persistent_forward_refusal(static_cast<int>(dim), static_cast<int>(slots), max_batch);
-  backward_refusal_ = options_.carry_clip > 0
-                          ? "carry_grad_clip needs the carried gradients' whole norm before each step"
-                          : kernels::persistent_backward_refusal(static_cast<int>(dim), static_cast<int>(slots), max_batch);
+  backward_refusal_ =
+      options_.carry_clip > 0
+          ? "carry_grad_clip needs the carried gradients' whole norm before each step"
+          : kernels::persistent_backward_refusal(static_cast<int>(dim), static_cast<int>(slots), max_batch);
 }
 
 void LayerCuda::set_forward_kernel(RecurrenceKernel kernel) {
@@ -463,7 +464,6 @@ void LayerCuda::hybrid_backward(const LayerWeightsCuda& weights, const bf16* dy,
                  {dh_next, CUDA_R_32F, D, true}, ws);
     }
   }
-
 }
 
 void LayerCuda::backward(const LayerWeightsCuda& weights, const bf16* u, const bf16* dy, bf16* du,

@@ -70,10 +70,6 @@ struct ScoreGradientsCuda {
 
 class LayerCuda;
 
-// How a direction runs its recurrence: `automatic` takes the persistent kernel where it can (its
-// refusal is empty), else the hybrid path.
-enum class RecurrenceKernel { automatic, hybrid, persistent };
-
 // What one layer's forward keeps for its backward (device memory sized at creation).
 class LayerActivationsCuda {
  public:

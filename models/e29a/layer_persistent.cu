@@ -480,8 +480,8 @@ __device__ __noinline__ void write_then_read(const PersistentForwardArgs& a, con
 }
 
 template <int MaxN, bool Vec>
-__global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(
-    const __grid_constant__ Params<PersistentForwardArgs> p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    persistent_forward_kernel(const __grid_constant__ Params<PersistentForwardArgs> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int ok_flag;
   const PersistentForwardArgs& a = p.a;
@@ -543,8 +543,8 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_forward_kernel(
     if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
     phases.lap(3);
     // w_t = W_write h_t and, unless last, W_h h_t.
-    rows_phase<Vec>(forward_rows(a, a.h + (t + 1) * B * D, t + 1 < T, a.write + t * B * D), p.l, weights, reduce,
-                    row0, rows);
+    rows_phase<Vec>(forward_rows(a, a.h + (t + 1) * B * D, t + 1 < T, a.write + t * B * D), p.l, weights, reduce, row0,
+                    rows);
     phases.lap(0);
     if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
     phases.lap(1);
@@ -808,8 +808,8 @@ __device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, cons
 }
 
 template <int MaxN, bool Vec>
-__global__ void __launch_bounds__(kThreads, 1) persistent_backward_kernel(
-    const __grid_constant__ Params<PersistentBackwardArgs> p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    persistent_backward_kernel(const __grid_constant__ Params<PersistentBackwardArgs> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int ok_flag;
   const PersistentBackwardArgs& a = p.a;

@@ -85,6 +85,9 @@ struct E29aCuda::Impl {
     acts.clear();
     layer.reset();
     layer = std::make_unique<LayerCuda>(ctx, c.hidden_size, c.n_slots, b, t, c.checkpoint_interval, c.backward);
+    // Forcing `persistent` where a kernel cannot take the shape throws, naming why.
+    layer->set_forward_kernel(c.recurrence_kernel);
+    layer->set_backward_kernel(c.recurrence_kernel);
     for (std::size_t l = 0; l < index.layers.size(); ++l) acts.push_back(layer->make_activations());
     layer_batch = b;
     layer_steps = t;

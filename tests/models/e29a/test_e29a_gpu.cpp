@@ -667,8 +667,8 @@ TEST(E29aGpu, PersistentKernelsMatchHybrid) {
     const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
     const std::vector<float> grad_init(gradient_count(c), 0.0f);
     const GpuResult hybrid = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, {});
-    for (const Kernels k : {Kernels{kPersistent, kPersistent}, Kernels{kPersistent, kHybrid},
-                            Kernels{kHybrid, kPersistent}}) {
+    for (const Kernels k :
+         {Kernels{kPersistent, kPersistent}, Kernels{kPersistent, kHybrid}, Kernels{kHybrid, kPersistent}}) {
       SCOPED_TRACE(describe(c) + ", " + kernel_name(k));
       ASSERT_TRUE(persistent_forward_takes(c) && persistent_backward_takes(c));
       const GpuResult persistent = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, k);

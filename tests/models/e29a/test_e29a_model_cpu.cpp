@@ -237,6 +237,27 @@ TEST(E29aModelCpu, ResidualFieldParsesAndRejects) {
   models::check_shape(family, shape, "test");
   EXPECT_EQ(e29a::config_from_shape(shape).residual, e29a::Residual::normed_sum);
   EXPECT_EQ(e29a::shape_from_config(e29a::config_from_shape(shape))["residual"], "normed_sum");
+  // The run option choosing the CUDA recurrence's kernels.
+  EXPECT_EQ(shape["recurrence_kernel"], "automatic");
+  for (const auto& [name, kernel] : {std::pair{"hybrid", e29a::RecurrenceKernel::hybrid},
+                                     std::pair{"persistent", e29a::RecurrenceKernel::persistent}}) {
+    models::Shape chosen = shape;
+    chosen["recurrence_kernel"] = name;
+    models::check_shape(family, chosen, "test");
+    EXPECT_EQ(e29a::config_from_shape(chosen).recurrence_kernel, kernel);
+    EXPECT_EQ(e29a::shape_from_config(e29a::config_from_shape(chosen))["recurrence_kernel"], name);
+  }
+  {
+    models::Shape wrong = shape;
+    wrong["recurrence_kernel"] = "fused";
+    try {
+      models::check_shape(family, wrong, "test");
+      ADD_FAILURE() << "recurrence_kernel fused should be refused";
+    } catch (const core::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("recurrence_kernel"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("persistent"), std::string::npos) << e.what();
+    }
+  }
   // A shape written before the field existed is a pre-norm model.
   models::Shape older = shape;
   older.erase("residual");
