@@ -29,6 +29,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -45,6 +47,7 @@
 #include "models/e29a/layer.h"
 #include "models/e29a/layer_cuda.h"
 #include "models/e29a/layer_persistent.h"
+#include "models/safetensors.h"
 #include "support/test_support.h"
 
 namespace {
@@ -695,6 +698,70 @@ TEST(E29aGpu, PersistentKernelsMatchHybrid) {
                   g_worst_bf16.name.c_str());
     }
   }
+}
+
+// At a trained state: layer 0 of a byte-level E29a trained 300 steps on the King James Bible
+// (tests/fixtures/e29a/trained/, made by tests/fixtures/make_e29a_trained_fixture.sh: learned tape,
+// D 64, N 8), its input the normed embeddings of held-out text, as the model feeds it. Both kinds
+// against the fp64 reference and the persistent kernels against the hybrid path, as on random
+// draws.
+TEST(E29aGpu, TrainedStateMatchesReferenceAndHybrid) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  core::DeviceContext context(core::Device::cuda());
+  const std::string dir = std::string(LLMTRAIN_FIXTURES_DIR) + "/e29a/trained";
+  const models::SafetensorsFile file(dir + "/model.safetensors");
+  const std::string layer = "model.layers.0.";
+  const Weights w{to_bf16(file.read_f32(layer + "mixer.W_xz.weight")),
+                  to_bf16(file.read_f32(layer + "mixer.W_h.weight")), to_bf16(file.read_f32(layer + "mixer.b_h")),
+                  to_bf16(file.read_f32(layer + "mixer.W_write.weight")),
+                  to_bf16(file.read_f32(layer + "mixer.tape_init"))};
+  const std::vector<float> embedding = file.read_f32("model.embed_tokens.weight");
+  const std::vector<float> norm = file.read_f32(layer + "input_layernorm.weight");
+  const auto D = static_cast<std::int64_t>(norm.size());
+  ASSERT_EQ(w.tape0.values.size() % static_cast<std::size_t>(D), 0u);
+  const Case c{static_cast<std::int64_t>(w.tape0.values.size()) / D, D, 129, 5};
+  std::ifstream text_file(dir + "/text.txt", std::ios::binary);
+  ASSERT_TRUE(text_file) << "missing " << dir << "/text.txt (tests/fixtures/make_e29a_trained_fixture.sh)";
+  const std::string text((std::istreambuf_iterator<char>(text_file)), std::istreambuf_iterator<char>());
+  ASSERT_GE(text.size(), static_cast<std::size_t>(c.batch * c.steps));
+  // u = RMSNorm(embedding of each byte) * weight, eps 1e-6, rounded to bf16 like the model's input.
+  std::vector<float> raw(static_cast<std::size_t>(c.batch * c.steps * D));
+  for (std::int64_t i = 0; i < c.batch * c.steps; ++i) {
+    const float* e = embedding.data() + static_cast<unsigned char>(text[static_cast<std::size_t>(i)]) * D;
+    double sq = 0.0;
+    for (std::int64_t d = 0; d < D; ++d) sq += static_cast<double>(e[d]) * e[d];
+    const double inv = 1.0 / std::sqrt(sq / static_cast<double>(D) + 1e-6);
+    for (std::int64_t d = 0; d < D; ++d)
+      raw[static_cast<std::size_t>(i * D + d)] = static_cast<float>(e[d] * inv * norm[d]);
+  }
+  const Bf16Data u = to_bf16(raw);
+  const Bf16Data dy = normal_bf16(rng, raw.size(), 1.0f);
+  const std::vector<float> grad_init = test::random_normal(rng, gradient_count(c), 0.5f);
+  const Reference r = run_reference(c, w, u.values, dy.values);
+  const double tol = fp32_tolerance(c, w, u.values, dy.values, r);
+  ASSERT_TRUE(persistent_forward_takes(c) && persistent_backward_takes(c));
+  const GpuResult hybrid = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, {});
+  const GpuResult persistent = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, {kPersistent, kPersistent});
+  {
+    SCOPED_TRACE("hybrid against the reference");
+    compare(c, hybrid, r, grad_init, tol);
+  }
+  {
+    SCOPED_TRACE("persistent against the reference");
+    compare(c, persistent, r, grad_init, tol);
+  }
+  g_worst_fp32 = {};
+  g_worst_bf16 = {};
+  EXPECT_TRUE(normwise_close("h", widen(persistent.h), widen(hybrid.h), 10 * kFp32Tolerance));
+  EXPECT_TRUE(
+      normwise_close("write attention", widen(persistent.write_attn), widen(hybrid.write_attn), 10 * kFp32Tolerance));
+  EXPECT_TRUE(normwise_close("dL/dH_0", widen(persistent.g_tape0), widen(hybrid.g_tape0), kBf16Tolerance));
+  EXPECT_TRUE(normwise_close("dL/dW_h", widen(persistent.g_h), widen(hybrid.g_h), kBf16Tolerance));
+  EXPECT_TRUE(normwise_close("du", bf16_values(persistent.du), bf16_values(hybrid.du), kBf16Tolerance));
+  std::printf("[ errors   ] trained state %s: persistent against hybrid worst fp32 %.3g (%s), bf16 %.3g (%s)\n",
+              describe(c).c_str(), g_worst_fp32.error, g_worst_fp32.name.c_str(), g_worst_bf16.error,
+              g_worst_bf16.name.c_str());
 }
 
 // A block that never arrives: every block leaves at the deadline, check() says where, and the next
