@@ -157,32 +157,26 @@ int main(int argc, char** argv) {
         {"activation_mib", static_cast<double>(layer.activation_bytes()) / (1 << 20)},
         {"iterations", iterations},
     };
-    if (profile) {
-      std::vector<std::uint64_t> ns(11);
-      CUDA_CHECK(cudaMemcpy(ns.data(), profile_ns.data(), 11 * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+    // A profile array: ns in the four phase kinds for block 0 and the last block, then block 0's
+    // sequence phase split into `parts`; written as us per step under `key`.
+    auto put_profile = [&](const char* key, const core::Buffer& device_ns, const std::vector<const char*>& parts) {
+      std::vector<std::uint64_t> ns(8 + parts.size());
+      CUDA_CHECK(cudaMemcpy(ns.data(), device_ns.data(), ns.size() * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
       const char* kinds[] = {"rows", "wait_after_rows", "sequences", "wait_after_sequences"};
-      const char* subs[] = {"loads_write_attention", "tape_pass", "read"};
-      for (int k = 0; k < 11; ++k) {
+      for (std::size_t k = 0; k < ns.size(); ++k) {
         const double us = static_cast<double>(ns[k]) * 1e-3 / static_cast<double>(steps);
         if (k < 8) {
-          out["profile_us_per_step"][k < 4 ? "block0" : "last_block"][kinds[k % 4]] = us;
+          out[key][k < 4 ? "block0" : "last_block"][kinds[k % 4]] = us;
         } else {
-          out["profile_us_per_step"]["block0_parts"][subs[k - 8]] = us;
+          out[key]["block0_parts"][parts[k - 8]] = us;
         }
       }
+    };
+    if (profile) {
+      put_profile("profile_us_per_step", profile_ns, {"loads_write_attention", "tape_pass", "read"});
       if (layer.last_backward_kernel() == models::e29a::RecurrenceKernel::persistent) {
-        std::vector<std::uint64_t> bns(12);
-        CUDA_CHECK(
-            cudaMemcpy(bns.data(), backward_profile_ns.data(), 12 * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
-        const char* back_subs[] = {"read_back_scores", "d_tape_and_dh", "replay", "write_back"};
-        for (int k = 0; k < 12; ++k) {
-          const double us = static_cast<double>(bns[k]) * 1e-3 / static_cast<double>(steps);
-          if (k < 8) {
-            out["backward_profile_us_per_step"][k < 4 ? "block0" : "last_block"][kinds[k % 4]] = us;
-          } else {
-            out["backward_profile_us_per_step"]["block0_parts"][back_subs[k - 8]] = us;
-          }
-        }
+        put_profile("backward_profile_us_per_step", backward_profile_ns,
+                    {"read_back_scores", "d_tape_and_dh", "replay", "write_back"});
       }
     }
     std::printf("%s\n", out.dump().c_str());

@@ -60,11 +60,9 @@ case "$mode" in
 esac
 data=${DATA_DIR:-runs/data}
 mkdir -p "$data" "$out"
-if [ ! -f "$data/kjv_train.bin" ] || [ ! -f "$data/kjv_val.bin" ]; then
-  gunzip -c data/kjv.txt.gz > "$data/kjv.txt"
-  build/tools/make_shards "$data/kjv.txt" --tokenizer byte --val-fraction 0.05 \
-    --train-out "$data/kjv_train.bin" --val-out "$data/kjv_val.bin"
-fi
+# shellcheck source=bench/kjv_data.sh
+source bench/kjv_data.sh
+kjv_shards "$data"
 # Everything that decides what a run sees and how it steps, the same for all four (the configs agree
 # on the rest; compared below from each run's resolved config).
 common=(data.train="$data/kjv_train.bin" data.val="$data/kjv_val.bin" data.tokenizer=byte run.seed=1234

@@ -13,11 +13,9 @@ data=${DATA_DIR:-runs/data} out=runs/e29a_step steps=${STEPS:-60}
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
 mkdir -p "$data" "$out"
-if [ ! -f "$data/kjv_train.bin" ] || [ ! -f "$data/kjv_val.bin" ]; then
-  gunzip -c data/kjv.txt.gz > "$data/kjv.txt"
-  build/tools/make_shards "$data/kjv.txt" --tokenizer byte --val-fraction 0.05 \
-    --train-out "$data/kjv_train.bin" --val-out "$data/kjv_val.bin"
-fi
+# shellcheck source=bench/kjv_data.sh
+source bench/kjv_data.sh
+kjv_shards "$data"
 for config in configs/e29a-d1024-l8-n8.yaml configs/e29a-d1024-l6-n16.yaml; do
   name=$(basename "$config" .yaml)
   rm -rf "${out:?}/$name"

@@ -31,11 +31,9 @@ case "$mode" in
 esac
 data=${DATA_DIR:-runs/data}
 mkdir -p "$data" "$out"
-if [ ! -f "$data/kjv_train.bin" ] || [ ! -f "$data/kjv_val.bin" ]; then
-  gunzip -c data/kjv.txt.gz > "$data/kjv.txt"
-  build/tools/make_shards "$data/kjv.txt" --tokenizer byte --val-fraction 0.05 \
-    --train-out "$data/kjv_train.bin" --val-out "$data/kjv_val.bin"
-fi
+# shellcheck source=bench/kjv_data.sh
+source bench/kjv_data.sh
+kjv_shards "$data"
 common=(data.train="$data/kjv_train.bin" data.val="$data/kjv_val.bin" training.max_steps=$steps eval.every=$every
         eval.batches=8 "eval.tasks=[]" logging.every=$every sample.tokens=1 sample.every=0)
 [ "$mode" = cpu ] && common+=(schedule.warmup_steps=20)

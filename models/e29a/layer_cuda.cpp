@@ -57,6 +57,9 @@ ActivationOffsets activation_offsets(std::int64_t batch, std::int64_t steps, std
   return o;
 }
 
+// The attention scores' scale, 1 / sqrt(D).
+float score_scale(std::int64_t dim) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(dim))); }
+
 }  // namespace
 
 // Scratch of the forward and backward, sized for max_batch x max_steps, and the product plan.
@@ -228,6 +231,28 @@ LayerActivationsCuda LayerCuda::make_activations() const {
   return a;
 }
 
+template <typename Args>
+void LayerCuda::fill_persistent_args(Args& a, const LayerWeightsCuda& weights,
+                                     const LayerActivationsCuda& saved) const {
+  a.batch = saved.batch_;
+  a.steps = saved.steps_;
+  a.dim = static_cast<int>(dim_);
+  a.slots = static_cast<int>(slots_);
+  a.scale = score_scale(dim_);
+  a.w_h = weights.w_h;
+  a.w_write = weights.w_write;
+  a.xz = saved.xz_;
+  a.h = saved.h_;
+  a.read = saved.read_;
+  a.write = saved.write_;
+  a.read_attn = saved.read_attn_;
+  a.write_attn = saved.write_attn_;
+  a.checkpoints = saved.checkpoints_;
+  a.interval = interval_;
+  a.timeout_seconds = timeout_seconds_;
+  a.stall_block = stall_block_;
+}
+
 void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int64_t batch, std::int64_t steps, bf16* y,
                         LayerActivationsCuda& saved, const LayerStateCuda* start, const LayerStateCuda* end) {
   if (batch < 0 || steps < 0 || batch > max_batch_ || steps > max_steps_) {
@@ -283,36 +308,20 @@ void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int
     kernels::bf16_to_float(weights.w_write, D * D, w_write, stream);
   }
 
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const float scale = score_scale(D);
   const bool persistent = forward_kernel_ == RecurrenceKernel::persistent ||
                           (forward_kernel_ == RecurrenceKernel::automatic && persistent_refusal_.empty());
   last_forward_ = persistent ? RecurrenceKernel::persistent : RecurrenceKernel::hybrid;
   if (persistent && T > 0) {
     p.forward_launch.check_if_landed(timeout_seconds_);
     kernels::PersistentForwardArgs a;
-    a.batch = B;
-    a.steps = T;
-    a.dim = static_cast<int>(D);
-    a.slots = static_cast<int>(N);
-    a.scale = scale;
-    a.w_h = weights.w_h;
-    a.w_write = weights.w_write;
+    fill_persistent_args(a, weights, saved);
     a.bias = weights.b_h;
-    a.xz = saved.xz_;
-    a.h = saved.h_;
     a.h_bf16 = saved.h_bf16_;
-    a.read = saved.read_;
-    a.write = saved.write_;
-    a.read_attn = saved.read_attn_;
-    a.write_attn = saved.write_attn_;
     a.tape = tape;
-    a.checkpoints = saved.checkpoints_;
-    a.interval = interval_;
     a.recurrent = recurrent;
     a.y = y;
     a.sync = p.forward_launch.words();
-    a.timeout_seconds = timeout_seconds_;
-    a.stall_block = stall_block_;
     a.profile = profile_;
     kernels::persistent_forward(a, stream);
     p.forward_launch.after(stream);
@@ -374,21 +383,8 @@ void LayerCuda::hybrid_backward(const LayerWeightsCuda& weights, const bf16* dy,
   Plan& p = *plan_;
   const std::int64_t B = saved.batch_, T = saved.steps_, D = dim_, N = slots_;
   const ops::DeviceWorkspace ws{workspace_.data(), workspace_.bytes()};
-  const BackwardScratch bs = p.backward_scratch(scratch_.data());
-  float* w_h = bs.w_h;
-  float* w_write = bs.w_write;
-  float* d_tape = bs.d_tape;
-  float* dh_next = bs.dh_next;
-  float* dh_local = bs.dh_local;
-  float* d_gate = bs.d_gate;
-  float* d_write = bs.d_write;
-  float* dh_write = bs.dh_write;
-  float* d_pre = bs.d_pre;
-  float* d_bias = bs.d_bias;
-  float* segment = bs.segment;
-  bf16* d_pre_all = bs.d_pre_all;
-  bf16* d_write_all = bs.d_write_all;
-  bf16* dxz = bs.dxz;
+  const auto [w_h, w_write, d_tape, dh_next, dh_local, d_gate, d_write, dh_write, d_pre, d_bias, segment, d_pre_all,
+              d_write_all, dxz] = p.backward_scratch(scratch_.data());
 
   // The forward of another call may have replaced the fp32 weight copies.
   kernels::bf16_to_float(weights.w_h, D * D, w_h, stream);
@@ -397,7 +393,7 @@ void LayerCuda::hybrid_backward(const LayerWeightsCuda& weights, const bf16* dy,
   CUDA_CHECK(cudaMemsetAsync(dh_next, 0, static_cast<std::size_t>(B * D) * sizeof(float), stream));
   CUDA_CHECK(cudaMemsetAsync(d_bias, 0, static_cast<std::size_t>(B * D) * sizeof(float), stream));
 
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const float scale = score_scale(D);
   const std::int64_t segments = (T + interval_ - 1) / interval_;
   for (std::int64_t s = segments - 1; s >= 0; --s) {
     const std::int64_t s0 = s * interval_, s1 = std::min(T, s0 + interval_);
@@ -477,28 +473,13 @@ void LayerCuda::backward(const LayerWeightsCuda& weights, const bf16* u, const b
   const ops::DeviceWorkspace ws{workspace_.data(), workspace_.bytes()};
   const BackwardScratch bs = p.backward_scratch(scratch_.data());
 
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const bool persistent = backward_kernel_ == RecurrenceKernel::persistent ||
                           (backward_kernel_ == RecurrenceKernel::automatic && backward_refusal_.empty());
   last_backward_ = persistent ? RecurrenceKernel::persistent : RecurrenceKernel::hybrid;
   if (persistent) {
     p.backward_launch.check_if_landed(timeout_seconds_);
     kernels::PersistentBackwardArgs a;
-    a.batch = B;
-    a.steps = T;
-    a.dim = static_cast<int>(D);
-    a.slots = static_cast<int>(N);
-    a.scale = scale;
-    a.w_h = weights.w_h;
-    a.w_write = weights.w_write;
-    a.xz = saved.xz_;
-    a.h = saved.h_;
-    a.read = saved.read_;
-    a.write = saved.write_;
-    a.read_attn = saved.read_attn_;
-    a.write_attn = saved.write_attn_;
-    a.checkpoints = saved.checkpoints_;
-    a.interval = interval_;
+    fill_persistent_args(a, weights, saved);
     a.dy = dy;
     a.d_pre_bf16 = bs.d_pre_all;
     a.d_write_bf16 = bs.d_write_all;
@@ -515,8 +496,6 @@ void LayerCuda::backward(const LayerWeightsCuda& weights, const bf16* u, const b
     a.dh_write = bs.dh_write;
     a.segment = bs.segment;
     a.sync = p.backward_launch.words();
-    a.timeout_seconds = timeout_seconds_;
-    a.stall_block = stall_block_;
     a.profile = backward_profile_;
     kernels::persistent_backward(a, stream);
     p.backward_launch.after(stream);

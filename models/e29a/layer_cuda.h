@@ -152,6 +152,9 @@ class LayerCuda {
 
  private:
   struct Plan;
+  // The fields both persistent launches take from the layer, its weights and the saved activations.
+  template <typename Args>
+  void fill_persistent_args(Args& a, const LayerWeightsCuda& weights, const LayerActivationsCuda& saved) const;
   // The backward's recurrence as launches per step (writes the same operands as the persistent one).
   void hybrid_backward(const LayerWeightsCuda& weights, const __nv_bfloat16* dy, const LayerActivationsCuda& saved,
                        const ScoreGradientsCuda* scores);
