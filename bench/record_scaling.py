@@ -2,8 +2,10 @@
 optimizer, each multi-GPU case against the 1-GPU case of the same run (the peer), with tokens/s
 per GPU, scaling efficiency, exposed communication per step (step time at N GPUs minus at 1, the
 per-GPU work being equal) and the memory per GPU of the slab and optimizer against the ZeRO formula.
+With --plan-out, one record per case (and per refused case of --failed) of `trainer --plan`'s total
+against the per-GPU peak nvidia-smi saw during the run.
 
-usage: record_scaling.py RAW.jsonl OUT.jsonl --device NAME --commit HASH
+usage: record_scaling.py RAW.jsonl OUT.jsonl --device NAME --commit HASH [--plan-out PLAN.jsonl [--failed F.jsonl]]
 """
 import argparse
 import datetime
@@ -14,6 +16,8 @@ ap.add_argument("raw")
 ap.add_argument("out")
 ap.add_argument("--device", required=True)
 ap.add_argument("--commit", default="unknown")
+ap.add_argument("--plan-out")
+ap.add_argument("--failed")
 a = ap.parse_args()
 rows = [json.loads(l) for l in open(a.raw)]
 TOKENS_PER_GPU = 8 * 2048
@@ -58,6 +62,9 @@ with open(a.out, "a") as out:
             "memory_gib_per_gpu": round(r["memory_gib"], 2),
             "slab_state_gib_per_gpu": round(measured / GIB, 3),
         }
+        if "peak_gib" in r:
+            record["peak_gib_per_gpu"] = r["peak_gib"]
+            record["plan_gib_per_gpu"] = r["plan_gib"]
         if r["optimizer"] in STATE_BYTES:
             formula["state"] = STATE_BYTES[r["optimizer"]] * elements / (n if stage >= 1 else 1)
             total = sum(formula.values())
@@ -65,3 +72,23 @@ with open(a.out, "a") as out:
             record["vs_formula"] = round(measured / total - 1, 4)
         out.write(json.dumps(record) + "\n")
         print(json.dumps(record))
+
+if a.plan_out:
+    failed = [json.loads(l) for l in open(a.failed)] if a.failed else []
+    with open(a.plan_out, "a") as out:
+        for r in [r for r in rows if "peak_gib" in r] + failed:
+            ran = "exit" not in r
+            record = {
+                "bench": f"{r['preset']} memory plan vs measured peak, {r['gpus']} GPU(s), ZeRO-{r['zero_stage']}",
+                "device": a.device,
+                "date": datetime.date.today().isoformat(),
+                "commit": a.commit,
+                "preset": r["preset"], "gpus": r["gpus"], "zero_stage": r["zero_stage"],
+                "optimizer": r["optimizer"], "overrides": r.get("extra", ""),
+                "plan_gib": r["plan_gib"], "peak_gib": r["peak_gib"],
+                "ran": ran, "exit": r.get("exit", 0),
+            }
+            if ran and r["peak_gib"] > 0 and r["plan_gib"] == r["plan_gib"]:
+                record["plan_vs_peak"] = round(r["plan_gib"] / r["peak_gib"] - 1, 4)
+            out.write(json.dumps(record) + "\n")
+            print(json.dumps(record))

@@ -97,7 +97,8 @@ class Communicator {
   // A marker after every device collective issued so far (0 on cpu).
   virtual std::uint64_t marker() { return 0; }
   // The compute stream waits, on the device, until the collectives before `marker` have finished.
-  // Only the most recent kMarkers markers can be waited for (core::Error otherwise).
+  // The most recent kMarkers markers are kept; waiting for an older one waits for the oldest kept
+  // (later in stream order, so it covers the older one too). A marker not yet issued: core::Error.
   virtual void wait_for(std::uint64_t marker) { (void)marker; }
   static constexpr std::uint64_t kMarkers = 16;
 

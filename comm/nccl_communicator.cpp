@@ -268,10 +268,13 @@ std::uint64_t NcclCommunicator::marker() {
 
 void NcclCommunicator::wait_for(std::uint64_t marker) {
   if (marker == 0) return;
-  if (marker > markers_issued_ || markers_issued_ - marker >= kMarkers) {
-    throw core::Error("comm: marker " + std::to_string(marker) + " is not one of the last " + std::to_string(kMarkers) +
-                      " issued (" + std::to_string(markers_issued_) + " so far)");
+  if (marker > markers_issued_) {
+    throw core::Error("comm: marker " + std::to_string(marker) + " has not been issued (" +
+                      std::to_string(markers_issued_) + " so far)");
   }
+  // An older marker than the ring keeps: the oldest kept one comes after it on the communication
+  // stream, so waiting for that one waits for it too.
+  if (markers_issued_ - marker >= kMarkers) marker = markers_issued_ - kMarkers + 1;
   CUDA_CHECK(cudaStreamWaitEvent(compute_, markers_[(marker - 1) % kMarkers], 0));
 }
 

@@ -1,7 +1,7 @@
 // The fp32 weights a cpu model reads, one lookup for every family: the slab's master (covering
 // the whole model), a whole-model copy (ZeRO-1/2 across ranks), or, with ZeRO-3, the ranges the
 // model holds from a weight source for a scope (weight_holds.h): `const auto held =
-// weights.hold(range);`.
+// weights.hold(range, next);`.
 #pragma once
 
 #include <span>
@@ -19,7 +19,7 @@ class CpuWeights {
 
   // Tensor `tensor`'s weights; with a source, from a held range (core::Error when none holds it).
   std::span<float> of(int tensor) const;
-  [[nodiscard]] WeightHolds::Hold hold(optim::Range range) { return holds_.hold(range); }
+  [[nodiscard]] WeightHolds::Hold hold(optim::Range range, optim::Range next = {}) { return holds_.hold(range, next); }
   WeightHolds& holds() { return holds_; }
 
  private:

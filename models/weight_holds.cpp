@@ -17,11 +17,14 @@ optim::Range tail_span(const optim::SlabLayout& layout, int final_norm, int head
   return tensor_span(layout, final_norm, head == embed ? final_norm : head);
 }
 
-WeightHolds::Hold::Hold(WeightHolds& holds, optim::Range range) : holds_(holds), range_(range) {
-  if (holds_.source_ == nullptr || range.empty()) return;
-  // Models only read what a source hands out; the pointer is stored mutable for one lookup type.
-  auto* base = static_cast<std::byte*>(const_cast<void*>(holds_.source_->acquire(range)));
-  holds_.held_.emplace_back(range, base);
+WeightHolds::Hold::Hold(WeightHolds& holds, optim::Range range, optim::Range next) : holds_(holds), range_(range) {
+  if (holds_.source_ == nullptr) return;
+  if (!range.empty()) {
+    // Models only read what a source hands out; the pointer is stored mutable for one lookup type.
+    auto* base = static_cast<std::byte*>(const_cast<void*>(holds_.source_->acquire(range)));
+    holds_.held_.emplace_back(range, base);
+  }
+  holds_.prefetch(next);
 }
 
 WeightHolds::Hold::~Hold() {

@@ -1,7 +1,9 @@
 // The weight ranges a model holds from a weight source (optim/weight_source.h, ZeRO-3) for a
 // scope, and where a tensor's weights are inside them; shared by the cpu models (fp32) and the
-// cuda models (16-bit mirror ranges). `const auto held = holds.hold(range);` acquires the range
-// and releases it when `held` goes out of scope; without a source both do nothing.
+// cuda models (16-bit mirror ranges). `const auto held = holds.hold(range, next);` acquires the
+// range, tells the source that `next` is the range acquired after it (WeightSource::prefetch; empty:
+// none known), and releases the range when `held` goes out of scope; without a source all three do
+// nothing.
 #pragma once
 
 #include <cstddef>
@@ -24,7 +26,7 @@ class WeightHolds {
  public:
   class Hold {
    public:
-    Hold(WeightHolds& holds, optim::Range range);
+    Hold(WeightHolds& holds, optim::Range range, optim::Range next = {});
     ~Hold();
     Hold(const Hold&) = delete;
     Hold& operator=(const Hold&) = delete;
@@ -39,8 +41,13 @@ class WeightHolds {
       : source_(source), layout_(layout), element_bytes_(element_bytes) {}
 
   bool active() const { return source_ != nullptr; }
-  // Holds `range` for the scope of the result (nothing without a source or for an empty range).
-  [[nodiscard]] Hold hold(optim::Range range) { return Hold(*this, range); }
+  // Holds `range` for the scope of the result (nothing without a source or for an empty range),
+  // then hints `next`.
+  [[nodiscard]] Hold hold(optim::Range range, optim::Range next = {}) { return Hold(*this, range, next); }
+  // Hints that `next` is the range acquired next (nothing without a source or for an empty range).
+  void prefetch(optim::Range next) {
+    if (source_ != nullptr && !next.empty()) source_->prefetch(next);
+  }
   // The first element of tensor `tensor` inside a held range; core::Error when none holds it.
   void* find(int tensor) const;
 

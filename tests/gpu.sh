@@ -2,8 +2,8 @@
 # Everything the GPU machine runs in one go: configure + build with all cores, the gpu (and cpu)
 # tests, the fixture generators, and the benchmarks with their PyTorch peers.
 # Logs and results go to $OUT (default ./gpu-out).
-# Usage: tests/gpu.sh [build|test|fixtures|bench|quality|train|data|mpi|scaling]...
-# (mpi and scaling need a machine with several GPUs and run after build and data.)
+# Usage: tests/gpu.sh [build|test|fixtures|bench|quality|train|data|mpi|faults|scaling]...
+# (mpi, faults and scaling need a machine with several GPUs and run after build and data.)
 # (quality, not in the default list, trains on .carry/kjv.txt: a copy of the King James Bible text.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -109,15 +109,31 @@ run_step() {
       grep -E "FAIL|passed|max relative|np |did not finish|exit" "$OUT/mpi.log" | tail -60
       return $rc
       ;;
+    faults)
+      # ZeRO-3 on real NCCL: kill -9, a stopped rank, SIGTERM to mpirun; resumed on 2 and other GPU counts.
+      export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+      bash tests/trainer/run_nccl_fault_trials.sh build . > "$OUT/faults.log" 2>&1
+      local rc=$?
+      grep -E "^==|   |FAIL|done" "$OUT/faults.log" | tail -40
+      return $rc
+      ;;
     scaling)
-      # Data-parallel scaling on 1, 2 and all GPUs of this host (bench/scaling.sh), recorded.
-      local gpus
+      # Data-parallel scaling on 1, 2 and all GPUs of this host (bench/scaling.sh), recorded; then
+      # the fit checks $FIT_CASES with overrides $FIT_EXTRA (a refused case is a result too), and
+      # every case's memory plan against its measured peak.
+      local gpus rc=0
       gpus=$(nvidia-smi -L | wc -l)
-      rm -f "$OUT/scaling_raw.jsonl"
+      rm -f "$OUT/scaling_raw.jsonl" "$OUT/scaling_failed.jsonl"
       bash bench/scaling.sh ${SCALING_CASES:-qwen3-0.6b:1:1 qwen3-0.6b:2:1 qwen3-0.6b:$gpus:0 qwen3-0.6b:$gpus:1 qwen3-0.6b:$gpus:2} ||
-        return 1
+        rc=1
+      if [ -n "${FIT_CASES:-}" ]; then
+        SCALING_EXTRA="${FIT_EXTRA:-}" bash bench/scaling.sh $FIT_CASES || true
+      fi
+      touch "$OUT/scaling_raw.jsonl" "$OUT/scaling_failed.jsonl"
       python3 bench/record_scaling.py "$OUT/scaling_raw.jsonl" "$OUT/scaling.jsonl" \
-        --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$gpus" --commit "$COMMIT"
+        --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$gpus" --commit "$COMMIT" \
+        --plan-out "$OUT/memory_plan.jsonl" --failed "$OUT/scaling_failed.jsonl" || rc=1
+      return $rc
       ;;
     *) echo "unknown step $1"; return 2 ;;
   esac

@@ -99,6 +99,9 @@ void GradientSync::finish() {
     }
     reduced_.clear();
     comm_.wait_for(last_marker_);  // the optimizer reads the reduced shard
+    // Every staging buffer's reduction came before that marker on the communication stream: the
+    // next step's first acquires need not wait (ZeRO-3's prefetches add markers in between).
+    for (std::uint64_t& marker : slot_free_) marker = 0;
     return;
   }
   float* grad = slab_.grad_origin();

@@ -534,6 +534,7 @@ class TrainLoop {
   void optimizer_step(double lr) {
     gradient_sync_->finish();
     optimizer_->step(lr);
+    if (weight_gather_) weight_gather_->weights_changed();  // ZeRO-3: no gathered copy outlives the update
     weight_sync_->gather();
   }
 

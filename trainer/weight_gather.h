@@ -4,6 +4,14 @@
 // split, seen per layer), and release(range) frees the buffer for the next range. On cpu the
 // pieces are the fp32 master shards, on cuda the 16-bit mirror shards.
 //
+// Prefetch: a model's hint (prefetch(next)) gathers `next` into the free buffer as soon as there is
+// one, on cuda on the communication stream without making the compute stream wait; the acquire
+// of that range then waits for it on the device only. So layer l+1's gather runs under layer l's
+// compute: the buffer it fills was last read by layer l-1, whose work was queued before the gather
+// (the communication stream waits for the compute queued before each collective). A hint the next
+// acquire does not match is dropped, and weights_changed() (after each optimizer update) drops a
+// gathered copy that was never acquired, so no stale copy outlives an update.
+//
 // Samples and task evaluation gather the whole model instead (WholeModel): decoders read it whole,
 // and an evaluation splits its items over the ranks, so ranks run different numbers of forwards
 // and the model's reads must not communicate.
@@ -28,6 +36,12 @@ class WeightGather final : public optim::WeightSource {
 
   const void* acquire(optim::Range range) override;
   void release(optim::Range range) override;
+  void prefetch(optim::Range range) override;
+  // The shards changed (an optimizer update): gathered copies not yet acquired are dropped.
+  void weights_changed();
+  // Acquires served by a prefetched gather, and all acquires that gathered (for tests and logs).
+  std::int64_t prefetched_acquires() const { return prefetched_acquires_; }
+  std::int64_t gathered_acquires() const { return gathered_acquires_; }
 
   // Bytes of the two gather buffers (this rank's memory for weights beyond its shard).
   std::size_t buffer_bytes() const { return buffers_.bytes(); }
@@ -57,6 +71,20 @@ class WeightGather final : public optim::WeightSource {
 
  private:
   static constexpr int kSlots = 2;
+  struct Slot {
+    enum class State { free, prefetched, held };
+    State state = State::free;
+    optim::Range range;
+    std::uint64_t marker = 0;  // prefetched: the communicator's marker after its gather
+  };
+
+  void check_range(optim::Range range, const char* what) const;
+  std::byte* slot_data(int slot);
+  // Gathers `range` into buffer `slot`; `detached`: the compute stream does not wait for it.
+  void gather(int slot, optim::Range range, bool detached);
+  // The pending hint's gather, when a buffer is free.
+  void start_pending();
+  int free_slot() const;
 
   comm::Communicator& comm_;
   optim::Slab& slab_;
@@ -64,8 +92,9 @@ class WeightGather final : public optim::WeightSource {
   core::DType dtype_;
   std::int64_t slot_elements_;
   core::Buffer buffers_;
-  optim::Range held_[kSlots] = {};
-  bool busy_[kSlots] = {};
+  Slot slots_[kSlots];
+  optim::Range pending_;  // a hinted range waiting for a free buffer
+  std::int64_t prefetched_acquires_ = 0, gathered_acquires_ = 0;
   const std::byte* whole_ = nullptr;  // a WholeModel's weights while one lives
 };
 

@@ -168,12 +168,8 @@ class E29aSpec final : public ModelSpec {
 
   std::unique_ptr<TrainableModel> trainable(optim::Slab& slab, const core::DeviceContext& context,
                                             const TrainableOptions& options) const override {
-    if (context.is_cuda()) {
-      if (options.weight_source != nullptr) {
-        throw core::InputError("parallel.zero_stage: 3 is not implemented on cuda yet (use device: cpu, or 0, 1 or 2)");
-      }
-      return std::make_unique<E29aCuda>(config_, slab, context, options.max_tokens);
-    }
+    if (context.is_cuda())
+      return std::make_unique<E29aCuda>(config_, slab, context, options.max_tokens, options.weight_source);
     return std::make_unique<E29aCpu>(config_, slab, options.full_weights, options.weight_source);
   }
   std::unique_ptr<Decoder> decoder(optim::Slab& slab, const core::DeviceContext& context,

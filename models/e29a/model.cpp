@@ -98,13 +98,14 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
 
   Vec x(static_cast<std::size_t>(n * d));
   {
-    const auto held = weights_.hold(embed_range_);
+    const auto held = weights_.hold(embed_range_, layer_ranges_.front());
     ops::embedding_forward_cpu<float>(ids, weight(index_.embed), c.vocab_size, d, out(x));
   }
   std::vector<LayerSaved> saved(index_.layers.size());
   Vec y(x.size());
   for (std::size_t l = 0; l < index_.layers.size(); ++l) {
-    const auto held = weights_.hold(layer_ranges_[l]);
+    const auto held =
+        weights_.hold(layer_ranges_[l], l + 1 < layer_ranges_.size() ? layer_ranges_[l + 1] : tail_range_);
     const LayerTensors& t = index_.layers[l];
     LayerSaved& s = saved[l];
     s.x_in = x;
@@ -119,7 +120,8 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
   // The tail holds the final norm and an untied head; a tied head is the embedding.
   const bool tied = index_.head == index_.embed;
   std::optional<WeightHolds::Hold> tail(std::in_place, weights_.holds(), tail_range_);
-  std::optional<WeightHolds::Hold> head(std::in_place, weights_.holds(), tied ? embed_range_ : optim::Range{});
+  std::optional<WeightHolds::Hold> head(std::in_place, weights_.holds(), tied ? embed_range_ : optim::Range{},
+                                        backward ? layer_ranges_.back() : optim::Range{});
   ops::rmsnorm_forward_cpu<float>(in(x), weight(index_.final_norm), n, d, c.rms_norm_eps, out(final_out),
                                   out(final_rstd));
   if (!backward) {
@@ -138,7 +140,7 @@ ops::CrossEntropyResult E29aCpu::run(const std::int32_t* ids_ptr, const std::int
   head.reset();
   tail.reset();
   for (std::size_t l = index_.layers.size(); l-- > 0;) {
-    const auto held = weights_.hold(layer_ranges_[l]);
+    const auto held = weights_.hold(layer_ranges_[l], l > 0 ? layer_ranges_[l - 1] : optim::Range{});
     const LayerTensors& t = index_.layers[l];
     const LayerSaved& s = saved[l];
     residual_backward_cpu(c.residual, s.residual, n, d, out(dx));  // dx: dL/dx_{l+1} to dL/d(x_l + y_l)

@@ -20,6 +20,7 @@
 #include "models/ops/embedding.h"
 #include "models/ops/linear.h"
 #include "models/ops/rmsnorm.h"
+#include "models/weight_holds.h"
 
 namespace models::e29a {
 
@@ -39,6 +40,9 @@ struct E29aCuda::Impl {
   cudaStream_t stream;
   std::int64_t max_tokens;
   TensorIndex index;
+  // ZeRO-3: the ranges held from the weight source (inactive without one) and the ranges read.
+  WeightHolds holds;
+  optim::Range embed_range, tail_range;
   std::vector<optim::Range> layer_ranges;
   LmEndsCuda ends;
   ResidualCuda residual;
@@ -52,13 +56,15 @@ struct E29aCuda::Impl {
   std::vector<LayerSlots> slots;
   std::size_t y = 0, du = 0, dtmp = 0, dsum = 0, workspace = 0, workspace_bytes = 0;
 
-  Impl(const E29aConfig& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens)
+  Impl(const E29aConfig& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens,
+       optim::WeightSource* source)
       : c(config),
         slab(s),
         ctx(context),
         stream(context.stream()),
         max_tokens(tokens),
         index(config, s.layout()),
+        holds(source, s.layout(), sizeof(bf16)),
         ends(context, s,
              {index.embed, index.final_norm, index.head, config.vocab_size, config.hidden_size, config.rms_norm_eps},
              tokens),
@@ -68,7 +74,12 @@ struct E29aCuda::Impl {
   T* at(std::size_t offset) {
     return reinterpret_cast<T*>(static_cast<char*>(memory.data()) + offset);
   }
-  const bf16* w(int tensor) { return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data); }
+  const bf16* w(int tensor) {
+    if (holds.active()) return static_cast<const bf16*>(holds.find(tensor));
+    return reinterpret_cast<const bf16*>(slab.mirror_view(tensor).data);
+  }
+  // The range the head's weights are read from: the embedding's when tied, else the tail's.
+  optim::Range head_range() const { return index.head == index.embed ? embed_range : tail_range; }
   optim::Range range_of(int tensor) const { return slab.layout().tensors()[static_cast<std::size_t>(tensor)].range(); }
   float* grad_in(float* base, const optim::Range& group, int tensor) const {
     return base + (range_of(tensor).begin - group.begin);
@@ -100,8 +111,13 @@ struct E29aCuda::Impl {
                         "]");
     }
     ensure_layer(batch, seq);
-    ends.embed(ids, n, at<bf16>(slots[0].x_in));
+    {
+      const auto held = holds.hold(embed_range, layer_ranges.front());
+      ends.embed(ids, n, at<bf16>(slots[0].x_in));
+    }
     for (std::size_t l = 0; l < index.layers.size(); ++l) {
+      // The next range is gathered while this layer computes.
+      const auto held = holds.hold(layer_ranges[l], l + 1 < layer_ranges.size() ? layer_ranges[l + 1] : tail_range);
       const LayerTensors& t = index.layers[l];
       const LayerSlots& s = slots[l];
       ops::rmsnorm_forward_cuda(at<bf16>(s.x_in), w(t.norm), n, d, c.rms_norm_eps, at<bf16>(s.normed),
@@ -111,6 +127,7 @@ struct E29aCuda::Impl {
       residual.forward(at<bf16>(s.x_in), at<bf16>(y), n, c.rms_norm_eps, at<bf16>(s.sum), at<float>(s.sum_rstd), next,
                        stream);
     }
+    const auto held = holds.hold(tail_range);
     ends.final_norm(n);
   }
 
@@ -120,9 +137,15 @@ struct E29aCuda::Impl {
                 float grad_scale) {
     const std::int64_t n = batch * seq, d = c.hidden_size;
     optim::GradientSink& out = *sink;
-    ends.backward_head(out, targets, n, grad_scale, at<bf16>(dtmp), ws());
+    {
+      // The tail holds the final norm and an untied head; a tied head is the embedding.
+      const auto tail = holds.hold(tail_range);
+      const auto tied = holds.hold(index.head == index.embed ? embed_range : optim::Range{}, layer_ranges.back());
+      ends.backward_head(out, targets, n, grad_scale, at<bf16>(dtmp), ws());
+    }
     bf16* dx = ends.dx();
     for (std::size_t l = index.layers.size(); l-- > 0;) {
+      const auto held = holds.hold(layer_ranges[l], l > 0 ? layer_ranges[l - 1] : head_range());
       const LayerTensors& t = index.layers[l];
       const LayerSlots& s = slots[l];
       const optim::Range range = layer_ranges[l];
@@ -141,6 +164,8 @@ struct E29aCuda::Impl {
       out.release(range);
       kernels::add_bf16(dsum_l, at<bf16>(dtmp), n * d, dx, stream);
     }
+    // Row windows recompute the logits from the head's weights.
+    const auto held = holds.hold(head_range());
     ends.backward_embedding(out, ids, targets, n, grad_scale, ws());
   }
 
@@ -152,8 +177,8 @@ struct E29aCuda::Impl {
 };
 
 E29aCuda::E29aCuda(const E29aConfig& config, optim::Slab& slab, const core::DeviceContext& context,
-                   std::int64_t max_tokens)
-    : impl_(std::make_unique<Impl>(config, slab, context, max_tokens)) {
+                   std::int64_t max_tokens, optim::WeightSource* source)
+    : impl_(std::make_unique<Impl>(config, slab, context, max_tokens, source)) {
   check_cuda_slab(slab, context, "E29aCuda");
   if (max_tokens <= 0) throw core::Error("E29aCuda: max_tokens must be > 0");
   if (config.n_slots > kernels::kMaxSlots) {
@@ -161,10 +186,12 @@ E29aCuda::E29aCuda(const E29aConfig& config, optim::Slab& slab, const core::Devi
                            " is more than the cuda kernels take (" + std::to_string(kernels::kMaxSlots) + ")");
   }
   Impl& m = *impl_;
-  for (const LayerTensors& t : m.index.layers) {
-    // A layer's tensors are contiguous in the slab (parameter_specs), from its norm to its tape.
-    m.layer_ranges.push_back({m.range_of(t.norm).begin, m.range_of(t.tape0).end});
+  for (std::size_t l = 0; l < m.index.layers.size(); ++l) {
+    m.layer_ranges.push_back(m.index.layer_range(slab.layout(), l));
   }
+  m.embed_range = m.index.embed_range(slab.layout());
+  m.tail_range = m.index.tail_range(slab.layout());
+  m.ends.set_weight_holds(&m.holds);
   DeviceArena a;
   const auto n = static_cast<std::size_t>(max_tokens), d = static_cast<std::size_t>(config.hidden_size);
   for (std::size_t l = 0; l < m.index.layers.size(); ++l) {
@@ -197,6 +224,7 @@ void E29aCuda::forward_loss(const std::int32_t* ids, const std::int32_t* targets
                             std::int64_t seq) {
   Impl& m = *impl_;
   m.forward(ids, batch, seq);
+  const auto held = m.holds.hold(m.head_range());
   m.ends.loss(targets, batch * seq, m.ws());
 }
 

@@ -21,7 +21,9 @@ namespace models::e29a {
 
 class E29aCuda final : public TrainableModel {
  public:
-  E29aCuda(const E29aConfig& config, optim::Slab& slab, const core::DeviceContext& context, std::int64_t max_tokens);
+  // `source`: ZeRO-3's weight source (optim/weight_source.h); null reads the slab's mirror.
+  E29aCuda(const E29aConfig& config, optim::Slab& slab, const core::DeviceContext& context, std::int64_t max_tokens,
+           optim::WeightSource* source = nullptr);
   ~E29aCuda() override;
 
   void forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,

@@ -82,12 +82,12 @@ void Qwen3Model::forward(std::span<const std::int32_t> ids, std::int64_t batch, 
 
   Vec x(static_cast<std::size_t>(n * d));
   {
-    const auto held = weights_.hold(embed_range_);
+    const auto held = weights_.hold(embed_range_, layer_ranges_.front());
     ops::embedding_forward_cpu<float>(ids, weight(embed_), c.vocab_size, d, out(x));
   }
   saved.resize(layers_.size());
   for (std::size_t l = 0; l < layers_.size(); ++l) {
-    const auto held = weights_.hold(layer_ranges_[l]);
+    const auto held = weights_.hold(layer_ranges_[l], l + 1 < layers_.size() ? layer_ranges_[l + 1] : tail_range_);
     const LayerWeights& w = layers_[l];
     LayerActivations& a = saved[l];
     a.x_in = x;
@@ -163,7 +163,7 @@ ops::CrossEntropyResult Qwen3Model::step(std::span<const std::int32_t> ids, std:
   {
     // The tail holds the final norm and an untied head; a tied head is the embedding.
     const auto tail = weights_.hold(tail_range_);
-    const auto tied = weights_.hold(head_ == embed_ ? embed_range_ : optim::Range{});
+    const auto tied = weights_.hold(head_ == embed_ ? embed_range_ : optim::Range{}, layer_ranges_.back());
     result = ops::cross_entropy_backward_cpu<float>(in(final_out), weight(head_), targets, d, c.vocab_size, out(dfinal),
                                                     grad(head_), grad_scale);
     ops::rmsnorm_backward_cpu<float>(in(dfinal), in(final_in), weight(final_norm_), in(final_rstd), n, d, out(dx),
@@ -175,7 +175,7 @@ ops::CrossEntropyResult Qwen3Model::step(std::span<const std::int32_t> ids, std:
   const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
   Vec tmp(dx.size());
   for (std::size_t l = layers_.size(); l-- > 0;) {
-    const auto held = weights_.hold(layer_ranges_[l]);
+    const auto held = weights_.hold(layer_ranges_[l], l > 0 ? layer_ranges_[l - 1] : optim::Range{});
     const LayerWeights& w = layers_[l];
     const LayerActivations& a = saved[l];
     // MLP branch: x_out = x_mid + down(swiglu(gate_up(norm(x_mid)))).

@@ -256,11 +256,12 @@ struct Qwen3Cuda::Impl : ActivationLayout {
     {
       const Scope phase(timer, "embedding.fwd");  // with the positions RoPE reads
       fill_positions(at<std::int32_t>(positions), n, seq, stream);
-      const auto held = holds.hold(embed_range);
+      const auto held = holds.hold(embed_range, layer_ranges.front());
       ends->embed(ids, n, at<bf16>(saved[0].x_in));
     }
     for (std::size_t l = 0; l < layers.size(); ++l) {
-      const auto held = holds.hold(layer_ranges[l]);
+      // The next range is gathered while this layer computes.
+      const auto held = holds.hold(layer_ranges[l], l + 1 < layers.size() ? layer_ranges[l + 1] : tail_range);
       const LayerSlots s = recompute == Recompute::full  ? with_input(scratch, saved[l].x_in)
                            : recompute == Recompute::mlp ? with_mlp(saved[l], scratch)
                                                          : saved[l];
@@ -297,7 +298,7 @@ struct Qwen3Cuda::Impl : ActivationLayout {
     {
       // The tail holds the final norm and an untied head; a tied head is the embedding.
       const auto tail = holds.hold(tail_range);
-      const auto tied = holds.hold(head == embed ? embed_range : optim::Range{});
+      const auto tied = holds.hold(head == embed ? embed_range : optim::Range{}, layer_ranges.back());
       // The logits, the loss and their backward are one fused pass, with the final norm's backward.
       const Scope phase(timer, "lm_head+loss.fwd+bwd");
       ends->backward_head(out, targets, n, grad_scale, at<bf16>(dtmp), ws());
@@ -321,7 +322,7 @@ struct Qwen3Cuda::Impl : ActivationLayout {
       add_bf16(dx, at<bf16>(dtmp), dx, n * d, stream);
     };
     for (std::size_t l = layers.size(); l-- > 0;) {
-      const auto held = holds.hold(layer_ranges[l]);
+      const auto held = holds.hold(layer_ranges[l], l > 0 ? layer_ranges[l - 1] : head_range());
       const LayerWeights& lw = layers[l];
       const LayerSlots s = slots_for_backward(l, batch, seq);
       // MLP: out = x_mid + down(swiglu(gate_up(norm(x_mid)))).

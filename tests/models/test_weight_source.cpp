@@ -2,11 +2,13 @@
 // its weights range by range from a weight source gives the same loss and gradients, bit for bit,
 // as the model reading the whole slab; it reads only inside ranges it holds (else core::Error),
 // holds at most two at once, acquires each layer before its forward and again before its
-// backward, and releases everything it acquired.
+// backward, releases everything it acquired, and each prefetch hint names the range it acquires
+// next (a layer's hint lets ZeRO-3 gather the next layer under this one's compute).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/model_config.h"
@@ -31,7 +33,9 @@ class RecordingSource final : public optim::WeightSource {
     released.push_back(range);
     --held;
   }
+  void prefetch(optim::Range range) override { hints.emplace_back(acquired.size(), range); }
   std::vector<optim::Range> acquired, released;
+  std::vector<std::pair<std::size_t, optim::Range>> hints;  // acquires before the hint, range
   int held = 0, most_held = 0;
 
  private:
@@ -96,6 +100,12 @@ void check_family(const std::string& family_name, const std::string& preset) {
   }
   ASSERT_EQ(backward_layers.size(), layers);
   for (std::size_t l = 0; l < layers; ++l) EXPECT_EQ(backward_layers[l], ranges[layers - l]);
+  // Every hint is right, and every layer but the backward's first is hinted in both passes.
+  for (const auto& [before, range] : source.hints) {
+    ASSERT_LT(before, source.acquired.size());
+    EXPECT_EQ(source.acquired[before], range) << "hint after acquire " << before;
+  }
+  EXPECT_GE(source.hints.size(), 2 * layers + 1);
 }
 
 TEST(WeightSource, Qwen3ReadsLayerByLayerBitForBit) { check_family("qwen3", "qwen3-test"); }

@@ -2,11 +2,13 @@
 // weights bit for bit, and while it lives acquire() serves any number of ranges from it without a
 // collective (an evaluation's ranks run different numbers of forwards); afterwards each acquire
 // gathers again into the two range buffers. A second whole model, or one while a range is held,
-// is refused.
+// is refused. Prefetch hints gather a range into the free buffer ahead of its acquire (at once, or
+// when a buffer is released), a wrong hint is dropped, and an update drops an unused gathered copy.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -84,6 +86,89 @@ TEST(WeightGather, WholeModelServesEveryRangeWithoutCollectives) {
                         static_cast<std::size_t>(ranges[2].size()) * sizeof(float)),
             0);
   gather.release(ranges[2]);
+}
+
+// The fixture of the prefetch test: a qwen3-test slab on one cpu rank and its gather.
+struct GatherFixture {
+  core::DeviceContext cpu{core::Device::cpu()};
+  std::unique_ptr<models::ModelSpec> spec =
+      models::family("qwen3").spec(models::base_shape(models::family("qwen3"), "qwen3-test"));
+  optim::Slab slab{optim::SlabLayout(spec->parameters(), 1), cpu, {.zero_stage = 3}};
+  std::vector<optim::Range> ranges = spec->weight_ranges(slab.layout());
+  CountingCommunicator comm;
+  std::unique_ptr<trainer::WeightGather> gather;
+  GatherFixture() {
+    optim::initialize_owned(slab, cpu, 9);
+    std::int64_t largest = 0;
+    for (const optim::Range& r : ranges) largest = std::max(largest, r.size());
+    gather = std::make_unique<trainer::WeightGather>(comm, slab, cpu, largest);
+  }
+  // Whether `data` holds range `r` of the master bit for bit.
+  bool holds(const void* data, optim::Range r) const {
+    return std::memcmp(data, slab.master().as<float>() + r.begin, static_cast<std::size_t>(r.size()) * 4) == 0;
+  }
+};
+
+TEST(WeightGather, PrefetchGathersAheadAndDropsWrongOrStaleCopies) {
+  GatherFixture f;
+  trainer::WeightGather& g = *f.gather;
+  const auto& r = f.ranges;
+  ASSERT_GE(r.size(), 4u);
+  // A forward's pattern: the hint is gathered at once into the free buffer, its acquire communicates no more.
+  (void)g.acquire(r[0]);
+  g.prefetch(r[1]);
+  EXPECT_EQ(f.comm.collectives, 2);
+  g.release(r[0]);
+  const void* one = g.acquire(r[1]);
+  EXPECT_EQ(f.comm.collectives, 2);
+  EXPECT_TRUE(f.holds(one, r[1]));
+  g.prefetch(r[2]);
+  EXPECT_EQ(f.comm.collectives, 3);
+  g.release(r[1]);
+  EXPECT_TRUE(f.holds(g.acquire(r[2]), r[2]));
+  EXPECT_EQ(g.prefetched_acquires(), 2);
+  EXPECT_EQ(g.gathered_acquires(), 1);
+  // Both buffers held: the hint waits for a release.
+  (void)g.acquire(r[0]);
+  g.prefetch(r[3]);
+  EXPECT_EQ(f.comm.collectives, 4);
+  g.release(r[0]);
+  EXPECT_EQ(f.comm.collectives, 5);
+  g.release(r[2]);
+  EXPECT_TRUE(f.holds(g.acquire(r[3]), r[3]));
+  EXPECT_EQ(f.comm.collectives, 5);
+  g.release(r[3]);
+  // A wrong hint is dropped: the acquire gathers what it asks for, into either buffer.
+  g.prefetch(r[1]);
+  EXPECT_EQ(f.comm.collectives, 6);
+  (void)g.acquire(r[0]);
+  (void)g.acquire(r[2]);
+  EXPECT_EQ(f.comm.collectives, 8);
+  g.release(r[0]);
+  g.release(r[2]);
+  // An update between a hint and its acquire: the copy is dropped and the new weights gathered.
+  g.prefetch(r[1]);
+  EXPECT_EQ(f.comm.collectives, 9);
+  f.slab.master().as<float>()[r[1].begin] += 1.0f;
+  g.weights_changed();
+  const void* fresh = g.acquire(r[1]);
+  EXPECT_EQ(f.comm.collectives, 10);
+  EXPECT_TRUE(f.holds(fresh, r[1]));
+  g.release(r[1]);
+  // A whole model drops a gathered copy (its ranges come from the whole model meanwhile).
+  g.prefetch(r[2]);
+  {
+    trainer::WeightGather::WholeModel whole(g);
+    g.prefetch(r[3]);  // ignored while the whole model lives
+    EXPECT_EQ(g.acquire(r[2]), whole.full_weights() + r[2].begin);
+    g.release(r[2]);
+  }
+  const int before = f.comm.collectives;
+  (void)g.acquire(r[2]);
+  EXPECT_EQ(f.comm.collectives, before + 1);
+  g.release(r[2]);
+  // Hints are checked as acquires are.
+  EXPECT_THROW(g.prefetch(optim::Range{0, f.slab.layout().total_elements() + 1}), core::Error);
 }
 
 }  // namespace

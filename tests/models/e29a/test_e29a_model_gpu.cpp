@@ -3,7 +3,9 @@
 // tensor's gradient within 5e-2 normwise (the project's bf16 bounds: the GPU keeps the residual
 // stream, the normed inputs and the activation gradients between ops in bf16); reruns are
 // bit-identical; a limited gradient sink (ZeRO-2 staging) gets every gradient once, in ranges
-// within its limit, equal to the slab path's; the cuda decoder's logits match the cpu decoder's.
+// within its limit, equal to the slab path's; read range by range from a weight source (ZeRO-3)
+// it gives the slab path's loss and gradients bit for bit, and each of its prefetch hints names
+// the range it acquires next; the cuda decoder's logits match the cpu decoder's.
 // Each for both residual kinds (pre_norm, normed_sum).
 #include <algorithm>
 #include <cmath>
@@ -21,6 +23,7 @@
 #include "models/e29a/model.h"
 #include "models/e29a/model_cuda.h"
 #include "optim/initialize.h"
+#include "optim/weight_source.h"
 #include "support/test_support.h"
 
 namespace {
@@ -207,6 +210,92 @@ TEST(E29aModelGpu, LimitedGradientSinkGetsEveryGradientOnce) {
     }
     StagingSink small(limit - 1, p.device->layout().total_elements());
     EXPECT_THROW(model.set_gradient_sink(&small), core::Error);
+  }
+}
+
+// ZeRO-3's source on one GPU: two buffers of the largest range, each acquire copies its range
+// from a separate copy of the weights on the stream, each release fills the buffer with NaN on
+// the stream, so a read outside a held range (or after its release in stream order) shows in the
+// loss. Records the acquires and, per hint, how many acquires came before it.
+class PoisoningSource final : public optim::WeightSource {
+ public:
+  PoisoningSource(const core::Buffer& weights, std::int64_t largest, cudaStream_t stream)
+      : weights_(weights),
+        buffers_(core::Device::cuda(), static_cast<std::size_t>(2 * largest) * 2),
+        largest_(largest),
+        stream_(stream) {}
+  const void* acquire(optim::Range range) override {
+    EXPECT_LE(range.size(), largest_);
+    int slot = held_[0].empty() ? 0 : 1;
+    EXPECT_TRUE(held_[slot].empty()) << "more than two ranges held";
+    held_[slot] = range;
+    acquired.push_back(range);
+    auto* to = buffers_.as<std::uint16_t>() + slot * largest_;
+    CUDA_CHECK(cudaMemcpyAsync(to, weights_.as<std::uint16_t>() + range.begin,
+                               static_cast<std::size_t>(range.size()) * 2, cudaMemcpyDeviceToDevice, stream_));
+    return to;
+  }
+  void release(optim::Range range) override {
+    const int slot = held_[0] == range ? 0 : 1;
+    ASSERT_EQ(held_[slot], range);
+    held_[slot] = {};
+    CUDA_CHECK(cudaMemsetAsync(buffers_.as<std::uint16_t>() + slot * largest_, 0xff,
+                               static_cast<std::size_t>(largest_) * 2, stream_));
+  }
+  void prefetch(optim::Range range) override { hints.emplace_back(acquired.size(), range); }
+  std::vector<optim::Range> acquired;
+  std::vector<std::pair<std::size_t, optim::Range>> hints;
+
+ private:
+  const core::Buffer& weights_;
+  core::Buffer buffers_;
+  std::int64_t largest_;
+  cudaStream_t stream_;
+  optim::Range held_[2] = {};
+};
+
+TEST(E29aModelGpu, WeightSourceGivesTheSlabsResultsBitForBit) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  for (const auto& [tied, residual] : cases()) {
+    SCOPED_TRACE(std::string(tied ? "tied " : "untied ") + name_of(residual));
+    Pair p(tied, residual, rng);
+    float reference_loss = 0;
+    std::vector<float> reference;
+    {
+      e29a::E29aCuda model(p.config, *p.device, p.gpu, p.batch * p.seq);
+      reference_loss = p.gpu_step(model);
+      reference = test::to_host<float>(p.device->grad());
+    }
+    // The weights only in the source's copy: the model's own mirror is zeroed.
+    core::Buffer weights(p.gpu.device(), p.device->mirror().bytes());
+    CUDA_CHECK(cudaMemcpy(weights.data(), p.device->mirror().data(), weights.bytes(), cudaMemcpyDeviceToDevice));
+    p.device->mirror().fill_bytes(0, p.gpu.stream());
+    std::int64_t largest = 0;
+    const e29a::TensorIndex index(p.config, p.device->layout());
+    std::vector<optim::Range> ranges = {index.embed_range(p.device->layout())};
+    for (std::size_t l = 0; l < index.layers.size(); ++l) ranges.push_back(index.layer_range(p.device->layout(), l));
+    ranges.push_back(index.tail_range(p.device->layout()));
+    for (const optim::Range& r : ranges) largest = std::max(largest, r.size());
+    PoisoningSource source(weights, largest, p.gpu.stream());
+    e29a::E29aCuda model(p.config, *p.device, p.gpu, p.batch * p.seq, &source);
+    const float loss = p.gpu_step(model);
+    const auto grads = test::to_host<float>(p.device->grad());
+    EXPECT_EQ(loss, reference_loss);
+    EXPECT_EQ(std::memcmp(grads.data(), reference.data(), grads.size() * 4), 0);
+    // Forward: embedding, layers, tail; backward: tail (+ tied embedding), layers last first, head.
+    const std::size_t layers = index.layers.size();
+    EXPECT_EQ(source.acquired.size(), 2 * layers + 4 + (tied ? 1 : 0));
+    EXPECT_EQ(source.hints.size(), 2 * layers + 2);
+    for (const auto& [before, range] : source.hints) {
+      ASSERT_LT(before, source.acquired.size());
+      EXPECT_EQ(source.acquired[before], range) << "hint after acquire " << before;
+    }
+    // Evaluation reads through the source too.
+    model.forward_loss(p.ids_d.as<std::int32_t>(), p.targets_d.as<std::int32_t>(), p.batch, p.seq);
+    float eval = 0;
+    CUDA_CHECK(cudaMemcpy(&eval, model.loss(), 4, cudaMemcpyDeviceToHost));
+    EXPECT_NEAR(eval, loss, 1e-6 * loss);
   }
 }
 
