@@ -24,6 +24,7 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/phase_timer.h"
 
 namespace comm {
 
@@ -101,6 +102,11 @@ class Communicator {
   // (later in stream order, so it covers the older one too). A marker not yet issued: core::Error.
   virtual void wait_for(std::uint64_t marker) { (void)marker; }
   static constexpr std::uint64_t kMarkers = 16;
+  // The communication stream's phase timer (cuda with several ranks; null elsewhere), disabled
+  // until the caller enables it: each collective, or each group, is one phase from when it can
+  // start (after the compute it waits for) to its end, named by its (first) `what`, which must be
+  // a string literal.
+  virtual core::PhaseTimer* phase_timer() { return nullptr; }
 
   // Host collectives (MPI, blocking).
   virtual void barrier(const char* what) = 0;

@@ -170,7 +170,26 @@ void NcclCommunicator::collective_enqueued(const char* operation, const char* wh
   finish(operation, text(what));
 }
 
+void NcclCommunicator::timeline_begin(const char* what) {
+  if (timeline_ == nullptr || !timeline_->enabled() || timeline_open_) return;
+  timeline_->begin(what);
+  timeline_open_ = true;
+}
+
+core::PhaseTimer* NcclCommunicator::phase_timer() {
+  if (world() == 1) return nullptr;
+  if (timeline_ == nullptr) {
+    timeline_ = std::make_unique<core::PhaseTimer>(stream_);
+    timeline_->set_enabled(false);
+  }
+  return timeline_.get();
+}
+
 void NcclCommunicator::finish(const std::string& operation, const std::string& what) {
+  if (timeline_open_) {
+    timeline_open_ = false;
+    timeline_->end();
+  }
   cudaEvent_t done = watchdog_.acquire_event();
   try {
     CUDA_CHECK(cudaEventRecord(done, stream_));
@@ -186,6 +205,7 @@ void NcclCommunicator::all_reduce(void* data, core::DType dtype, std::size_t cou
   const ncclDataType_t type = checked_type(dtype, op, "all_reduce", what);
   if (world() == 1 || count == 0) return;
   wait_for_compute();
+  timeline_begin(what);
   {
     auto watch = watchdog_.watch_host(
         "all_reduce", what, count * core::dtype_size(dtype));  // enqueueing may block (first connection to a peer)
@@ -202,6 +222,7 @@ void NcclCommunicator::reduce_scatter(void* data, core::DType dtype, std::size_t
   auto* mine =
       static_cast<std::byte*>(data) + static_cast<std::size_t>(rank()) * count_per_rank * core::dtype_size(dtype);
   wait_for_compute();
+  timeline_begin(what);
   {
     auto watch = watchdog_.watch_host("reduce_scatter", what, count_per_rank * world() * core::dtype_size(dtype));
     NcclSection section(*this);
@@ -215,6 +236,7 @@ void NcclCommunicator::all_gather(void* data, core::DType dtype, std::size_t cou
   const std::size_t bytes = count_per_rank * core::dtype_size(dtype);
   auto* mine = static_cast<std::byte*>(data) + static_cast<std::size_t>(rank()) * bytes;
   wait_for_compute();
+  timeline_begin(what);
   {
     auto watch = watchdog_.watch_host("all_gather", what, count_per_rank * world() * core::dtype_size(dtype));
     NcclSection section(*this);
@@ -227,6 +249,7 @@ void NcclCommunicator::broadcast(void* data, core::DType dtype, std::size_t coun
   detail::check_root(root, world(), "broadcast", what);
   if (world() == 1 || count == 0) return;
   wait_for_compute();
+  timeline_begin(what);
   {
     auto watch = watchdog_.watch_host("broadcast", what, count * core::dtype_size(dtype));
     NcclSection section(*this);
@@ -250,6 +273,7 @@ void NcclCommunicator::reduce_into(const void* send, void* recv, core::DType dty
     return;
   }
   wait_for_compute();
+  timeline_begin(what);
   {
     auto watch = watchdog_.watch_host("reduce", what, count * core::dtype_size(dtype));
     NcclSection section(*this);

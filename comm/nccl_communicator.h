@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -13,6 +14,7 @@
 
 #include "comm/host_communicator.h"
 #include "core/device.h"
+#include "core/phase_timer.h"
 
 namespace comm {
 
@@ -37,6 +39,7 @@ class NcclCommunicator final : public detail::HostCommunicator {
   void group_start() override;
   void group_end() override;
   void synchronize() override;
+  core::PhaseTimer* phase_timer() override;
 
   cudaStream_t stream() const { return stream_; }
 
@@ -55,6 +58,8 @@ class NcclCommunicator final : public detail::HostCommunicator {
   void check_nccl(ncclResult_t result, const char* call, const char* file, int line);
   // The communication stream waits for the work queued so far on the compute stream.
   void wait_for_compute();
+  // The timer's phase of a collective (or of the group it is in) starts here, after its wait.
+  void timeline_begin(const char* what);
   // After an enqueued collective: the compute stream waits for it (unless detached) and the
   // watchdog watches it (inside a group: once the group ends).
   void collective_enqueued(const char* operation, const char* what);
@@ -72,7 +77,9 @@ class NcclCommunicator final : public detail::HostCommunicator {
   int group_depth_ = 0;
   std::string group_operations_;  // of the collectives in the open group
   std::string group_whats_;
-  bool failed_ = false;  // an NCCL call failed: abort instead of destroy
+  bool failed_ = false;                         // an NCCL call failed: abort instead of destroy
+  std::unique_ptr<core::PhaseTimer> timeline_;  // phase_timer(), made on first use
+  bool timeline_open_ = false;
   std::timed_mutex nccl_mutex_;
   std::atomic<bool> aborted_{false};  // the watchdog called ncclCommAbort: comm_ is gone
 };

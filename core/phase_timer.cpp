@@ -71,4 +71,19 @@ std::vector<PhaseTotals::Entry> PhaseTimer::collect() {
   return totals.entries();
 }
 
+std::vector<PhaseTimer::Interval> PhaseTimer::intervals(cudaEvent_t origin) {
+  if (open_) throw Error(std::string("PhaseTimer: intervals() with phase '") + marks_.back().name + "' open");
+  std::vector<Interval> out;
+  if (!marks_.empty()) CUDA_CHECK(cudaEventSynchronize(pool_[marks_.back().stop]));
+  for (const Mark& m : marks_) {
+    float start = 0.0f, stop = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&start, origin, pool_[m.start]));
+    CUDA_CHECK(cudaEventElapsedTime(&stop, origin, pool_[m.stop]));
+    out.push_back({m.name, static_cast<double>(start), static_cast<double>(stop)});
+  }
+  marks_.clear();
+  used_ = 0;
+  return out;
+}
+
 }  // namespace core

@@ -1,7 +1,9 @@
 // Where a step's device time goes: CUDA events recorded on a stream around named phases, summed
 // per name over the steps recorded. A null or disabled timer records nothing, so instrumented code
 // pays one branch per phase. Events come from a pool that grows during the first step and is
-// reused after each collect(), so later steps create nothing.
+// reused after each collect(), so later steps create nothing. intervals() gives each phase's own
+// start and end instead, against an origin event (timers on several streams share one origin:
+// a timeline of compute and communication).
 #pragma once
 
 #include <cstddef>
@@ -54,6 +56,14 @@ class PhaseTimer {
   // Waits for the stream's recorded events, returns each name's summed milliseconds and call
   // count since the last collect(), and starts over (the events stay in the pool).
   std::vector<PhaseTotals::Entry> collect();
+
+  struct Interval {
+    const char* name;
+    double start_ms, end_ms;  // since `origin`
+  };
+  // Waits for the recorded events, returns every phase since the last collect() in recording
+  // order, timed from `origin` (an event recorded before them on the same device), and starts over.
+  std::vector<Interval> intervals(cudaEvent_t origin);
 
  private:
   struct Mark {

@@ -84,12 +84,16 @@ void LmEndsCuda::backward_head(optim::GradientSink& sink, const std::int32_t* ta
                                bf16* scratch, ops::DeviceWorkspace workspace) {
   const std::int64_t d = spec_.dim, vocab = spec_.vocab;
   head_grad_ = nullptr;
-  if (sink.max_range_elements() > 0) {
+  const optim::Range head_range = range_of(spec_.head);
+  // One pass when the sink can keep the whole head gradient (and a separate embedding's) open;
+  // else the windows after the layers, which compute the logits again.
+  whole_vocab_ = sink.max_range_elements() <= 0 ||
+                 sink.max_held_range_elements() >= std::max(head_range.size(), range_of(spec_.embed).size());
+  if (!whole_vocab_) {
     cross_entropy_.backward_hidden(at<bf16>(x_norm_), weight(spec_.head), targets, n, d, vocab, scratch, grad_scale,
                                    loss_outputs(), at<float>(token_lse_), workspace);
   } else {
-    const optim::Range head_range = range_of(spec_.head);
-    head_grad_ = sink.acquire(head_range);
+    head_grad_ = sink.acquire_held(head_range);
     cross_entropy_.backward(at<bf16>(x_norm_), weight(spec_.head), targets, n, d, vocab, scratch, head_grad_,
                             grad_scale, loss_outputs(), workspace);
     if (spec_.head != spec_.embed) {
@@ -111,8 +115,8 @@ void LmEndsCuda::backward_embedding(optim::GradientSink& sink, const std::int32_
   const optim::Range head_range = range_of(head), embed_range = range_of(embed);
   const bf16* dx = at<bf16>(dx_);
   char* embed_workspace = at<char>(embed_workspace_);
-  if (sink.max_range_elements() <= 0) {
-    float* embed_grad = head_grad_ != nullptr ? head_grad_ : sink.acquire(embed_range);
+  if (whole_vocab_) {
+    float* embed_grad = head_grad_ != nullptr ? head_grad_ : sink.acquire_held(embed_range);
     ops::embedding_backward_cuda(ids, n, dx, vocab, d, embed_grad, at<std::int32_t>(invalid_), embed_workspace,
                                  embed_workspace_bytes_, stream_);
     sink.release(embed_range);

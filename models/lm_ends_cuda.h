@@ -1,13 +1,13 @@
 // What every decoder-only language model on one GPU shares around its stack of layers (Qwen3,
 // E29a): the token embedding in; the final RMSNorm and the head through the fused chunked
 // cross-entropy out; and their backward into any gradient sink. With the slab as the sink
-// (unlimited ranges) the head's gradient comes from the fused backward (token chunks, dW
-// accumulated over them). With staging (ZeRO-2 with sharded gradients: ranges of at most
-// max_range_elements()) no whole [vocab, dim] gradient may exist: the cross-entropy backward first
-// gives the hidden gradient and each token's logsumexp, and after the layers the head (and
-// embedding) gradient is produced in row windows, each final before the next (the logits are
-// computed a second time for that). Also the pieces every such model's memory plan uses: an arena
-// of 256-byte aligned offsets and the slab's gradient buffer as a sink.
+// (unlimited ranges), or staging that offers a held range of the head's size, the head's gradient
+// comes from the fused backward (token chunks, dW accumulated over them). With staging alone
+// (ZeRO-2 with sharded gradients: ranges of at most max_range_elements()) no whole [vocab, dim]
+// gradient may exist: the cross-entropy backward first gives the hidden gradient and each token's
+// logsumexp, and after the layers the head (and embedding) gradient is produced in row windows,
+// each final before the next (the logits are computed a second time for that). Also the pieces every such model's
+// memory plan uses: an arena of 256-byte aligned offsets and the slab's gradient buffer as a sink.
 #pragma once
 
 #include <cstddef>
@@ -133,7 +133,8 @@ class LmEndsCuda : private LmEndsLayout {
   LmEndsSpec spec_;
   ops::CrossEntropyPlan cross_entropy_;
   core::Buffer memory_;
-  float* head_grad_ = nullptr;  // the tied head's gradient, acquired by backward_head (unlimited sink)
+  float* head_grad_ = nullptr;  // the tied head's gradient, acquired by backward_head (one pass)
+  bool whole_vocab_ = true;     // backward_head chose the one-pass head gradient (else windows)
   const WeightHolds* holds_ = nullptr;
 };
 

@@ -481,6 +481,7 @@ void emit_optional(YAML::Emitter& out, const std::string& key, const std::string
 template <typename Enum>
 using Choices = std::vector<std::pair<std::string, Enum>>;
 const Choices<Precision> kPrecisions = {{"bf16", Precision::bf16}, {"fp32", Precision::fp32}};
+const Choices<VocabGradient> kVocabGradients = {{"whole", VocabGradient::whole}, {"windows", VocabGradient::windows}};
 const Choices<ScheduleType> kSchedules = {{"constant", ScheduleType::constant},
                                           {"linear", ScheduleType::linear},
                                           {"cosine", ScheduleType::cosine},
@@ -746,19 +747,21 @@ const std::vector<SectionSchema>& schema() {
                                     std::to_string(c.training.max_steps) + ")",
                                 std::to_string(c.schedule.warmup_steps) + " + " + std::to_string(decay));
                       })}});
-    s.push_back({"parallel",
-                 false,
-                 {{"zero_stage",
-                   [](const Section& s, RunConfig& c) {
-                     std::int64_t stage = c.parallel.zero_stage;
-                     s.integer("zero_stage", stage);
-                     s.check(stage >= 0 && stage <= 3, "zero_stage", "one of [0, 1, 2, 3]", std::to_string(stage));
-                     c.parallel.zero_stage = static_cast<int>(stage);
-                   },
-                   [](YAML::Emitter& out, const RunConfig& c) {
-                     emit(out, "zero_stage", static_cast<std::int64_t>(c.parallel.zero_stage));
-                   }},
-                  entry("timeout_s", &RunConfig::parallel, &ParallelConfig::timeout_s, at_least(1))}});
+    s.push_back(
+        {"parallel",
+         false,
+         {{"zero_stage",
+           [](const Section& s, RunConfig& c) {
+             std::int64_t stage = c.parallel.zero_stage;
+             s.integer("zero_stage", stage);
+             s.check(stage >= 0 && stage <= 3, "zero_stage", "one of [0, 1, 2, 3]", std::to_string(stage));
+             c.parallel.zero_stage = static_cast<int>(stage);
+           },
+           [](YAML::Emitter& out, const RunConfig& c) {
+             emit(out, "zero_stage", static_cast<std::int64_t>(c.parallel.zero_stage));
+           }},
+          entry("timeout_s", &RunConfig::parallel, &ParallelConfig::timeout_s, at_least(1)),
+          bind_choice("vocab_gradient", &RunConfig::parallel, &ParallelConfig::vocab_gradient, kVocabGradients)}});
     s.push_back({"checkpoint",
                  false,
                  {entry("every", &RunConfig::checkpoint, &CheckpointConfig::every, at_least(0)),
@@ -813,7 +816,14 @@ const std::vector<SectionSchema>& schema() {
     s.push_back({"logging",
                  false,
                  {entry("every", &RunConfig::logging, &LoggingConfig::every, at_least(1)),
-                  entry("tensorboard", &RunConfig::logging, &LoggingConfig::tensorboard)}});
+                  entry("tensorboard", &RunConfig::logging, &LoggingConfig::tensorboard),
+                  entry<LoggingConfig, std::int64_t>(
+                      "timeline_step", &RunConfig::logging, &LoggingConfig::timeline_step,
+                      [](const Section& s, const std::string& key, const std::int64_t& v, const RunConfig& c) {
+                        s.at_least(v, 0, key);
+                        s.check(v == 0 || c.device == Device::cuda, key, "0 (the timeline needs device: cuda)",
+                                std::to_string(v));
+                      })}});
     s.push_back({"sample",
                  false,
                  {entry("every", &RunConfig::sample, &SampleConfig::every, at_least(0)),

@@ -89,10 +89,17 @@ struct TrainingConfig {
   bool operator==(const TrainingConfig&) const = default;
 };
 
+// With sharded gradients (ZeRO-2/3, cuda, one micro-batch a step), how the vocabulary-sized head
+// and embedding gradients are made: `whole` keeps one fp32 [vocab, dim] buffer beside the layer
+// staging and computes them in the fused cross-entropy pass; `windows` needs no such buffer but
+// computes the logits a second time, window by window, after the layers.
+enum class VocabGradient { whole, windows };
+
 struct ParallelConfig {
   // 0: replicated state, 1: sharded optimizer state, 2: + sharded gradients, 3: + sharded weights
   int zero_stage = 1;
   std::int64_t timeout_s = 300;  // collective timeout
+  VocabGradient vocab_gradient = VocabGradient::whole;
 
   bool operator==(const ParallelConfig&) const = default;
 };
@@ -127,6 +134,7 @@ struct EvalConfig {
 struct LoggingConfig {
   std::int64_t every = 10;  // steps between log lines and metric records
   bool tensorboard = false;
+  std::int64_t timeline_step = 0;  // cuda: each rank writes this step's timeline (0: none)
 
   bool operator==(const LoggingConfig&) const = default;
 };

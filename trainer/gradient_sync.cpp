@@ -11,7 +11,7 @@
 namespace trainer {
 
 GradientSync::GradientSync(comm::Communicator& comm, optim::Slab& slab, const core::DeviceContext& context,
-                           std::int64_t staging_elements)
+                           std::int64_t staging_elements, std::int64_t held_elements)
     : comm_(comm), slab_(slab), context_(context), stage_(slab.zero_stage()) {
   if (slab.layout().world_size() != comm.world()) {
     throw core::Error("gradient sync: the slab is laid out for " + std::to_string(slab.layout().world_size()) +
@@ -23,7 +23,38 @@ GradientSync::GradientSync(comm::Communicator& comm, optim::Slab& slab, const co
       throw core::Error("gradient sync: sharded gradients need staging (staging_elements > 0)");
     slot_elements_ = staging_elements;
     staging_ = core::Buffer(context.device(), static_cast<std::size_t>(kSlots * slot_elements_) * sizeof(float));
+    if (held_elements > 0) {
+      held_elements_ = held_elements;
+      held_ = core::Buffer(context.device(), static_cast<std::size_t>(held_elements) * sizeof(float));
+    }
   }
+}
+
+float* GradientSync::acquire_held(optim::Range range) {
+  if (!staged()) return acquire(range);
+  if (held_open_) throw core::Error("gradient sync: a held range is still open");
+  if (range.empty() || range.size() > held_elements_) {
+    throw core::Error("gradient sync: held range of " + std::to_string(range.size()) +
+                      " elements does not fit the held buffer of " + std::to_string(held_elements_));
+  }
+  comm_.wait_for(held_free_);  // its previous reduction has read it
+  CUDA_CHECK(
+      cudaMemsetAsync(held_.data(), 0, static_cast<std::size_t>(range.size()) * sizeof(float), context_.stream()));
+  held_open_ = true;
+  held_range_ = range;
+  return held_.as<float>();
+}
+
+std::uint64_t GradientSync::reduce_detached(optim::Range range, const float* data) {
+  // The backward goes on while the reductions run; the compute stream waits only at markers.
+  struct Detached {
+    comm::Communicator& comm;
+    explicit Detached(comm::Communicator& c) : comm(c) { comm.set_detached(true); }
+    ~Detached() { comm.set_detached(false); }
+  } detached(comm_);
+  reduce_onto_owners(range, data);
+  reduced_.push_back(range);
+  return last_marker_ = comm_.marker();
 }
 
 float* GradientSync::acquire(optim::Range range) {
@@ -51,20 +82,15 @@ void GradientSync::release(optim::Range range) {
     }
     return;
   }
+  if (held_open_ && range == held_range_) {
+    held_free_ = reduce_detached(range, held_.as<float>());
+    held_open_ = false;
+    return;
+  }
   if (open_slot_ < 0 || !(range == open_range_))
     throw core::Error("gradient sync: release of a range that is not open");
   const float* data = staging_.as<float>() + static_cast<std::int64_t>(open_slot_) * slot_elements_;
-  {
-    // The backward goes on while the reductions run; the compute stream waits only at markers.
-    struct Detached {
-      comm::Communicator& comm;
-      explicit Detached(comm::Communicator& c) : comm(c) { comm.set_detached(true); }
-      ~Detached() { comm.set_detached(false); }
-    } detached(comm_);
-    reduce_onto_owners(range, data);
-    last_marker_ = slot_free_[open_slot_] = comm_.marker();
-  }
-  reduced_.push_back(range);
+  slot_free_[open_slot_] = reduce_detached(range, data);
   open_slot_ = -1;
 }
 
@@ -102,6 +128,7 @@ void GradientSync::finish() {
     // Every staging buffer's reduction came before that marker on the communication stream: the
     // next step's first acquires need not wait (ZeRO-3's prefetches add markers in between).
     for (std::uint64_t& marker : slot_free_) marker = 0;
+    held_free_ = 0;
     return;
   }
   float* grad = slab_.grad_origin();

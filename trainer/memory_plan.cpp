@@ -49,6 +49,13 @@ bool shards_gradients(const RunConfig& config, int world) {
          accumulation_steps(config, world) == 1;
 }
 
+std::int64_t held_gradient_elements(const RunConfig& config, const optim::SlabLayout& layout, int world) {
+  if (!shards_gradients(config, world) || config.parallel.vocab_gradient != VocabGradient::whole) return 0;
+  std::int64_t largest = 0;
+  for (const optim::SlabTensor& t : layout.tensors()) largest = std::max(largest, t.range().size());
+  return largest;
+}
+
 void check_zero_stage(const RunConfig& config, const models::ModelSpec& spec) {
   if (config.parallel.zero_stage != 3) return;
   if (!spec.consumes_weights_by_layer() || spec.weight_ranges(optim::SlabLayout(spec.parameters(), 1)).empty()) {
@@ -109,6 +116,10 @@ MemoryPlan plan_memory(const RunConfig& config, const models::ModelSpec& spec, i
     const std::int64_t R = spec.largest_gradient_range(layout);
     comm += 2 * 4 * (R > 0 ? R : largest(ranges));
     comm_formula = "staging 2 x 4R";
+    if (const std::int64_t held = held_gradient_elements(config, layout, world); held > 0) {
+      comm += 4 * held;
+      comm_formula += " + vocabulary 4Vd";
+    }
   }
   if (stage >= 3) {
     comm += 2 * (cuda ? 2 : 4) * largest(ranges);

@@ -61,6 +61,9 @@ struct MemoryPlan {
 // Whether a run keeps only its shard of the gradients (the slab's shard_gradients): cuda, ZeRO
 // >= 2, several ranks, one micro-batch per step (accumulation needs the whole buffer).
 bool shards_gradients(const RunConfig& config, int world);
+// Elements of GradientSync's held buffer: with sharded gradients and parallel.vocab_gradient:
+// whole, the largest tensor of `layout` (the vocabulary-sized head or embedding); else 0.
+std::int64_t held_gradient_elements(const RunConfig& config, const optim::SlabLayout& layout, int world);
 
 // Throws core::InputError when ZeRO-3 is configured for a family that does not read its weights
 // layer by layer (ModelSpec::weight_ranges), naming parallel.zero_stage and what is supported.

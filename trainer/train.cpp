@@ -26,6 +26,7 @@
 #include "optim/optimizer.h"
 #include "trainer/checkpoint.h"
 #include "trainer/resume_check.h"
+#include "trainer/step_timeline.h"
 #include "trainer/gradient_sync.h"
 #include "trainer/memory_plan.h"
 #include "trainer/model_runner.h"
@@ -277,9 +278,15 @@ class TrainLoop {
     const std::int64_t hang_step = test_hang_step(rank_);
     for (std::int64_t step = first_step_; step <= config_.training.max_steps; ++step) {
       const double lr = lr_at(config_.schedule, config_.optimizer.lr, step - 1, config_.training.max_steps);
+      std::optional<StepTimeline> timeline;
+      if (step == config_.logging.timeline_step) {
+        timeline.emplace(*context_, *communicator_, runner_->model());
+        timeline->begin();
+      }
       forward_backward();
       if (step == hang_step) hang(rank_, step);
-      optimizer_step(lr);
+      optimizer_step(lr, timeline ? timeline->compute() : nullptr);
+      if (timeline) write_timeline(step, timeline->finish());
       const bool stop = agree_loss_and_stop(step);
       if (step % config_.logging.every == 0 || step == config_.training.max_steps) log_step(step, lr);
       if (config_.eval.every > 0 && step % config_.eval.every == 0) evaluate(step);
@@ -448,7 +455,8 @@ class TrainLoop {
         comm.group_end();
       });
     }
-    gradient_sync_.emplace(comm, *slab_, context, shard_gradients ? runner_->largest_gradient_range() : 0);
+    gradient_sync_.emplace(comm, *slab_, context, shard_gradients ? runner_->largest_gradient_range() : 0,
+                           held_gradient_elements(config_, slab_->layout(), world_));
     runner_->set_gradient_sink(&*gradient_sync_);
     tasks_->attach(*spec_, *slab_, context, *runner_);
     progress_.sampler_seed = config_.run.seed;
@@ -530,12 +538,38 @@ class TrainLoop {
     }
   }
 
-  // The gradient collectives, the optimizer's update and the weight gather after it.
-  void optimizer_step(double lr) {
-    gradient_sync_->finish();
-    optimizer_->step(lr);
+  // The gradient collectives, the optimizer's update and the weight gather after it (phases of
+  // `timer` when a timeline records this step).
+  void optimizer_step(double lr, core::PhaseTimer* timer = nullptr) {
+    {
+      const core::PhaseScope phase(timer, "gradient sync");
+      gradient_sync_->finish();
+    }
+    {
+      const core::PhaseScope phase(timer, "optimizer");
+      optimizer_->step(lr);
+    }
     if (weight_gather_) weight_gather_->weights_changed();  // ZeRO-3: no gathered copy outlives the update
+    const core::PhaseScope phase(timer, "weight sync");
     weight_sync_->gather();
+  }
+
+  // Each rank's timeline of the step (logging.timeline_step) beside the metrics.
+  void write_timeline(std::int64_t step, nlohmann::json timeline) {
+    timeline["rank"] = rank_;
+    timeline["world"] = world_;
+    timeline["step"] = step;
+    timeline["zero_stage"] = config_.parallel.zero_stage;
+    const fs::path path = fs::path(config_.run.output_dir) / ("timeline_rank" + std::to_string(rank_) + ".json");
+    std::ofstream out(path);
+    out << timeline.dump() << "\n";
+    if (!out) throw core::Error("cannot write " + path.string());
+    const auto& s = timeline["summary"];
+    spdlog::info(
+        "timeline of step {} in {}: step {:.1f} ms, compute {:.1f} ms, communication {:.1f} ms of which {:.1f} "
+        "ms under compute",
+        step, path.string(), timeline["step_ms"].get<double>(), s["compute_busy_ms"].get<double>(),
+        s["comm_busy_ms"].get<double>(), s["comm_under_compute_ms"].get<double>());
   }
 
   // One small host all-reduce per step: the global mean loss and whether any rank must stop.

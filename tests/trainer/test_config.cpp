@@ -131,7 +131,7 @@ TEST_F(ConfigFiles, ReadsEverySection) {
       "training: {micro_batch_size: 4, global_batch_size: 32, max_steps: 50, precision: fp32, grad_clip: 0.5}\n"
       "optimizer: {type: adamw8bit, lr: 1e-3, betas: [0.8, 0.99], quantization: linear}\n"
       "schedule: {type: wsd, warmup_steps: 5, min_lr_ratio: 0.0, decay_ratio: 0.3}\n"
-      "parallel: {zero_stage: 2, timeout_s: 60}\n"
+      "parallel: {zero_stage: 2, timeout_s: 60, vocab_gradient: windows}\n"
       "checkpoint: {every: 10, keep_last: 0, resume: @/checkpoints/step_00000100}\n"
       "eval: {every: 25, batches: 4}\n"
       "logging: {every: 1, tensorboard: true}\n"
@@ -160,6 +160,7 @@ TEST_F(ConfigFiles, ReadsEverySection) {
   EXPECT_DOUBLE_EQ(c.schedule.decay_ratio, 0.3);
   EXPECT_EQ(c.parallel.zero_stage, 2);
   EXPECT_EQ(c.parallel.timeout_s, 60);
+  EXPECT_EQ(c.parallel.vocab_gradient, trainer::VocabGradient::windows);
   EXPECT_EQ(c.checkpoint.keep_last, 0);
   EXPECT_EQ(c.eval.every, 25);
   EXPECT_TRUE(c.logging.tensorboard);
@@ -206,7 +207,9 @@ TEST_F(ConfigFiles, RejectsBadConfigsNamingFileLineKeyAndExpectation) {
        {},
        "run.yaml:10: optimizer.weight_decya: unknown key (did you mean 'weight_decay'?)"},
       {b + "schedule:\n  lr: 1e-3\n", {}, "run.yaml:10: schedule.lr: unknown key (did you mean 'optimizer.lr'?)"},
-      {b + "logging:\n  colour: true\n", {}, "run.yaml:10: logging.colour: unknown key (known: every, tensorboard)"},
+      {b + "logging:\n  colour: true\n",
+       {},
+       "run.yaml:10: logging.colour: unknown key (known: every, tensorboard, timeline_step)"},
       {b + "eval:\n  decoder: fastest\n",
        {},
        "run.yaml:10: eval.decoder: expected auto, megakernel or plain, got 'fastest'"},
@@ -261,6 +264,9 @@ TEST_F(ConfigFiles, RejectsBadConfigsNamingFileLineKeyAndExpectation) {
        {"training.global_batch_size=0"},
        "training.global_batch_size: expected auto or a number of sequences >= micro_batch_size (1), got 0"},
       {b + "parallel:\n  zero_stage: 4\n", {}, "run.yaml:10: parallel.zero_stage: expected one of [0, 1, 2, 3], got 4"},
+      {b + "parallel:\n  vocab_gradient: rows\n",
+       {},
+       "parallel.vocab_gradient: expected one of [whole, windows], got 'rows'"},
       {b + "schedule:\n  warmup_steps: 101\n",
        {},
        "schedule.warmup_steps: expected an integer in [0, training.max_steps = 100], got 101"},

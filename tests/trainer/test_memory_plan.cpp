@@ -63,11 +63,19 @@ TEST(MemoryPlan, Qwen3_8bZero3OnFourGpus) {
   EXPECT_EQ(term(plan, "gradients"), 4 * kP8b / 4);  // one micro-batch per step: sharded
   EXPECT_EQ(term(plan, "optimizer state"), 8 * kP8b / 4);
   // Staging: two of the largest gradient range, a layer's MLP (post_norm 4096, gate_up
-  // 2 x 12288 x 4096, down 4096 x 12288); gathers: two bf16 buffers of the largest weight range,
-  // the untied tail (final norm 4096 + lm_head 151936 x 4096).
+  // 2 x 12288 x 4096, down 4096 x 12288), and the held fp32 buffer of a vocabulary-sized tensor
+  // (parallel.vocab_gradient: whole, the default); gathers: two bf16 buffers of the largest weight
+  // range, the untied tail (final norm 4096 + lm_head 151936 x 4096).
   const std::int64_t mlp = 4096 + 2 * 12288 * 4096LL + 4096 * 12288LL;
-  const std::int64_t tail = 4096 + 151936 * 4096LL;
-  EXPECT_EQ(term(plan, "communication buffers"), 2 * 4 * mlp + 2 * 2 * tail);
+  const std::int64_t vocab = 151936 * 4096LL;
+  const std::int64_t tail = 4096 + vocab;
+  EXPECT_EQ(term(plan, "communication buffers"), 2 * 4 * mlp + 4 * vocab + 2 * 2 * tail);
+  trainer::RunConfig windows = c;
+  windows.parallel.vocab_gradient = trainer::VocabGradient::windows;
+  EXPECT_EQ(term(trainer::plan_memory(windows, *trainer::model_spec(windows), 4), "communication buffers"),
+            2 * 4 * mlp + 2 * 2 * tail);
+  EXPECT_EQ(trainer::held_gradient_elements(c, optim::SlabLayout(trainer::model_spec(c)->parameters(), 4), 4), vocab);
+  EXPECT_EQ(trainer::held_gradient_elements(c, optim::SlabLayout(trainer::model_spec(c)->parameters(), 1), 1), 0);
   EXPECT_EQ(term(plan, "samples and evaluation"), 2 * kP8b);  // the whole bf16 mirror, gathered
   const trainer::RunConfig cpu = config_for("qwen3-8b", "cpu", 3);
   EXPECT_EQ(term(trainer::plan_memory(cpu, *trainer::model_spec(cpu), 4), "samples and evaluation"), 4 * kP8b);
