@@ -1,9 +1,11 @@
 """Draws the step timelines the trainer writes with logging.timeline_step (timeline_rank<R>.json,
-one per rank): per rank a compute lane (the model's phases; the trainer's gradient sync,
-optimizer and weight sync) and a communication lane (each collective or group from when it can
-start to its end), and prints each rank's summary (communication busy, under compute, exposed).
+one per rank): per rank a compute lane (the model's phases, the trainer's optimizer, and in grey
+the compute stream's waits for the gradient and weight synchronisation) and a communication lane
+(each collective or group from when it can start to its end), and prints each rank's summary from
+the lanes as the trainer computes it (busy time is a lane's union; waits are not compute;
+communication under compute is the overlap, the rest is exposed).
 
-usage: timeline.py RUN_DIR [RUN_DIR...] --out PNG      (one row of lanes per rank and run)
+usage: timeline.py RUN_DIR [RUN_DIR...] --out PNG [--ranks 0,3]   (lanes per rank and run)
 """
 import argparse
 import glob
@@ -18,17 +20,35 @@ import matplotlib.pyplot as plt  # noqa: E402
 ap = argparse.ArgumentParser()
 ap.add_argument("runs", nargs="+")
 ap.add_argument("--out", required=True)
+ap.add_argument("--ranks", help="comma-separated ranks to draw (default: all)")
 a = ap.parse_args()
+wanted = None if a.ranks is None else {int(r) for r in a.ranks.split(",")}
+
+
+
+def union(spans):
+    out = []
+    for s, e in sorted(x for x in spans if x[1] > x[0]):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
 
 rows = []
 for run in a.runs:
     for path in sorted(glob.glob(os.path.join(run, "timeline_rank*.json"))):
         t = json.load(open(path))
+        if wanted is not None and t["rank"] not in wanted:
+            continue
         label = f"ZeRO-{t['zero_stage']} rank {t['rank']}/{t['world']}"
-        s = t["summary"]
-        print(f"{label}: step {t['step']} {t['step_ms']:.1f} ms, compute busy {s['compute_busy_ms']:.1f} ms, "
-              f"communication {s['comm_busy_ms']:.1f} ms, under compute {s['comm_under_compute_ms']:.1f} ms, "
-              f"exposed {s['comm_exposed_ms']:.1f} ms")
+        busy = union([(s, e) for n, s, e in t["compute"] if not n.startswith("wait")])
+        talk = union([(s, e) for _, s, e in t["comm"]])
+        under = sum(max(0.0, min(b1, t1) - max(b0, t0)) for b0, b1 in busy for t0, t1 in talk)
+        comm_ms = sum(e - s for s, e in talk)
+        print(f"{label}: step {t['step']} {t['step_ms']:.1f} ms, compute busy {sum(e - s for s, e in busy):.1f} ms, "
+              f"communication {comm_ms:.1f} ms, under compute {under:.1f} ms, exposed {comm_ms - under:.1f} ms")
         rows.append((label, t))
 
 colors = {"forward": "#4c72b0", "backward": "#55a868", "trainer": "#c44e52", "comm": "#8172b2", "gather": "#dd8452"}
@@ -37,7 +57,9 @@ colors = {"forward": "#4c72b0", "backward": "#55a868", "trainer": "#c44e52", "co
 def color(name, lane):
     if lane == "comm":
         return colors["gather"] if "gather" in name else colors["comm"]
-    if name in ("gradient sync", "optimizer", "weight sync"):
+    if name.startswith("wait"):
+        return "#bbbbbb"
+    if name == "optimizer":
         return colors["trainer"]
     return colors["backward"] if "bwd" in name else colors["forward"]
 
@@ -55,8 +77,8 @@ ax.set_yticks(ticks)
 ax.set_yticklabels(labels, fontsize=8)
 ax.invert_yaxis()
 ax.set_xlabel("ms from the step's start (CUDA events)")
-ax.set_title("One training step per rank: compute (blue forward, green backward, red trainer) and "
-             "communication (orange weight gathers, purple reductions)", fontsize=9)
+ax.set_title("One training step per rank: compute (blue forward, green backward, red optimizer, grey waits for "
+             "synchronisation) and communication (orange weight gathers, purple reductions)", fontsize=9)
 fig.tight_layout()
 fig.savefig(a.out, dpi=110)
 print("wrote", a.out)

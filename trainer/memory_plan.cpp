@@ -119,6 +119,7 @@ MemoryPlan plan_memory(const RunConfig& config, const models::ModelSpec& spec, i
     if (const std::int64_t held = held_gradient_elements(config, layout, world); held > 0) {
       comm += 4 * held;
       comm_formula += " + vocabulary 4Vd";
+      plan.vocab_buffer = true;
     }
   }
   if (stage >= 3) {
@@ -170,6 +171,7 @@ void check_plan_fits(const MemoryPlan& plan, std::int64_t free_bytes, int gpu) {
   change +=
       "more ranks, a smaller training.micro_batch_size or data.seq_len, model.recompute: full, or optimizer.type: "
       "adamw8bit";
+  if (plan.vocab_buffer) change += ", or parallel.vocab_gradient: windows";
   throw core::InputError(fmt::format(
       "the memory plan needs {} GiB per GPU but GPU {} has {} GiB free (trainer --plan CONFIG --world {} shows the "
       "terms); try {}",

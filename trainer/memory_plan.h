@@ -53,6 +53,7 @@ struct MemoryPlan {
   std::vector<MemoryTerm> terms;        // weights, gradients, optimizer state, communication, activations
   std::optional<optim::MuonLoad> muon;  // muon: the Newton-Schulz work and buffers of each rank
 
+  bool vocab_buffer = false;         // the held fp32 [vocab, dim] gradient buffer is counted
   std::int64_t total_bytes() const;  // of the estimated terms
   // The table `trainer --plan` prints (with muon, each rank's Newton-Schulz load after it).
   std::string table() const;

@@ -12,11 +12,11 @@ namespace {
 
 using Spans = std::vector<std::pair<double, double>>;
 
-// The union of the intervals as sorted, disjoint spans.
+// The union of the intervals as sorted, disjoint spans, without the "wait..." phases.
 Spans merged(const std::vector<TimelineInterval>& intervals) {
   Spans spans;
   for (const TimelineInterval& i : intervals) {
-    if (i.end_ms > i.start_ms) spans.emplace_back(i.start_ms, i.end_ms);
+    if (i.end_ms > i.start_ms && !i.name.starts_with("wait")) spans.emplace_back(i.start_ms, i.end_ms);
   }
   std::sort(spans.begin(), spans.end());
   Spans out;
@@ -72,8 +72,7 @@ TimelineSummary summarize_timeline(const std::vector<TimelineInterval>& compute,
   return s;
 }
 
-StepTimeline::StepTimeline(const core::DeviceContext& context, comm::Communicator& comm,
-                           models::TrainableModel& model)
+StepTimeline::StepTimeline(const core::DeviceContext& context, comm::Communicator& comm, models::TrainableModel& model)
     : stream_(context.stream()), comm_(comm), model_(model), compute_(context.stream()) {
   if (!context.is_cuda()) throw core::InputError("logging.timeline_step: the timeline needs device: cuda");
   compute_.set_enabled(false);

@@ -1,8 +1,8 @@
 // One training step's timeline on the GPU, per rank (logging.timeline_step): the compute
-// stream's phases (the model's own where it records them, as Qwen3Cuda's per-op phases, and the
-// trainer's gradient synchronisation, optimizer and weight gather) and the communication stream's
-// collectives, each with its start and end from CUDA events against one origin recorded as the
-// step starts (no profiler needed). The trainer writes it as timeline_rank<R>.json in the run
+// stream's phases (the model's own where it records them, as Qwen3Cuda's per-op phases, the
+// trainer's optimizer and its waits for the gradient and weight synchronisation) and the
+// communication stream's collectives, each with its start and end from CUDA events against one
+// origin recorded as the step starts (no profiler needed). The trainer writes it as timeline_rank<R>.json in the run
 // directory with a summary of how much communication ran under compute; bench/timeline.py draws
 // the ranks' files.
 #pragma once
@@ -25,8 +25,10 @@ struct TimelineInterval {
   double start_ms = 0, end_ms = 0;
 };
 
-// Busy time of a lane is the length of the union of its intervals. `comm_under_compute_ms`: the
-// communication lane's busy time that overlaps the compute lane's; `comm_exposed_ms`: the rest.
+// Busy time of a lane is the length of the union of its intervals; compute phases named "wait..."
+// (the trainer's gradient and weight synchronisation, where the compute stream waits for
+// collectives) are drawn but not counted. `comm_under_compute_ms`: the communication lane's busy
+// time that overlaps the compute lane's; `comm_exposed_ms`: the rest.
 struct TimelineSummary {
   double step_ms = 0, compute_busy_ms = 0, comm_busy_ms = 0, comm_under_compute_ms = 0, comm_exposed_ms = 0;
 };

@@ -542,7 +542,7 @@ class TrainLoop {
   // `timer` when a timeline records this step).
   void optimizer_step(double lr, core::PhaseTimer* timer = nullptr) {
     {
-      const core::PhaseScope phase(timer, "gradient sync");
+      const core::PhaseScope phase(timer, "wait: gradient sync");
       gradient_sync_->finish();
     }
     {
@@ -550,7 +550,7 @@ class TrainLoop {
       optimizer_->step(lr);
     }
     if (weight_gather_) weight_gather_->weights_changed();  // ZeRO-3: no gathered copy outlives the update
-    const core::PhaseScope phase(timer, "weight sync");
+    const core::PhaseScope phase(timer, "wait: weight sync");
     weight_sync_->gather();
   }
 

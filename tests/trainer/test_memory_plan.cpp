@@ -105,6 +105,16 @@ TEST(MemoryPlan, RefusesWhatDoesNotFit) {
     const std::string message = e.what();
     EXPECT_NE(message.find("parallel.zero_stage"), std::string::npos) << message;
     EXPECT_NE(message.find("training.micro_batch_size"), std::string::npos) << message;
+    EXPECT_EQ(message.find("parallel.vocab_gradient"), std::string::npos) << message;  // no such buffer at ZeRO-1
+  }
+  // With sharded gradients the held vocabulary buffer is one of the things to give up.
+  const trainer::RunConfig z2 = config_for("qwen3-8b", "cuda", 2);
+  const trainer::MemoryPlan sharded = trainer::plan_memory(z2, *trainer::model_spec(z2), 4);
+  try {
+    trainer::check_plan_fits(sharded, 10LL << 30, 0);
+    FAIL() << "expected a refusal";
+  } catch (const core::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.vocab_gradient: windows"), std::string::npos) << e.what();
   }
 }
 

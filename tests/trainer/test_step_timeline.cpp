@@ -1,6 +1,6 @@
 // The step timeline's summary (trainer/step_timeline.h) on hand-made lanes: busy time is the
-// union of a lane's intervals (overlapping and nested phases counted once), communication under
-// compute the overlap of the two unions, exposed communication the rest.
+// union of a lane's intervals (overlapping and nested phases counted once, "wait..." phases not at
+// all), communication under compute the overlap of the two unions, exposed communication the rest.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -13,7 +13,9 @@ using trainer::TimelineInterval;
 
 TEST(StepTimeline, SummaryCountsUnionsAndOverlap) {
   // Compute: [0, 4] and [3, 6] overlap (one span [0, 6]), [8, 10]; a zero-length phase adds nothing.
-  const std::vector<TimelineInterval> compute = {{"a", 0, 4}, {"b", 3, 6}, {"c", 8, 10}, {"empty", 9, 9}};
+  // A wait on the compute stream, [10, 12], is not compute.
+  const std::vector<TimelineInterval> compute = {
+      {"a", 0, 4}, {"b", 3, 6}, {"c", 8, 10}, {"empty", 9, 9}, {"wait: weight sync", 10, 12}};
   // Communication: [5, 9] (1 under [0, 6], 1 under [8, 10]), [2, 3] inside compute, [11, 12] after it.
   const std::vector<TimelineInterval> comm = {{"x", 5, 9}, {"y", 2, 3}, {"z", 11, 12}};
   const trainer::TimelineSummary s = trainer::summarize_timeline(compute, comm, 12.5);
