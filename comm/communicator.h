@@ -127,6 +127,18 @@ class Communicator {
   Placement placement_;
 };
 
+// Collectives issued while it lives are detached (Communicator::set_detached), also when one throws.
+class DetachedScope {
+ public:
+  explicit DetachedScope(Communicator& comm) : comm_(comm) { comm_.set_detached(true); }
+  ~DetachedScope() { comm_.set_detached(false); }
+  DetachedScope(const DetachedScope&) = delete;
+  DetachedScope& operator=(const DetachedScope&) = delete;
+
+ private:
+  Communicator& comm_;
+};
+
 // The communicator for `context`'s device: NCCL (the ncclUniqueId broadcast over MPI) on cuda,
 // MPI on cpu. With world 1 the collectives are local no-ops (in-place results are already right).
 // Collective over all ranks. `environment` and `context` must outlive the communicator; the cpu

@@ -85,11 +85,7 @@ void LmEndsCuda::backward_head(optim::GradientSink& sink, const std::int32_t* ta
   const std::int64_t d = spec_.dim, vocab = spec_.vocab;
   head_grad_ = nullptr;
   const optim::Range head_range = range_of(spec_.head);
-  // One pass when the sink can keep the whole head gradient (and a separate embedding's) open;
-  // else the windows after the layers, which compute the logits again.
-  whole_vocab_ = sink.max_range_elements() <= 0 ||
-                 sink.max_held_range_elements() >= std::max(head_range.size(), range_of(spec_.embed).size());
-  if (!whole_vocab_) {
+  if (!one_pass(sink)) {
     cross_entropy_.backward_hidden(at<bf16>(x_norm_), weight(spec_.head), targets, n, d, vocab, scratch, grad_scale,
                                    loss_outputs(), at<float>(token_lse_), workspace);
   } else {
@@ -115,7 +111,7 @@ void LmEndsCuda::backward_embedding(optim::GradientSink& sink, const std::int32_
   const optim::Range head_range = range_of(head), embed_range = range_of(embed);
   const bf16* dx = at<bf16>(dx_);
   char* embed_workspace = at<char>(embed_workspace_);
-  if (whole_vocab_) {
+  if (one_pass(sink)) {
     float* embed_grad = head_grad_ != nullptr ? head_grad_ : sink.acquire_held(embed_range);
     ops::embedding_backward_cuda(ids, n, dx, vocab, d, embed_grad, at<std::int32_t>(invalid_), embed_workspace,
                                  embed_workspace_bytes_, stream_);
@@ -149,6 +145,11 @@ void LmEndsCuda::backward_embedding(optim::GradientSink& sink, const std::int32_
     if (head == embed) scatter_embedding(r0, r1, grad);
   });
   if (head != embed) for_each_window(embed_range, scatter_embedding);
+}
+
+bool LmEndsCuda::one_pass(const optim::GradientSink& sink) const {
+  return sink.max_range_elements() <= 0 ||
+         sink.max_held_range_elements() >= std::max(range_of(spec_.head).size(), range_of(spec_.embed).size());
 }
 
 std::int64_t LmEndsCuda::largest_range() const { return std::max(range_of(spec_.final_norm).size(), spec_.dim); }

@@ -127,6 +127,9 @@ class LmEndsCuda : private LmEndsLayout {
   const bf16* weight(int tensor) const;
   optim::Range range_of(int tensor) const;
   ops::CrossEntropyDeviceOutputs loss_outputs() const;
+  // Whether `sink` keeps the whole head gradient (and a separate embedding's) open: the fused
+  // one-pass backward; else the row windows after the layers, which compute the logits again.
+  bool one_pass(const optim::GradientSink& sink) const;
 
   cudaStream_t stream_;
   optim::Slab& slab_;
@@ -134,7 +137,6 @@ class LmEndsCuda : private LmEndsLayout {
   ops::CrossEntropyPlan cross_entropy_;
   core::Buffer memory_;
   float* head_grad_ = nullptr;  // the tied head's gradient, acquired by backward_head (one pass)
-  bool whole_vocab_ = true;     // backward_head chose the one-pass head gradient (else windows)
   const WeightHolds* holds_ = nullptr;
 };
 

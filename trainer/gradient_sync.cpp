@@ -47,11 +47,7 @@ float* GradientSync::acquire_held(optim::Range range) {
 
 std::uint64_t GradientSync::reduce_detached(optim::Range range, const float* data) {
   // The backward goes on while the reductions run; the compute stream waits only at markers.
-  struct Detached {
-    comm::Communicator& comm;
-    explicit Detached(comm::Communicator& c) : comm(c) { comm.set_detached(true); }
-    ~Detached() { comm.set_detached(false); }
-  } detached(comm_);
+  const comm::DetachedScope detached(comm_);
   reduce_onto_owners(range, data);
   reduced_.push_back(range);
   return last_marker_ = comm_.marker();

@@ -2,6 +2,7 @@
 #include "trainer/step_timeline.h"
 
 #include <algorithm>
+#include <string_view>
 #include <utility>
 
 #include "core/error.h"
@@ -13,10 +14,11 @@ namespace {
 using Spans = std::vector<std::pair<double, double>>;
 
 // The union of the intervals as sorted, disjoint spans, without the "wait..." phases.
-Spans merged(const std::vector<TimelineInterval>& intervals) {
+Spans merged(const std::vector<core::PhaseTimer::Interval>& intervals) {
   Spans spans;
-  for (const TimelineInterval& i : intervals) {
-    if (i.end_ms > i.start_ms && !i.name.starts_with("wait")) spans.emplace_back(i.start_ms, i.end_ms);
+  for (const core::PhaseTimer::Interval& i : intervals) {
+    if (i.end_ms > i.start_ms && !std::string_view(i.name).starts_with("wait"))
+      spans.emplace_back(i.start_ms, i.end_ms);
   }
   std::sort(spans.begin(), spans.end());
   Spans out;
@@ -36,22 +38,16 @@ double length(const Spans& spans) {
   return total;
 }
 
-nlohmann::json lane(const std::vector<TimelineInterval>& intervals) {
+nlohmann::json lane(const std::vector<core::PhaseTimer::Interval>& intervals) {
   nlohmann::json out = nlohmann::json::array();
-  for (const TimelineInterval& i : intervals) out.push_back({i.name, i.start_ms, i.end_ms});
-  return out;
-}
-
-std::vector<TimelineInterval> collected(core::PhaseTimer& timer, cudaEvent_t origin) {
-  std::vector<TimelineInterval> out;
-  for (const core::PhaseTimer::Interval& i : timer.intervals(origin)) out.push_back({i.name, i.start_ms, i.end_ms});
+  for (const core::PhaseTimer::Interval& i : intervals) out.push_back({i.name, i.start_ms, i.end_ms});
   return out;
 }
 
 }  // namespace
 
-TimelineSummary summarize_timeline(const std::vector<TimelineInterval>& compute,
-                                   const std::vector<TimelineInterval>& comm, double step_ms) {
+TimelineSummary summarize_timeline(const std::vector<core::PhaseTimer::Interval>& compute,
+                                   const std::vector<core::PhaseTimer::Interval>& comm, double step_ms) {
   const Spans busy = merged(compute), talk = merged(comm);
   double overlap = 0;
   for (std::size_t i = 0, j = 0; i < busy.size() && j < talk.size();) {
@@ -101,11 +97,11 @@ nlohmann::json StepTimeline::finish() {
   CUDA_CHECK(cudaEventSynchronize(end_));
   float step_ms = 0;
   CUDA_CHECK(cudaEventElapsedTime(&step_ms, origin_, end_));
-  const std::vector<TimelineInterval> compute = collected(compute_, origin_);
+  const std::vector<core::PhaseTimer::Interval> compute = compute_.intervals(origin_);
   compute_.set_enabled(false);
-  std::vector<TimelineInterval> comm;
+  std::vector<core::PhaseTimer::Interval> comm;
   if (core::PhaseTimer* timer = comm_.phase_timer()) {
-    comm = collected(*timer, origin_);
+    comm = timer->intervals(origin_);
     timer->set_enabled(false);
   }
   const TimelineSummary s = summarize_timeline(compute, comm, step_ms);

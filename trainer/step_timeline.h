@@ -20,11 +20,6 @@
 
 namespace trainer {
 
-struct TimelineInterval {
-  std::string name;
-  double start_ms = 0, end_ms = 0;
-};
-
 // Busy time of a lane is the length of the union of its intervals; compute phases named "wait..."
 // (the trainer's gradient and weight synchronisation, where the compute stream waits for
 // collectives) are drawn but not counted. `comm_under_compute_ms`: the communication lane's busy
@@ -32,8 +27,8 @@ struct TimelineInterval {
 struct TimelineSummary {
   double step_ms = 0, compute_busy_ms = 0, comm_busy_ms = 0, comm_under_compute_ms = 0, comm_exposed_ms = 0;
 };
-TimelineSummary summarize_timeline(const std::vector<TimelineInterval>& compute,
-                                   const std::vector<TimelineInterval>& comm, double step_ms);
+TimelineSummary summarize_timeline(const std::vector<core::PhaseTimer::Interval>& compute,
+                                   const std::vector<core::PhaseTimer::Interval>& comm, double step_ms);
 
 class StepTimeline {
  public:

@@ -2,6 +2,7 @@
 #include "trainer/weight_gather.h"
 
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -59,8 +60,9 @@ void WeightGather::gather(int slot, optim::Range range, bool detached) {
       std::memcpy(to, from, static_cast<std::size_t>(mine.size()) * element);
     }
   }
-  comm_.set_detached(detached);
-  try {
+  {
+    std::optional<comm::DetachedScope> scope;
+    if (detached) scope.emplace(comm_);
     comm_.group_start();
     for (int rank = 0; rank < comm_.world(); ++rank) {
       const optim::Range piece = range.intersect(slab_.layout().shard(rank));
@@ -70,11 +72,7 @@ void WeightGather::gather(int slot, optim::Range range, bool detached) {
                       detached ? "weight gather (ZeRO-3, prefetched)" : "weight gather (ZeRO-3)");
     }
     comm_.group_end();
-  } catch (...) {
-    comm_.set_detached(false);
-    throw;
   }
-  comm_.set_detached(false);
   slots_[slot].range = range;
   slots_[slot].marker = detached ? comm_.marker() : 0;
 }

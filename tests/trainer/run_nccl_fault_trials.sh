@@ -91,50 +91,45 @@ mpi_train 2 "$work/reference.log" run.output_dir="$work/reference" training.max_
   checkpoint.resume=never || { tail -n 30 "$work/reference.log"; echo "FAIL: the reference run"; exit 1; }
 mpi_losses "$work/reference/metrics.jsonl" > "$work/reference.losses"
 
+# After the fault at time $2 on run $1: how the job ended, its newest checkpoint, the resumes.
+after_fault() {
+  local ckpt np
+  report_exit "$1" "$2"
+  ckpt=$(mpi_newest_checkpoint "$1")
+  echo "   newest complete checkpoint $(basename "$ckpt")"
+  for np in 2 $other; do resume_and_compare "$ckpt" "$np"; done
+}
 trials=${TRIALS:-a b c}
+
 if [[ " $trials " == *" a "* ]]; then
-echo "== (a) kill -9 of rank 1"
-run="$work/kill9"
-start_run "$run"
-for _ in $(seq 1800); do
-  ckpt=$(mpi_newest_checkpoint "$run")
-  [ -n "$ckpt" ] && [ $((10#${ckpt##*step_})) -ge 4 ] && break
-  sleep 0.05
-done
-kill -9 "$(rank_pid "$run" 1)"
-fault=$(now)
-report_exit "$run" "$fault"
-ckpt=$(mpi_newest_checkpoint "$run")
-echo "   newest complete checkpoint $(basename "$ckpt")"
-for np in 2 $other; do resume_and_compare "$ckpt" "$np"; done
-
+  echo "== (a) kill -9 of rank 1"
+  run="$work/kill9"
+  start_run "$run"
+  for _ in $(seq 1800); do
+    ckpt=$(mpi_newest_checkpoint "$run")
+    [ -n "$ckpt" ] && [ $((10#${ckpt##*step_})) -ge 4 ] && break
+    sleep 0.05
+  done
+  kill -9 "$(rank_pid "$run" 1)"
+  after_fault "$run" "$(now)"
 fi
+
 if [[ " $trials " == *" b "* ]]; then
-echo "== (b) rank 1 stopped (SIGSTOP) after step 5"
-run="$work/sigstop"
-start_run "$run"
-wait_for_step "$run" 5
-kill -STOP "$(rank_pid "$run" 1)"
-fault=$(now)
-report_exit "$run" "$fault"
-ckpt=$(mpi_newest_checkpoint "$run")
-echo "   newest complete checkpoint $(basename "$ckpt")"
-for np in 2 $other; do resume_and_compare "$ckpt" "$np"; done
-
+  echo "== (b) rank 1 stopped (SIGSTOP) after step 5"
+  run="$work/sigstop"
+  start_run "$run"
+  wait_for_step "$run" 5
+  kill -STOP "$(rank_pid "$run" 1)"
+  after_fault "$run" "$(now)"
 fi
-if [[ " $trials " == *" c "* ]]; then
-echo "== (c) SIGTERM to the launcher after step 5"
-run="$work/sigterm"
-start_run "$run"
-wait_for_step "$run" 5
-launcher=$(pgrep -P "$job" | head -1)  # the launcher under `timeout`
-kill -TERM "$launcher"
-fault=$(now)
-report_exit "$run" "$fault"
-ckpt=$(mpi_newest_checkpoint "$run")
-echo "   newest complete checkpoint $(basename "$ckpt")"
-for np in 2 $other; do resume_and_compare "$ckpt" "$np"; done
 
+if [[ " $trials " == *" c "* ]]; then
+  echo "== (c) SIGTERM to the launcher after step 5"
+  run="$work/sigterm"
+  start_run "$run"
+  wait_for_step "$run" 5
+  kill -TERM "$(pgrep -P "$job" | head -1)"  # the launcher under `timeout`
+  after_fault "$run" "$(now)"
 fi
 
 [ "$status" -eq 0 ] && echo "nccl fault trials done"

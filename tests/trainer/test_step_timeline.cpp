@@ -9,15 +9,15 @@
 
 namespace {
 
-using trainer::TimelineInterval;
+using Interval = core::PhaseTimer::Interval;
 
 TEST(StepTimeline, SummaryCountsUnionsAndOverlap) {
   // Compute: [0, 4] and [3, 6] overlap (one span [0, 6]), [8, 10]; a zero-length phase adds nothing.
   // A wait on the compute stream, [10, 12], is not compute.
-  const std::vector<TimelineInterval> compute = {
+  const std::vector<Interval> compute = {
       {"a", 0, 4}, {"b", 3, 6}, {"c", 8, 10}, {"empty", 9, 9}, {"wait: weight sync", 10, 12}};
   // Communication: [5, 9] (1 under [0, 6], 1 under [8, 10]), [2, 3] inside compute, [11, 12] after it.
-  const std::vector<TimelineInterval> comm = {{"x", 5, 9}, {"y", 2, 3}, {"z", 11, 12}};
+  const std::vector<Interval> comm = {{"x", 5, 9}, {"y", 2, 3}, {"z", 11, 12}};
   const trainer::TimelineSummary s = trainer::summarize_timeline(compute, comm, 12.5);
   EXPECT_DOUBLE_EQ(s.step_ms, 12.5);
   EXPECT_DOUBLE_EQ(s.compute_busy_ms, 8.0);

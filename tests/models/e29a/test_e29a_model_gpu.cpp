@@ -98,6 +98,13 @@ struct Pair {
     CUDA_CHECK(cudaMemcpy(&loss, model.loss(), 4, cudaMemcpyDeviceToHost));
     return loss;
   }
+  // The evaluation loss of the same batch (no gradients).
+  float gpu_eval(e29a::E29aCuda& model) {
+    model.forward_loss(ids_d.as<std::int32_t>(), targets_d.as<std::int32_t>(), batch, seq);
+    float loss = 0;
+    CUDA_CHECK(cudaMemcpy(&loss, model.loss(), 4, cudaMemcpyDeviceToHost));
+    return loss;
+  }
 };
 
 // Tied and untied heads, each with both residual kinds.
@@ -145,10 +152,7 @@ TEST(E29aModelGpu, MatchesCpuModel) {
     EXPECT_EQ(again, loss);
     const auto grads_again = test::to_host<float>(p.device->grad());
     EXPECT_EQ(std::memcmp(grads.data(), grads_again.data(), grads.size() * 4), 0);
-    model.forward_loss(p.ids_d.as<std::int32_t>(), p.targets_d.as<std::int32_t>(), p.batch, p.seq);
-    float eval = 0;
-    CUDA_CHECK(cudaMemcpy(&eval, model.loss(), 4, cudaMemcpyDeviceToHost));
-    EXPECT_NEAR(eval, loss, 1e-6 * loss);
+    EXPECT_NEAR(p.gpu_eval(model), loss, 1e-6 * loss);
   }
 }
 
@@ -292,10 +296,7 @@ TEST(E29aModelGpu, WeightSourceGivesTheSlabsResultsBitForBit) {
       EXPECT_EQ(source.acquired[before], range) << "hint after acquire " << before;
     }
     // Evaluation reads through the source too.
-    model.forward_loss(p.ids_d.as<std::int32_t>(), p.targets_d.as<std::int32_t>(), p.batch, p.seq);
-    float eval = 0;
-    CUDA_CHECK(cudaMemcpy(&eval, model.loss(), 4, cudaMemcpyDeviceToHost));
-    EXPECT_NEAR(eval, loss, 1e-6 * loss);
+    EXPECT_NEAR(p.gpu_eval(model), loss, 1e-6 * loss);
   }
 }
 
