@@ -82,8 +82,9 @@ struct TrainableOptions {
   // cpu: fp32 weights of the whole slab when the master covers only this rank's shard (kept up
   // to date by the trainer's weight sync); nullptr: the slab's master holds everything.
   const float* full_weights = nullptr;
-  // ZeRO-3: where the model gathers its weights range by range (optim/weight_source.h); the
-  // family must consume its weights by layer. nullptr: the slab (or full_weights) holds them.
+  // Where the model reads its weights range by range (optim/weight_source.h): ZeRO-3's gather, or
+  // on cuda ZeRO-1/2's mirror arriving chunk by chunk; the family must consume its weights by
+  // layer. nullptr: the slab (or full_weights) holds them.
   optim::WeightSource* weight_source = nullptr;
 };
 

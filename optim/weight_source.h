@@ -4,7 +4,9 @@
 // (trainer/weight_gather.h), so a model acquires its weights range by range (ModelSpec::
 // weight_ranges), just before it uses them, and releases them after; at most two at once. A model
 // also says which range it will acquire next (prefetch), so the source can gather it into its
-// free buffer while the current range's compute runs.
+// free buffer while the current range's compute runs. With ZeRO-1/2 on cuda the mirror is whole
+// but arrives chunk by chunk after each update (trainer/gradient_sync.h, WeightSync): acquiring a
+// range waits for the chunks it spans.
 #pragma once
 
 #include "optim/slab_layout.h"

@@ -72,9 +72,19 @@ float* GradientSync::acquire(optim::Range range) {
 
 void GradientSync::release(optim::Range range) {
   if (!staged()) {
-    if (last_micro_batch_ && stage_ >= 2 && comm_.world() > 1) {
-      reduce_onto_owners(range, slab_.grad_origin() + range.begin);
+    // The range's gradients are final once the last micro-batch releases them: reduce them in
+    // place while the backward goes on (on cpu the models report no ranges: finish() does it all).
+    if (last_micro_batch_ && comm_.world() > 1 && context_.is_cuda()) {
+      const comm::DetachedScope detached(comm_);
+      float* grad = slab_.grad_origin() + range.begin;
+      if (stage_ == 0) {
+        comm_.all_reduce(grad, core::DType::f32, static_cast<std::size_t>(range.size()), comm::ReduceOp::avg,
+                         "gradient all-reduce (ZeRO-0)");
+      } else {
+        reduce_onto_owners(range, grad);
+      }
       reduced_.push_back(range);
+      last_marker_ = comm_.marker();
     }
     return;
   }
@@ -128,24 +138,32 @@ void GradientSync::finish() {
     return;
   }
   float* grad = slab_.grad_origin();
-  if (stage_ == 0) {
-    comm_.all_reduce(grad, core::DType::f32, static_cast<std::size_t>(layout.total_elements()), comm::ReduceOp::avg,
-                     "gradient all-reduce (ZeRO-0)");
-    return;
-  }
-  if (stage_ == 1 || reduced_.empty()) {
-    comm_.reduce_scatter(grad, core::DType::f32, static_cast<std::size_t>(layout.shard_elements()), comm::ReduceOp::avg,
-                         "gradient reduce-scatter");
-  } else {
+  if (!reduced_.empty()) {
+    // The backward's reductions come first on the communication stream; the compute stream waits
+    // for them before anything reads or zeroes the gradients.
+    comm_.wait_for(last_marker_);
     // The tensors no reported range covered (none when the model reports every layer); alignment
     // gaps and tail padding hold no gradient the optimizer reads, so they are not reduced.
     for (const optim::SlabTensor& t : layout.tensors()) {
       const bool reported =
           std::any_of(reduced_.begin(), reduced_.end(), [&](const optim::Range& r) { return r.contains(t.range()); });
-      if (!reported) reduce_onto_owners(t.range(), grad + t.range().begin);
+      if (reported) continue;
+      if (stage_ == 0) {
+        comm_.all_reduce(grad + t.range().begin, core::DType::f32, static_cast<std::size_t>(t.range().size()),
+                         comm::ReduceOp::avg, "gradient all-reduce (ZeRO-0)");
+      } else {
+        reduce_onto_owners(t.range(), grad + t.range().begin);
+      }
     }
     reduced_.clear();
+  } else if (stage_ == 0) {
+    comm_.all_reduce(grad, core::DType::f32, static_cast<std::size_t>(layout.total_elements()), comm::ReduceOp::avg,
+                     "gradient all-reduce (ZeRO-0)");
+  } else {
+    comm_.reduce_scatter(grad, core::DType::f32, static_cast<std::size_t>(layout.shard_elements()), comm::ReduceOp::avg,
+                         "gradient reduce-scatter");
   }
+  if (stage_ == 0) return;
   zero_outside_owned();
 }
 
@@ -164,26 +182,100 @@ void GradientSync::zero_outside_owned() {
   }
 }
 
-WeightSync::WeightSync(comm::Communicator& comm, optim::Slab& slab, const core::DeviceContext& context)
+std::vector<optim::Range> weight_chunks(const std::vector<optim::Range>& ranges, std::int64_t total, int max_chunks) {
+  if (total <= 0 || max_chunks <= 0) return {};
+  // The contiguous pieces between every range boundary (and 0, total).
+  std::vector<std::int64_t> cuts = {0, total};
+  for (const optim::Range& r : ranges) {
+    if (r.begin > 0 && r.begin < total) cuts.push_back(r.begin);
+    if (r.end > 0 && r.end < total) cuts.push_back(r.end);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  // Adjacent pieces merged up to a target size, grown until the count fits.
+  for (std::int64_t target = (total + max_chunks - 1) / max_chunks;; target += target / 2 + 1) {
+    std::vector<optim::Range> chunks;
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const optim::Range piece{cuts[i], cuts[i + 1]};
+      if (!chunks.empty() && chunks.back().size() + piece.size() <= target) {
+        chunks.back().end = piece.end;
+      } else {
+        chunks.push_back(piece);
+      }
+    }
+    if (static_cast<int>(chunks.size()) <= max_chunks) return chunks;
+  }
+}
+
+WeightSync::WeightSync(comm::Communicator& comm, optim::Slab& slab, const core::DeviceContext& context,
+                       const std::vector<optim::Range>& ranges)
     : comm_(comm),
       slab_(slab),
       // ZeRO-3 keeps only shards: the model gathers each range when it reads it (weight_gather.h).
       sharded_(!(slab.owned() == slab.full()) && comm.world() > 1 && slab.zero_stage() < 3) {
-  if (sharded_ && !context.is_cuda()) {
+  if (!sharded_) return;
+  if (!context.is_cuda()) {
     full_ = core::Buffer(core::Device::cpu(), static_cast<std::size_t>(slab.layout().total_elements()) * sizeof(float));
+    return;
+  }
+  // Each chunk's marker stays in the communicator's ring until the forward waits for it.
+  if (!ranges.empty()) {
+    chunks_ = weight_chunks(ranges, slab.layout().total_elements(), static_cast<int>(comm::Communicator::kMarkers));
+    arrived_.assign(chunks_.size(), 0);
   }
 }
 
 void WeightSync::gather() {
   if (!sharded_) return;
   const optim::Range owned = slab_.owned();
-  if (full_.bytes() == 0) {
+  if (full_.bytes() > 0) {
+    std::copy(slab_.master().as<float>(), slab_.master().as<float>() + owned.size(), full_.as<float>() + owned.begin);
+    comm_.all_gather(full_.data(), core::DType::f32, static_cast<std::size_t>(owned.size()), "weight all-gather");
+    return;
+  }
+  if (chunks_.empty()) {  // a model that reads its weights whole
     comm_.all_gather(slab_.mirror().data(), slab_.mirror_dtype(), static_cast<std::size_t>(owned.size()),
                      "mirror all-gather");
     return;
   }
-  std::copy(slab_.master().as<float>(), slab_.master().as<float>() + owned.size(), full_.as<float>() + owned.begin);
-  comm_.all_gather(full_.data(), core::DType::f32, static_cast<std::size_t>(owned.size()), "weight all-gather");
+  const core::DType dtype = slab_.mirror_dtype();
+  const std::size_t element = core::dtype_size(dtype);
+  auto* mirror = static_cast<std::byte*>(slab_.mirror_origin());
+  const comm::DetachedScope detached(comm_);
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    comm_.group_start();
+    for (int rank = 0; rank < comm_.world(); ++rank) {
+      const optim::Range piece = chunks_[c].intersect(slab_.layout().shard(rank));
+      if (piece.empty()) continue;
+      comm_.broadcast(mirror + static_cast<std::size_t>(piece.begin) * element, dtype,
+                      static_cast<std::size_t>(piece.size()), rank, "mirror gather (ZeRO-1/2)");
+    }
+    comm_.group_end();
+    arrived_[c] = comm_.marker();
+  }
+}
+
+const void* WeightSync::acquire(optim::Range range) {
+  if (chunks_.empty() || range.empty() || range.end > slab_.layout().total_elements()) {
+    throw core::Error("weight sync: acquire of range [" + std::to_string(range.begin) + ", " +
+                      std::to_string(range.end) + ") outside the slab, or without a chunked mirror");
+  }
+  // The last chunk the range reaches: its marker comes after every earlier chunk's.
+  const auto last = std::upper_bound(chunks_.begin(), chunks_.end(), range.end - 1,
+                                     [](std::int64_t e, const optim::Range& c) { return e < c.end; });
+  const std::uint64_t marker = arrived_[static_cast<std::size_t>(last - chunks_.begin())];
+  if (marker > waited_) {
+    comm_.wait_for(marker);
+    waited_ = marker;
+  }
+  return static_cast<const std::byte*>(slab_.mirror_origin()) +
+         static_cast<std::size_t>(range.begin) * core::dtype_size(slab_.mirror_dtype());
+}
+
+void WeightSync::wait_all() {
+  if (arrived_.empty() || arrived_.back() <= waited_) return;
+  comm_.wait_for(arrived_.back());
+  waited_ = arrived_.back();
 }
 
 }  // namespace trainer

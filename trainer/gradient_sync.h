@@ -1,20 +1,20 @@
-// Gradient synchronisation of a data-parallel step (DESIGN.md section 5), after the last
+// Gradient synchronisation of a data-parallel step (DESIGN.md section 5), during the last
 // micro-batch's backward (accumulation never communicates before it):
-//   ZeRO-0: all-reduce (average) of the whole gradient slab; every rank then updates everything.
-//   ZeRO-1: reduce-scatter (average) into each rank's owned shard, in place.
-//   ZeRO-2: the same result, reduced range by range while the backward still runs. It is the
-//           model's gradient sink (optim/gradient_sink.h):
-//           - sharded gradients (the slab's gradient buffer is the owned shard; one micro-batch
-//             per step): the backward gets each range in one of two staging buffers, and on
-//             release the range's pieces are reduced from there onto their owners' shards, on
-//             the communication stream while the backward goes on (the compute stream waits only
-//             before reusing a staging buffer, and in finish()). With `held_elements` one
-//             more buffer takes a vocabulary-sized range held open across the others
-//             (GradientSink::acquire_held: the head's gradient in the fused cross-entropy pass);
-//           - whole gradient buffer (gradient accumulation, or a backend without the sink): the
-//             ranges are reduced in place during the last micro-batch, and finish() reduces the
-//             tensors that were not reported.
+//   ZeRO-0: all-reduce (average) of the gradients; every rank then updates everything.
+//   ZeRO-1: each piece of the gradients reduced (average) onto the rank whose shard holds it.
+//   ZeRO-2: the same, with sharded gradients where it can.
 //   ZeRO-3: the gradients as ZeRO-2 (the weights are sharded too: trainer/weight_gather.h).
+// It is the model's gradient sink (optim/gradient_sink.h), so each range is reduced as soon as the
+// backward releases it, on the communication stream while the backward goes on (cuda):
+//   - sharded gradients (ZeRO-2/3 on cuda, one micro-batch per step; the slab's gradient buffer is
+//     the owned shard): the backward gets each range in one of two staging buffers, reduced from
+//     there onto the owners' shards (the compute stream waits only before reusing a staging
+//     buffer, and in finish()). With `held_elements` one more buffer takes a vocabulary-sized
+//     range held open across the others (GradientSink::acquire_held: the head's gradient in the
+//     fused cross-entropy pass);
+//   - whole gradient buffer (ZeRO-0/1, gradient accumulation): the ranges are reduced in place
+//     during the last micro-batch, and finish() reduces the tensors that were not reported (on
+//     cpu, whose models report none, all of them in one collective).
 // With ZeRO >= 1 and a whole buffer the gradients outside the owned shard are zeroed afterwards,
 // so the next step accumulates from zero everywhere (the optimizer zeroes the owned shard itself).
 #pragma once
@@ -27,6 +27,7 @@
 #include "core/device.h"
 #include "optim/gradient_sink.h"
 #include "optim/slab.h"
+#include "optim/weight_source.h"
 
 namespace trainer {
 
@@ -85,21 +86,45 @@ class GradientSync final : public optim::GradientSink {
 };
 
 // The other half: after an optimizer step or a load with ZeRO-1/2 and several ranks, each rank
-// has updated only its shard of the weights. cuda all-gathers the 16-bit mirror in place; cpu
-// gathers the fp32 master shards into a whole-model copy, which the cpu model reads. ZeRO-3
+// has updated only its shard of the weights. cpu gathers the fp32 master shards into a whole-model
+// copy, which the cpu model reads. cuda brings every owner's 16-bit mirror pieces to every rank in
+// place, chunk by chunk in slab order (= the forward's order: embedding, layers, tail), each chunk
+// broadcast by its owners on the communication stream without making the compute stream wait; the
+// model reads its ranges through this source (optim/weight_source.h), whose acquire makes the
+// compute stream wait for the chunks the range spans, so layer l's forward runs while later
+// layers arrive. Whoever reads the mirror otherwise (decoders) calls wait_all() first. ZeRO-3
 // gathers nothing here: the model reads each range through WeightGather.
-class WeightSync {
+class WeightSync final : public optim::WeightSource {
  public:
-  WeightSync(comm::Communicator& comm, optim::Slab& slab, const core::DeviceContext& context);
+  // `ranges`: what the model acquires (ModelSpec::weight_ranges; chunk boundaries fall between them).
+  WeightSync(comm::Communicator& comm, optim::Slab& slab, const core::DeviceContext& context,
+             const std::vector<optim::Range>& ranges);
   // cpu with a sharded master: the whole-model fp32 weights (valid after gather()); else nullptr.
   const float* full_weights() const { return full_.bytes() > 0 ? full_.as<float>() : nullptr; }
+  // The source the model reads through (cuda with a sharded mirror), else nullptr.
+  optim::WeightSource* source() { return chunks_.empty() ? nullptr : this; }
   void gather();
+  // The compute stream waits until every chunk has arrived.
+  void wait_all();
+  // The chunks the mirror arrives in (for tests and logs).
+  const std::vector<optim::Range>& chunks() const { return chunks_; }
+
+  // optim::WeightSource: the range in the mirror, once the chunks it spans have arrived.
+  const void* acquire(optim::Range range) override;
+  void release(optim::Range range) override { (void)range; }
 
  private:
   comm::Communicator& comm_;
   optim::Slab& slab_;
   bool sharded_;
-  core::Buffer full_;  // cpu only
+  core::Buffer full_;                   // cpu only
+  std::vector<optim::Range> chunks_;    // cuda with a sharded mirror
+  std::vector<std::uint64_t> arrived_;  // each chunk's marker after its last gather
+  std::uint64_t waited_ = 0;            // the compute stream has waited for markers up to this
 };
+
+// `ranges` cut into at most `max_chunks` contiguous chunks covering [0, total) in order, each of
+// about total / max_chunks elements, cut only at the ranges' boundaries.
+std::vector<optim::Range> weight_chunks(const std::vector<optim::Range>& ranges, std::int64_t total, int max_chunks);
 
 }  // namespace trainer

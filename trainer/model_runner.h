@@ -19,7 +19,7 @@ namespace trainer {
 class ModelRunner {
  public:
   // `full_weights`: cpu with a sharded master, the whole-model fp32 weights the model reads;
-  // `weight_source`: ZeRO-3's gather (models::TrainableOptions).
+  // `weight_source`: ZeRO-3's gather or ZeRO-1/2's chunked mirror gather (models::TrainableOptions).
   ModelRunner(const models::ModelSpec& spec, optim::Slab& slab, const core::DeviceContext& context,
               std::int64_t max_tokens, const float* full_weights = nullptr,
               optim::WeightSource* weight_source = nullptr);

@@ -438,14 +438,17 @@ class TrainLoop {
     slab_.emplace(std::move(*layout_), context,
                   optim::SlabOptions{.rank = rank_, .zero_stage = stage, .shard_gradients = shard_gradients});
     if (!resume_from_) initialize_weights(config_, *slab_, context);
-    weight_sync_.emplace(comm, *slab_, context);
+    const std::vector<optim::Range> weight_ranges = spec_->weight_ranges(slab_->layout());
+    weight_sync_.emplace(comm, *slab_, context, weight_ranges);
     if (stage == 3) {
       std::int64_t largest = 0;
-      for (const optim::Range& r : spec_->weight_ranges(slab_->layout())) largest = std::max(largest, r.size());
+      for (const optim::Range& r : weight_ranges) largest = std::max(largest, r.size());
       weight_gather_.emplace(comm, *slab_, context, largest);
     }
+    // The model reads its weights through ZeRO-3's gather, or ZeRO-1/2's chunked mirror gather on
+    // cuda (the forward starts while later chunks arrive), or in place.
     runner_ = std::make_unique<ModelRunner>(*spec_, *slab_, context, micro_ * seq_, weight_sync_->full_weights(),
-                                            weight_gather_ ? &*weight_gather_ : nullptr);
+                                            weight_gather_ ? &*weight_gather_ : weight_sync_->source());
     optimizer_ = optim::make_optimizer(config_.optimizer, *slab_, context);
     if (sharded) {
       optimizer_->set_partials_reducer([&comm](const std::vector<optim::Partial>& partials) {
@@ -645,9 +648,14 @@ class TrainLoop {
   }
 
   // ZeRO-3: the whole model on every rank while `whole` lives (collective), for decoding and task
-  // evaluation; the other stages read the weights in place and leave it empty.
+  // evaluation; the other stages read the weights in place (once every mirror chunk has arrived)
+  // and leave it empty.
   void gather_whole_model(std::optional<WeightGather::WholeModel>& whole) {
-    if (weight_gather_) whole.emplace(*weight_gather_);
+    if (weight_gather_) {
+      whole.emplace(*weight_gather_);
+    } else {
+      weight_sync_->wait_all();  // decoders read the whole mirror
+    }
   }
   // What decoders read (models::DecoderOptions): the gathered model, or the weights in place.
   const float* decoder_full_weights(const std::optional<WeightGather::WholeModel>& whole) const {
