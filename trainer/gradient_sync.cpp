@@ -109,7 +109,7 @@ void GradientSync::reduce_onto_owners(optim::Range range, const float* data) {
     if (piece.empty()) continue;
     float* recv = rank == comm_.rank() ? grad + piece.begin : nullptr;
     comm_.reduce_into(data + (piece.begin - range.begin), recv, core::DType::f32,
-                      static_cast<std::size_t>(piece.size()), comm::ReduceOp::avg, rank, "gradient reduce (ZeRO-2)");
+                      static_cast<std::size_t>(piece.size()), comm::ReduceOp::avg, rank, "gradient reduce onto owners");
   }
   comm_.group_end();
 }
@@ -248,7 +248,7 @@ void WeightSync::gather() {
       const optim::Range piece = chunks_[c].intersect(slab_.layout().shard(rank));
       if (piece.empty()) continue;
       comm_.broadcast(mirror + static_cast<std::size_t>(piece.begin) * element, dtype,
-                      static_cast<std::size_t>(piece.size()), rank, "mirror gather (ZeRO-1/2)");
+                      static_cast<std::size_t>(piece.size()), rank, "mirror chunk gather (ZeRO-1/2)");
     }
     comm_.group_end();
     arrived_[c] = comm_.marker();

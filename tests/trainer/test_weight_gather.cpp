@@ -18,14 +18,14 @@
 #include "models/registry.h"
 #include "optim/initialize.h"
 #include "optim/slab.h"
+#include "support/host_stub_communicator.h"
 #include "trainer/weight_gather.h"
 
 namespace {
 
 // One rank whose device collectives are counted (and, with one rank, complete in place).
-class CountingCommunicator final : public comm::Communicator {
+class CountingCommunicator final : public test::HostStubCommunicator {
  public:
-  CountingCommunicator() : Communicator(comm::Placement{}) {}
   int collectives = 0;
 
   void all_reduce(void*, core::DType, std::size_t, comm::ReduceOp, const char*) override { ++collectives; }
@@ -35,15 +35,6 @@ class CountingCommunicator final : public comm::Communicator {
   void reduce_into(const void*, void*, core::DType, std::size_t, comm::ReduceOp, int, const char*) override {
     ++collectives;
   }
-  void barrier(const char*) override {}
-  double all_reduce_host(double value, comm::ReduceOp, const char*) override { return value; }
-  std::vector<double> all_reduce_host(std::vector<double> values, comm::ReduceOp, const char*) override {
-    return values;
-  }
-  std::vector<std::string> gather_strings(const std::string& mine, int, const char*) override { return {mine}; }
-  std::string broadcast_string(const std::string& text, int, const char*) override { return text; }
-  void synchronize() override {}
-  void mark_first_step_done() override {}
 };
 
 TEST(WeightGather, WholeModelServesEveryRangeWithoutCollectives) {

@@ -14,6 +14,7 @@
 #include "models/model_config.h"
 #include "models/registry.h"
 #include "optim/slab.h"
+#include "support/host_stub_communicator.h"
 #include "support/test_support.h"
 #include "trainer/gradient_sync.h"
 
@@ -50,7 +51,8 @@ TEST(WeightChunks, CoverTheSlabInOrderCutOnlyBetweenRanges) {
     if (max_chunks >= static_cast<int>(ranges.size()) + 2) {
       // Room for every range: each range's begin is a chunk boundary.
       for (const optim::Range& r : ranges) {
-        EXPECT_TRUE(std::any_of(chunks.begin(), chunks.end(), [&](const optim::Range& c) { return c.begin == r.begin; }));
+        EXPECT_TRUE(
+            std::any_of(chunks.begin(), chunks.end(), [&](const optim::Range& c) { return c.begin == r.begin; }));
       }
     }
   }
@@ -68,9 +70,9 @@ TEST(WeightChunks, OneLargeRangeStaysWholeAndGapsAreCovered) {
 
 // Rank 0 of two: records the device collectives' roots and spans, hands out markers and records
 // which the compute stream waits for.
-class RecordingCommunicator final : public comm::Communicator {
+class RecordingCommunicator final : public test::HostStubCommunicator {
  public:
-  RecordingCommunicator() : Communicator(comm::Placement{.rank = 0, .world = 2}) {}
+  RecordingCommunicator() : HostStubCommunicator(comm::Placement{.rank = 0, .world = 2}) {}
   struct Broadcast {
     const void* data;
     std::size_t count;
@@ -93,15 +95,6 @@ class RecordingCommunicator final : public comm::Communicator {
   void reduce_scatter(void*, core::DType, std::size_t, comm::ReduceOp, const char*) override { ++other; }
   void all_gather(void*, core::DType, std::size_t, const char*) override { ++other; }
   void reduce_into(const void*, void*, core::DType, std::size_t, comm::ReduceOp, int, const char*) override { ++other; }
-  void barrier(const char*) override {}
-  double all_reduce_host(double value, comm::ReduceOp, const char*) override { return value; }
-  std::vector<double> all_reduce_host(std::vector<double> values, comm::ReduceOp, const char*) override {
-    return values;
-  }
-  std::vector<std::string> gather_strings(const std::string& mine, int, const char*) override { return {mine}; }
-  std::string broadcast_string(const std::string& text, int, const char*) override { return text; }
-  void synchronize() override {}
-  void mark_first_step_done() override {}
 };
 
 TEST(WeightSyncGpu, ChunksArriveInOrderAndEachAcquireWaitsForItsLastChunk) {
@@ -117,8 +110,7 @@ TEST(WeightSyncGpu, ChunksArriveInOrderAndEachAcquireWaitsForItsLastChunk) {
     ASSERT_EQ(sync.source(), &sync);
     EXPECT_EQ(sync.full_weights(), nullptr);
     const std::vector<optim::Range>& chunks = sync.chunks();
-    expect_chunks_cover(chunks, ranges, slab.layout().total_elements(),
-                        static_cast<int>(comm::Communicator::kMarkers));
+    expect_chunks_cover(chunks, ranges, slab.layout().total_elements(), static_cast<int>(comm::Communicator::kMarkers));
 
     sync.gather();
     EXPECT_EQ(comm.other, 0);  // no whole-mirror all-gather
