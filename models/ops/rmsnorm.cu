@@ -5,8 +5,10 @@
 
 #include "core/error.h"
 #include "models/ops/bf16_rows.cuh"
+#include "models/ops/column_sums.cuh"
 #include "models/ops/op_checks.h"
 #include "models/ops/rmsnorm.h"
+#include "models/ops/rmsnorm_math.cuh"
 
 namespace models::ops {
 namespace {
@@ -65,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   sum_sq = gpu::group_sum<Lanes>(sum_sq);
   if (!active) return;
-  const float r = 1.0f / sqrtf(sum_sq / static_cast<float>(dim) + eps);
+  const float r = gpu::rms_inverse(sum_sq, dim, eps);
 
   __nv_bfloat16* y_row = y + y_at(row);
   for (int j = lane; j < vectors; j += Lanes) {
@@ -73,7 +75,7 @@ __global__ void __launch_bounds__(kThreads)
     gpu::load_bf16<Vec>(x_row + j * Vec, v);
     gpu::load_bf16<Vec>(weight + j * Vec, w);
 #pragma unroll
-    for (int k = 0; k < Vec; ++k) out[k] = v[k] * r * w[k];
+    for (int k = 0; k < Vec; ++k) out[k] = gpu::rms_apply(v[k], r, w[k]);
     gpu::store_bf16<Vec>(y_row + j * Vec, out);
   }
   if (lane == 0) rstd[row] = r;
@@ -107,7 +109,7 @@ __global__ void __launch_bounds__(kThreads)
   g_dot_x = gpu::group_sum<Lanes>(g_dot_x);
   if (!active) return;
   const float r = rstd[row];
-  const float mean = g_dot_x * r / static_cast<float>(dim);  // mean_d(g * x_hat)
+  const float mean = gpu::rms_mean(g_dot_x, r, dim);  // mean_d(g * x_hat)
 
   __nv_bfloat16* dx_row = dx + dx_at(row);
   for (int j = lane; j < vectors; j += Lanes) {
@@ -116,7 +118,7 @@ __global__ void __launch_bounds__(kThreads)
     gpu::load_bf16<Vec>(dy_row + j * Vec, dv);
     gpu::load_bf16<Vec>(weight + j * Vec, w);
 #pragma unroll
-    for (int k = 0; k < Vec; ++k) out[k] = r * (dv[k] * w[k] - xv[k] * r * mean);
+    for (int k = 0; k < Vec; ++k) out[k] = gpu::rms_dx(dv[k], w[k], xv[k], r, mean);
     gpu::store_bf16<Vec>(dx_row + j * Vec, out);
   }
 }
@@ -163,26 +165,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Block of 32 columns: warp w adds chunks w, w + kWarps, ... in order, then the warp sums are added
-// in warp order and the total is added to dweight.
+// Block of 32 columns: the chunks' partials added in a fixed order (column_sums.cuh), the total
+// added to dweight.
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_dweight_combine_kernel(const float* __restrict__ partials, std::int64_t chunks, int dim,
                                    float* __restrict__ dweight) {
-  __shared__ float warp_sums[kWarps][32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const std::int64_t column = static_cast<std::int64_t>(blockIdx.x) * 32 + lane;
-  float sum = 0.0f;
-  if (column < dim) {
-    for (std::int64_t c = warp; c < chunks; c += kWarps) sum += partials[c * dim + column];
-  }
-  warp_sums[warp][lane] = sum;
-  __syncthreads();
-  if (warp == 0 && column < dim) {
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += warp_sums[w][lane];
-    dweight[column] += total;
-  }
+  const std::int64_t column = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x % 32;
+  const float total = gpu::fixed_order_column_sum<kThreads>(partials, chunks, dim, column);
+  if (threadIdx.x < 32 && column < dim) dweight[column] += total;
 }
 
 // Lanes per row: enough to cover the row's vectors once, between 4 and 32.

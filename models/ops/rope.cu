@@ -8,26 +8,21 @@
 #include "models/ops/bf16_rows.cuh"
 #include "models/ops/op_checks.h"
 #include "models/ops/rope.h"
+#include "models/ops/rope_math.cuh"
 
 namespace models::ops {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxHalf = 256;  // head_dim <= 512
-
-// theta^(-2i / head_dim) for i < head_dim / 2, passed by value with the launch.
-struct InverseFrequencies {
-  double values[kMaxHalf];
-};
+using gpu::InverseFrequencies;
+using gpu::kRopeMaxHalf;
 
 template <int Vec>
 __global__ void __launch_bounds__(kThreads)
     rope_kernel(const __nv_bfloat16* in, std::int64_t in_stride, __nv_bfloat16* out, std::int64_t out_stride,
                 const std::int32_t* __restrict__ positions, std::int64_t tokens, int heads, int half, float direction,
                 const InverseFrequencies inv_freq) {
-  constexpr double kTwoPi = 6.283185307179586476925286766559;
-  constexpr double kInvTwoPi = 0.15915494309189533576888376337251;
-  __shared__ double shared_inv_freq[kMaxHalf];
+  __shared__ double shared_inv_freq[kRopeMaxHalf];
   for (int i = threadIdx.x; i < half; i += blockDim.x) shared_inv_freq[i] = inv_freq.values[i];
   __syncthreads();
 
@@ -42,15 +37,8 @@ __global__ void __launch_bounds__(kThreads)
     const double position = static_cast<double>(positions[token]);
     float cos_of[Vec], sin_of[Vec];
 #pragma unroll
-    for (int k = 0; k < Vec; ++k) {
-      const double angle = position * shared_inv_freq[first + k];
-      const double turns = rint(angle * kInvTwoPi);
-      const float reduced = static_cast<float>(fma(-turns, kTwoPi, angle));
-      float s, c;
-      sincosf(reduced, &s, &c);
-      cos_of[k] = c;
-      sin_of[k] = direction * s;
-    }
+    for (int k = 0; k < Vec; ++k)
+      gpu::rope_cos_sin(position, shared_inv_freq[first + k], direction, cos_of[k], sin_of[k]);
     const __nv_bfloat16* src = in + token * in_stride + first;
     __nv_bfloat16* dst = out + token * out_stride + first;
     for (int h = 0; h < heads; ++h) {
@@ -59,8 +47,8 @@ __global__ void __launch_bounds__(kThreads)
       gpu::load_bf16<Vec>(src + h * head_dim + half, b);
 #pragma unroll
       for (int k = 0; k < Vec; ++k) {
-        out_a[k] = a[k] * cos_of[k] - b[k] * sin_of[k];
-        out_b[k] = b[k] * cos_of[k] + a[k] * sin_of[k];
+        out_a[k] = gpu::rope_first(a[k], b[k], cos_of[k], sin_of[k]);
+        out_b[k] = gpu::rope_second(a[k], b[k], cos_of[k], sin_of[k]);
       }
       gpu::store_bf16<Vec>(dst + h * head_dim, out_a);
       gpu::store_bf16<Vec>(dst + h * head_dim + half, out_b);
@@ -75,8 +63,9 @@ void rotate(std::string_view op, const __nv_bfloat16* in, std::int64_t in_stride
   checks::require_positive(op, "heads", heads);
   checks::require_positive(op, "head_dim", head_dim);
   if (head_dim % 2 != 0) checks::fail(op, "head_dim must be even, got " + std::to_string(head_dim));
-  if (head_dim > 2 * kMaxHalf) {
-    checks::fail(op, "head_dim must be at most " + std::to_string(2 * kMaxHalf) + ", got " + std::to_string(head_dim));
+  if (head_dim > 2 * kRopeMaxHalf) {
+    checks::fail(op,
+                 "head_dim must be at most " + std::to_string(2 * kRopeMaxHalf) + ", got " + std::to_string(head_dim));
   }
   if (heads * head_dim > INT32_MAX) checks::fail(op, "heads * head_dim must be below 2^31");
   if (!(theta > 0.0) || !std::isfinite(theta)) checks::fail(op, "theta must be positive, got " + std::to_string(theta));
@@ -91,10 +80,7 @@ void rotate(std::string_view op, const __nv_bfloat16* in, std::int64_t in_stride
   if (tokens == 0) return;
 
   const std::int64_t half = head_dim / 2;
-  InverseFrequencies inv_freq{};
-  for (std::int64_t i = 0; i < half; ++i) {
-    inv_freq.values[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-  }
+  const InverseFrequencies inv_freq = gpu::inverse_frequencies(head_dim, theta);
   const bool vector = half % gpu::kVector == 0 && in_stride % gpu::kVector == 0 && out_stride % gpu::kVector == 0 &&
                       gpu::aligned_16(in) && gpu::aligned_16(out);
   const auto h = static_cast<int>(heads);

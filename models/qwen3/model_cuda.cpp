@@ -12,6 +12,7 @@
 #include "models/ops/attention.h"
 #include "models/ops/embedding.h"
 #include "models/ops/rmsnorm.h"
+#include "models/ops/qk_norm_rope.h"
 #include "models/ops/rope.h"
 #include "models/ops/swiglu.h"
 #include "models/qwen3/model_kernels.h"
@@ -81,6 +82,10 @@ struct ActivationLayout {
     const ops::AttentionShape widest{1, tokens, config.num_heads, config.num_kv_heads, config.head_dim};
     workspace_bytes = std::max({LmEndsCuda::workspace_bytes(tokens, config.vocab_size, config.hidden_size),
                                 ops::head_rmsnorm_backward_workspace_bytes(tokens, config.num_heads, config.head_dim),
+                                ops::qk_norm_rope_backward_workspace_bytes({.tokens = tokens,
+                                                                            .q_heads = config.num_heads,
+                                                                            .kv_heads = config.num_kv_heads,
+                                                                            .head_dim = config.head_dim}),
                                 ops::attention_backward_workspace_bytes(widest)});
     workspace = a.reserve(workspace_bytes);
     total = a.size();
@@ -153,6 +158,9 @@ struct Qwen3Cuda::Impl : ActivationLayout {
     return base + (range_of(tensor).begin - group.begin);
   }
   ops::DeviceWorkspace ws() { return {at<char>(workspace), workspace_bytes}; }
+  ops::QkNormRopeShape qk_norm_rope_shape(std::int64_t tokens) const {
+    return {tokens, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps, c.rope_theta};
+  }
 
   // One layer forward from s.x_in into out_x (the next layer's input), filling s's slots. `t`
   // times its phases (null inside a backward's recompute, which is timed as one phase).
@@ -173,14 +181,21 @@ struct Qwen3Cuda::Impl : ActivationLayout {
     const std::int32_t* pos = at<std::int32_t>(positions);
     {
       const Scope phase(t, "attn.qk_norm_rope.fwd");
-      ops::head_rmsnorm_forward_cuda(at<bf16>(s.qkv), qkv, w(lw.q_norm), n, c.num_heads, c.head_dim, c.rms_norm_eps,
-                                     at<bf16>(s.qk), qk, at<float>(s.rstd_q), stream);
-      ops::head_rmsnorm_forward_cuda(at<bf16>(s.qkv) + qs, qkv, w(lw.k_norm), n, c.num_kv_heads, c.head_dim,
-                                     c.rms_norm_eps, at<bf16>(s.qk) + qs, qk, at<float>(s.rstd_k), stream);
-      ops::rope_forward_cuda(at<bf16>(s.qk), qk, at<bf16>(s.qk), qk, pos, n, c.num_heads, c.head_dim, c.rope_theta,
-                             stream);
-      ops::rope_forward_cuda(at<bf16>(s.qk) + qs, qk, at<bf16>(s.qk) + qs, qk, pos, n, c.num_kv_heads, c.head_dim,
-                             c.rope_theta, stream);
+      const ops::QkNormRopeShape qk_shape = qk_norm_rope_shape(n);
+      if (ops::qk_norm_rope_supported(qk_shape, {qkv, qk}, {at<bf16>(s.qkv), at<bf16>(s.qk)})) {
+        // One pass (the same bits as the four launches below).
+        ops::qk_norm_rope_forward_cuda(at<bf16>(s.qkv), qkv, w(lw.q_norm), w(lw.k_norm), pos, qk_shape, at<bf16>(s.qk),
+                                       qk, at<float>(s.rstd_q), at<float>(s.rstd_k), stream);
+      } else {
+        ops::head_rmsnorm_forward_cuda(at<bf16>(s.qkv), qkv, w(lw.q_norm), n, c.num_heads, c.head_dim, c.rms_norm_eps,
+                                       at<bf16>(s.qk), qk, at<float>(s.rstd_q), stream);
+        ops::head_rmsnorm_forward_cuda(at<bf16>(s.qkv) + qs, qkv, w(lw.k_norm), n, c.num_kv_heads, c.head_dim,
+                                       c.rms_norm_eps, at<bf16>(s.qk) + qs, qk, at<float>(s.rstd_k), stream);
+        ops::rope_forward_cuda(at<bf16>(s.qk), qk, at<bf16>(s.qk), qk, pos, n, c.num_heads, c.head_dim, c.rope_theta,
+                               stream);
+        ops::rope_forward_cuda(at<bf16>(s.qk) + qs, qk, at<bf16>(s.qk) + qs, qk, pos, n, c.num_kv_heads, c.head_dim,
+                               c.rope_theta, stream);
+      }
     }
     const ops::AttentionShape shape{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim};
     {
@@ -361,17 +376,26 @@ struct Qwen3Cuda::Impl : ActivationLayout {
       }
       {
         const Scope phase(timer, "attn.qk_norm_rope.bwd");
-        ops::rope_backward_cuda(at<bf16>(dqk), qk, at<bf16>(dqk), qk, pos, n, c.num_heads, c.head_dim, c.rope_theta,
-                                stream);
-        ops::rope_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(dqk) + qs, qk, pos, n, c.num_kv_heads, c.head_dim,
-                                c.rope_theta, stream);
-        ops::head_rmsnorm_backward_cuda(
-            at<bf16>(dqk), qk, at<bf16>(s.qkv), qkv, w(lw.q_norm), at<float>(s.rstd_q), n, c.num_heads, c.head_dim,
-            at<bf16>(dqkv), qkv, grad_in(att_grad, attention, lw.q_norm), at<char>(workspace), workspace_bytes, stream);
-        ops::head_rmsnorm_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(s.qkv) + qs, qkv, w(lw.k_norm),
-                                        at<float>(s.rstd_k), n, c.num_kv_heads, c.head_dim, at<bf16>(dqkv) + qs, qkv,
-                                        grad_in(att_grad, attention, lw.k_norm), at<char>(workspace), workspace_bytes,
-                                        stream);
+        const ops::QkNormRopeShape qk_shape = qk_norm_rope_shape(n);
+        if (ops::qk_norm_rope_supported(qk_shape, {qk, qkv}, {at<bf16>(dqk), at<bf16>(s.qkv), at<bf16>(dqkv)})) {
+          ops::qk_norm_rope_backward_cuda(
+              at<bf16>(dqk), qk, at<bf16>(s.qkv), qkv, w(lw.q_norm), w(lw.k_norm), at<float>(s.rstd_q),
+              at<float>(s.rstd_k), pos, qk_shape, at<bf16>(dqkv), qkv, grad_in(att_grad, attention, lw.q_norm),
+              grad_in(att_grad, attention, lw.k_norm), at<char>(workspace), workspace_bytes, stream);
+        } else {
+          ops::rope_backward_cuda(at<bf16>(dqk), qk, at<bf16>(dqk), qk, pos, n, c.num_heads, c.head_dim, c.rope_theta,
+                                  stream);
+          ops::rope_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(dqk) + qs, qk, pos, n, c.num_kv_heads, c.head_dim,
+                                  c.rope_theta, stream);
+          ops::head_rmsnorm_backward_cuda(at<bf16>(dqk), qk, at<bf16>(s.qkv), qkv, w(lw.q_norm), at<float>(s.rstd_q), n,
+                                          c.num_heads, c.head_dim, at<bf16>(dqkv), qkv,
+                                          grad_in(att_grad, attention, lw.q_norm), at<char>(workspace), workspace_bytes,
+                                          stream);
+          ops::head_rmsnorm_backward_cuda(at<bf16>(dqk) + qs, qk, at<bf16>(s.qkv) + qs, qkv, w(lw.k_norm),
+                                          at<float>(s.rstd_k), n, c.num_kv_heads, c.head_dim, at<bf16>(dqkv) + qs, qkv,
+                                          grad_in(att_grad, attention, lw.k_norm), at<char>(workspace), workspace_bytes,
+                                          stream);
+        }
       }
       {
         const Scope phase(timer, "attn.qkv.bwd");

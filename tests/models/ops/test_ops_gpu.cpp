@@ -5,7 +5,8 @@
 // most), plus a small absolute term where the formula cancels; fp32 weight gradients must agree
 // normwise within 1e-5. Outputs are filled with NaN before every run, so an element a kernel
 // forgets fails; every op is run twice and must be bit-identical; weight gradients accumulate
-// onto random values; rope runs in place and inside a packed qkv buffer.
+// onto random values; rope runs in place and inside a packed qkv buffer; the fused q/k norm + rope
+// equals the separate kernels.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -25,6 +26,7 @@
 #include "core/device.h"
 #include "core/half.h"
 #include "models/ops/embedding.h"
+#include "models/ops/qk_norm_rope.h"
 #include "models/ops/rmsnorm.h"
 #include "models/ops/rope.h"
 #include "models/ops/swiglu.h"
@@ -770,6 +772,130 @@ TEST(OpsGpu, RopeWorksOnStridedRowsOfPackedQkv) {
     }
     EXPECT_EQ(stray, 0u) << "elements outside the destination rows were written";
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fused q/k norm + RoPE against the four launches it replaces (bit for bit, except the order of
+// the weight gradients' sums) and against the composed CPU references, inside packed buffers
+// whose padding must stay untouched.
+
+TEST(OpsGpu, QkNormRopeEqualsTheSeparateKernelsInsidePackedBuffers) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  core::DeviceContext context(core::Device::cuda());
+  const cudaStream_t stream = context.stream();
+  const QkvShape shapes[] = {{1, 16, 8, 128},   {7, 3, 1, 64},  {33, 2, 2, 32},
+                             {130, 16, 8, 128}, {9, 4, 2, 256}, {300, 8, 8, 64}};
+  for (const QkvShape& s : shapes) {
+    SCOPED_TRACE("tokens " + std::to_string(s.tokens) + " heads " + std::to_string(s.q_heads) + "/" +
+                 std::to_string(s.kv_heads) + " head_dim " + std::to_string(s.head_dim));
+    const std::int64_t hd = s.head_dim, width = s.width(), k_offset = s.q_heads * hd;
+    const std::int64_t qk_cols = (s.q_heads + s.kv_heads) * hd, out_width = qk_cols + 8;  // padded rows
+    const ops::QkNormRopeShape shape{s.tokens, s.q_heads, s.kv_heads, hd, kEps, 1e6};
+    std::uniform_int_distribution<std::int32_t> any_position(0, 40959);
+    std::vector<std::int32_t> positions(static_cast<std::size_t>(s.tokens));
+    for (auto& p : positions) p = any_position(rng);
+    const auto qkv = random_bf16(rng, s.tokens * width, 2.0f);
+    const auto dqk = random_bf16(rng, s.tokens * out_width);  // upstream gradient, padded rows
+    const auto wq = random_bf16(rng, hd), wk = random_bf16(rng, hd);
+    const auto dwq_init = test::random_normal(rng, hd), dwk_init = test::random_normal(rng, hd);
+    auto qkv_d = to_device(qkv.bits), dqk_d = to_device(dqk.bits), positions_d = to_device(positions);
+    auto wq_d = to_device(wq.bits), wk_d = to_device(wk.bits);
+    const std::int32_t* pos = positions_d.as<std::int32_t>();
+
+    // The separate kernels: norm q and k into the padded output, rotate in place; backward the
+    // other way round into a packed dqkv.
+    auto y_sep_d = poisoned(s.tokens * out_width * 2);
+    auto rq_sep_d = poisoned(s.tokens * s.q_heads * 4), rk_sep_d = poisoned(s.tokens * s.kv_heads * 4);
+    ops::head_rmsnorm_forward_cuda(bf16(qkv_d), width, bf16(wq_d), s.tokens, s.q_heads, hd, kEps, bf16(y_sep_d),
+                                   out_width, rq_sep_d.as<float>(), stream);
+    ops::head_rmsnorm_forward_cuda(bf16(qkv_d) + k_offset, width, bf16(wk_d), s.tokens, s.kv_heads, hd, kEps,
+                                   bf16(y_sep_d) + k_offset, out_width, rk_sep_d.as<float>(), stream);
+    ops::rope_forward_cuda(bf16(y_sep_d), out_width, bf16(y_sep_d), out_width, pos, s.tokens, s.q_heads, hd, 1e6,
+                           stream);
+    ops::rope_forward_cuda(bf16(y_sep_d) + k_offset, out_width, bf16(y_sep_d) + k_offset, out_width, pos, s.tokens,
+                           s.kv_heads, hd, 1e6, stream);
+    auto rotated_d = to_device(dqk.bits);
+    auto dx_sep_d = poisoned(s.tokens * width * 2);
+    auto dwq_sep_d = to_device(dwq_init), dwk_sep_d = to_device(dwk_init);
+    ops::rope_backward_cuda(bf16(rotated_d), out_width, bf16(rotated_d), out_width, pos, s.tokens, s.q_heads, hd, 1e6,
+                            stream);
+    ops::rope_backward_cuda(bf16(rotated_d) + k_offset, out_width, bf16(rotated_d) + k_offset, out_width, pos, s.tokens,
+                            s.kv_heads, hd, 1e6, stream);
+    core::Buffer ws_q(core::Device::cuda(), ops::head_rmsnorm_backward_workspace_bytes(s.tokens, s.q_heads, hd));
+    core::Buffer ws_k(core::Device::cuda(), ops::head_rmsnorm_backward_workspace_bytes(s.tokens, s.kv_heads, hd));
+    ops::head_rmsnorm_backward_cuda(bf16(rotated_d), out_width, bf16(qkv_d), width, bf16(wq_d), rq_sep_d.as<float>(),
+                                    s.tokens, s.q_heads, hd, bf16(dx_sep_d), width, dwq_sep_d.as<float>(), ws_q.data(),
+                                    ws_q.bytes(), stream);
+    ops::head_rmsnorm_backward_cuda(bf16(rotated_d) + k_offset, out_width, bf16(qkv_d) + k_offset, width, bf16(wk_d),
+                                    rk_sep_d.as<float>(), s.tokens, s.kv_heads, hd, bf16(dx_sep_d) + k_offset, width,
+                                    dwk_sep_d.as<float>(), ws_k.data(), ws_k.bytes(), stream);
+
+    // Fused, twice: every output bit-identical run to run.
+    core::Buffer ws(core::Device::cuda(), ops::qk_norm_rope_backward_workspace_bytes(shape));
+    std::vector<std::uint16_t> y_bits[2], dx_bits[2];
+    std::vector<float> rq[2], rk[2], dwq[2], dwk[2];
+    for (int run = 0; run < 2; ++run) {
+      auto y_d = poisoned(s.tokens * out_width * 2), dx_d = poisoned(s.tokens * width * 2);
+      auto rq_d = poisoned(s.tokens * s.q_heads * 4), rk_d = poisoned(s.tokens * s.kv_heads * 4);
+      auto dwq_d = to_device(dwq_init), dwk_d = to_device(dwk_init);
+      ops::qk_norm_rope_forward_cuda(bf16(qkv_d), width, bf16(wq_d), bf16(wk_d), pos, shape, bf16(y_d), out_width,
+                                     rq_d.as<float>(), rk_d.as<float>(), stream);
+      ops::qk_norm_rope_backward_cuda(bf16(dqk_d), out_width, bf16(qkv_d), width, bf16(wq_d), bf16(wk_d),
+                                      rq_d.as<float>(), rk_d.as<float>(), pos, shape, bf16(dx_d), width,
+                                      dwq_d.as<float>(), dwk_d.as<float>(), ws.data(), ws.bytes(), stream);
+      y_bits[run] = test::to_host<std::uint16_t>(y_d);
+      dx_bits[run] = test::to_host<std::uint16_t>(dx_d);
+      rq[run] = test::to_host<float>(rq_d);
+      rk[run] = test::to_host<float>(rk_d);
+      dwq[run] = test::to_host<float>(dwq_d);
+      dwk[run] = test::to_host<float>(dwk_d);
+    }
+    EXPECT_TRUE(bit_identical(y_bits[0], y_bits[1]) && bit_identical(dx_bits[0], dx_bits[1]) &&
+                bit_identical(dwq[0], dwq[1]) && bit_identical(dwk[0], dwk[1]))
+        << "reruns differ";
+    EXPECT_TRUE(bit_identical(y_bits[0], test::to_host<std::uint16_t>(y_sep_d))) << "y (padding included)";
+    EXPECT_TRUE(bit_identical(rq[0], test::to_host<float>(rq_sep_d))) << "q rstd";
+    EXPECT_TRUE(bit_identical(rk[0], test::to_host<float>(rk_sep_d))) << "k rstd";
+    EXPECT_TRUE(bit_identical(dx_bits[0], test::to_host<std::uint16_t>(dx_sep_d))) << "dx (the v slot included)";
+    EXPECT_TRUE(normwise_close(dwq[0], test::to_host<float>(dwq_sep_d), 1e-5)) << "dwq";
+    EXPECT_TRUE(normwise_close(dwk[0], test::to_host<float>(dwk_sep_d), 1e-5)) << "dwk";
+
+    // The composed references in fp32 on the same values (bf16 rounding between the steps is the
+    // kernels' own, so a few ulps of the largest value apart).
+    const std::vector<float> x_dense = columns(qkv.values, s.tokens, width, 0, qk_cols);
+    const std::vector<float> dy_dense = columns(dqk.values, s.tokens, out_width, 0, qk_cols);
+    std::vector<float> y_ref(x_dense.size()), rq_ref(rq[0].size()), rk_ref(rk[0].size());
+    ops::qk_norm_rope_forward_cpu<float>(x_dense, wq.values, wk.values, positions, shape, y_ref, rq_ref, rk_ref);
+    std::vector<float> dx_ref(x_dense.size()), dwq_ref = dwq_init, dwk_ref = dwk_init;
+    ops::qk_norm_rope_backward_cpu<float>(dy_dense, x_dense, wq.values, wk.values, rq_ref, rk_ref, positions, shape,
+                                          dx_ref, dwq_ref, dwk_ref);
+    EXPECT_TRUE(within_bf16_ulps(bf16_values(columns(y_bits[0], s.tokens, out_width, 0, qk_cols)), y_ref, 1.0,
+                                 3.0 * bf16_ulp(max_abs(y_ref))))
+        << "y against the reference";
+    EXPECT_TRUE(test::all_close(rq[0], rq_ref, 1e-5, 0.0) && test::all_close(rk[0], rk_ref, 1e-5, 0.0)) << "rstd";
+    EXPECT_TRUE(normwise_close(bf16_values(columns(dx_bits[0], s.tokens, width, 0, qk_cols)), dx_ref, 1e-2))
+        << "dx against the reference";
+    EXPECT_TRUE(normwise_close(dwq[0], dwq_ref, 1e-2) && normwise_close(dwk[0], dwk_ref, 1e-2)) << "dweights";
+  }
+}
+
+TEST(OpsGpu, QkNormRopeRejectsWhatItDoesNotTake) {
+  REQUIRE_GPU();
+  core::DeviceContext context(core::Device::cuda());
+  core::Buffer data(core::Device::cuda(), 1 << 20);
+  auto* p = data.as<__nv_bfloat16>();
+  auto* f = data.as<float>();
+  const auto* pos = data.as<std::int32_t>();
+  const ops::QkNormRopeShape odd{4, 2, 1, 48, kEps, 1e6};
+  EXPECT_FALSE(ops::qk_norm_rope_supported(odd, {144}, {p}));
+  EXPECT_OP_ERROR(ops::qk_norm_rope_forward_cuda(p, 144, p, p, pos, odd, p, 144, f, f, context.stream()), "head_dim");
+  const ops::QkNormRopeShape shape{64, 2, 1, 64, kEps, 1e6};
+  EXPECT_FALSE(ops::qk_norm_rope_supported(shape, {190}, {p}));      // stride below 3 heads
+  EXPECT_FALSE(ops::qk_norm_rope_supported(shape, {256}, {p + 1}));  // unaligned
+  EXPECT_OP_ERROR(
+      ops::qk_norm_rope_backward_cuda(p, 256, p, 256, p, p, f, f, pos, shape, p, 256, f, f, f, 16, context.stream()),
+      "workspace");
 }
 
 // ---------------------------------------------------------------------------------------------
