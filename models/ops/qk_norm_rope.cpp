@@ -80,7 +80,8 @@ void qk_norm_rope_backward_cpu(std::span<const Scalar> dy, std::span<const Scala
   check_shape(kBackward, s);
   const std::int64_t total = s.q_heads + s.kv_heads;
   for (const auto& [name, span] : {std::pair{"dy", dy}, std::pair{"x", x}}) {
-    checks::require_size(kBackward, name, span, s.tokens * total * s.head_dim, "tokens * (q_heads + kv_heads) * head_dim");
+    checks::require_size(kBackward, name, span, s.tokens * total * s.head_dim,
+                         "tokens * (q_heads + kv_heads) * head_dim");
   }
   checks::require_size(kBackward, "dx", dx, s.tokens * total * s.head_dim, "tokens * (q_heads + kv_heads) * head_dim");
   checks::require_size(kBackward, "positions", positions, s.tokens, "tokens");

@@ -85,8 +85,7 @@ struct KernelStart {
   LanePlace<Lanes> at;
   const double* inv_freq;
   float wq[kVec], wk[kVec];
-  __device__ KernelStart(const gpu::InverseFrequencies& f, const __nv_bfloat16* q_weight,
-                         const __nv_bfloat16* k_weight)
+  __device__ KernelStart(const gpu::InverseFrequencies& f, const __nv_bfloat16* q_weight, const __nv_bfloat16* k_weight)
       : inv_freq(stage_inverse_frequencies<Lanes>(f)) {
     gpu::load_bf16<kVec>(q_weight + at.column, wq);
     gpu::load_bf16<kVec>(k_weight + at.column, wk);
@@ -141,11 +140,11 @@ template <int Lanes>
 __global__ void __launch_bounds__(kThreads)
     qk_norm_rope_backward_kernel(const __nv_bfloat16* __restrict__ dy, std::int64_t dy_stride,
                                  const __nv_bfloat16* __restrict__ x, std::int64_t x_stride,
-                                 const __nv_bfloat16* __restrict__ q_weight,
-                                 const __nv_bfloat16* __restrict__ k_weight, const float* __restrict__ rstd_q,
-                                 const float* __restrict__ rstd_k, const std::int32_t* __restrict__ positions,
-                                 Layout layout, __nv_bfloat16* __restrict__ dx, std::int64_t dx_stride,
-                                 float* __restrict__ partials, const gpu::InverseFrequencies inv_freq) {
+                                 const __nv_bfloat16* __restrict__ q_weight, const __nv_bfloat16* __restrict__ k_weight,
+                                 const float* __restrict__ rstd_q, const float* __restrict__ rstd_k,
+                                 const std::int32_t* __restrict__ positions, Layout layout,
+                                 __nv_bfloat16* __restrict__ dx, std::int64_t dx_stride, float* __restrict__ partials,
+                                 const gpu::InverseFrequencies inv_freq) {
   using Place = LanePlace<Lanes>;
   const KernelStart<Lanes> start(inv_freq, q_weight, k_weight);
   const Place& at = start.at;
@@ -174,7 +173,8 @@ __global__ void __launch_bounds__(kThreads)
       }
       g_dot_x = gpu::group_sum<Lanes>(g_dot_x);
       if (!active) continue;
-      const float r = is_q ? rstd_q[token * layout.q_heads + h] : rstd_k[token * layout.kv_heads + (h - layout.q_heads)];
+      const float r =
+          is_q ? rstd_q[token * layout.q_heads + h] : rstd_k[token * layout.kv_heads + (h - layout.q_heads)];
       const float mean = gpu::rms_mean(g_dot_x, r, Place::kHeadDim);
       float out[kVec];
 #pragma unroll
@@ -256,18 +256,18 @@ bool qk_norm_rope_supported(const QkNormRopeShape& s, std::initializer_list<std:
 }
 
 void qk_norm_rope_forward_cuda(const __nv_bfloat16* x, std::int64_t x_token_stride, const __nv_bfloat16* q_weight,
-                               const __nv_bfloat16* k_weight, const std::int32_t* positions,
-                               const QkNormRopeShape& s, __nv_bfloat16* y, std::int64_t y_token_stride,
-                               float* rstd_q, float* rstd_k, cudaStream_t stream) {
+                               const __nv_bfloat16* k_weight, const std::int32_t* positions, const QkNormRopeShape& s,
+                               __nv_bfloat16* y, std::int64_t y_token_stride, float* rstd_q, float* rstd_k,
+                               cudaStream_t stream) {
   check("qk_norm_rope_forward_cuda", s, {x_token_stride, y_token_stride}, {x, q_weight, k_weight, y});
   if (s.tokens == 0) return;
   const Layout layout{s.tokens, static_cast<int>(s.q_heads), static_cast<int>(s.kv_heads)};
   const gpu::InverseFrequencies inv_freq = gpu::inverse_frequencies(s.head_dim, s.theta);
   const auto blocks = static_cast<unsigned int>(ceil_div(s.tokens, kWarps));
   dispatch(s.head_dim, [&](auto lanes) {
-    qk_norm_rope_forward_kernel<decltype(lanes)::value><<<blocks, kThreads, 0, stream>>>(
-        x, x_token_stride, q_weight, k_weight, positions, layout, static_cast<float>(s.eps), y, y_token_stride, rstd_q,
-        rstd_k, inv_freq);
+    qk_norm_rope_forward_kernel<decltype(lanes)::value>
+        <<<blocks, kThreads, 0, stream>>>(x, x_token_stride, q_weight, k_weight, positions, layout,
+                                          static_cast<float>(s.eps), y, y_token_stride, rstd_q, rstd_k, inv_freq);
   });
   CUDA_CHECK_LAUNCH("qk_norm_rope_forward_kernel");
 }
@@ -294,9 +294,10 @@ void qk_norm_rope_backward_cuda(const __nv_bfloat16* dy, std::int64_t dy_token_s
   const std::int64_t chunks = chunks_for(s.tokens);
   auto* partials = static_cast<float*>(workspace);
   dispatch(s.head_dim, [&](auto lanes) {
-    qk_norm_rope_backward_kernel<decltype(lanes)::value><<<static_cast<unsigned int>(ceil_div(chunks, kWarps)), kThreads, 0, stream>>>(
-        dy, dy_token_stride, x, x_token_stride, q_weight, k_weight, rstd_q, rstd_k, positions, layout, dx,
-        dx_token_stride, partials, inv_freq);
+    qk_norm_rope_backward_kernel<decltype(lanes)::value>
+        <<<static_cast<unsigned int>(ceil_div(chunks, kWarps)), kThreads, 0, stream>>>(
+            dy, dy_token_stride, x, x_token_stride, q_weight, k_weight, rstd_q, rstd_k, positions, layout, dx,
+            dx_token_stride, partials, inv_freq);
   });
   CUDA_CHECK_LAUNCH("qk_norm_rope_backward_kernel");
   qk_norm_dweight_combine_kernel<<<static_cast<unsigned int>(ceil_div(2 * s.head_dim, 32)), kThreads, 0, stream>>>(

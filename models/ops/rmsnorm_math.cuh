@@ -16,8 +16,9 @@ __device__ __forceinline__ float rms_apply(float x, float r, float w) { return x
 __device__ __forceinline__ float rms_mean(float g_dot_x, float r, int dim) {
   return g_dot_x * r / static_cast<float>(dim);
 }
+// Spelled out with round-to-nearest intrinsics so no kernel contracts it into an FMA differently.
 __device__ __forceinline__ float rms_dx(float dy, float w, float x, float r, float mean) {
-  return r * (dy * w - x * r * mean);
+  return __fmul_rn(r, __fsub_rn(__fmul_rn(dy, w), __fmul_rn(__fmul_rn(x, r), mean)));
 }
 
 }  // namespace models::ops::gpu

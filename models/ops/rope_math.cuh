@@ -37,8 +37,13 @@ __device__ __forceinline__ void rope_cos_sin(double position, double inv_freq, f
   sin_out = direction * s;
 }
 
-// The pair (a, b) = (x[i], x[i + head_dim / 2]) rotated by the angle of (c, s).
-__device__ __forceinline__ float rope_first(float a, float b, float c, float s) { return a * c - b * s; }
-__device__ __forceinline__ float rope_second(float a, float b, float c, float s) { return b * c + a * s; }
+// The pair (a, b) = (x[i], x[i + head_dim / 2]) rotated by the angle of (c, s); spelled out with
+// round-to-nearest intrinsics so no kernel contracts it into an FMA differently.
+__device__ __forceinline__ float rope_first(float a, float b, float c, float s) {
+  return __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+}
+__device__ __forceinline__ float rope_second(float a, float b, float c, float s) {
+  return __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
 
 }  // namespace models::ops::gpu
