@@ -100,6 +100,15 @@ void qk_norm_rope_backward_cpu(std::span<const Scalar> dy, std::span<const Scala
   }
 }
 
+template void qk_norm_rope_forward_cpu<double>(std::span<const double>, std::span<const double>,
+                                               std::span<const double>, std::span<const std::int32_t>,
+                                               const QkNormRopeShape&, std::span<double>, std::span<double>,
+                                               std::span<double>);
+template void qk_norm_rope_backward_cpu<double>(std::span<const double>, std::span<const double>,
+                                                std::span<const double>, std::span<const double>,
+                                                std::span<const double>, std::span<const double>,
+                                                std::span<const std::int32_t>, const QkNormRopeShape&,
+                                                std::span<double>, std::span<double>, std::span<double>);
 template void qk_norm_rope_forward_cpu<float>(std::span<const float>, std::span<const float>, std::span<const float>,
                                               std::span<const std::int32_t>, const QkNormRopeShape&, std::span<float>,
                                               std::span<float>, std::span<float>);
