@@ -110,6 +110,10 @@ class TrainableModel {
   // Device int32 flag set when an input id was outside the vocabulary (cuda); nullptr on cpu,
   // which throws core::InputError at once.
   virtual const std::int32_t* invalid_id_flag() const { return nullptr; }
+  // Once the caller has synchronised with the device after a step or an evaluation: throws
+  // core::Error for a fault the device recorded on the way (a persistent kernel's wait that passed
+  // its deadline, whose outputs are not valid). Nothing by default.
+  virtual void check_device_faults() {}
   // optim/gradient_sink.h; nullptr: the slab's gradient buffer. Backends that cannot stream
   // ranges ignore it and report largest_gradient_range() == 0.
   virtual void set_gradient_sink(optim::GradientSink* sink) { (void)sink; }

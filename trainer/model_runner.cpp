@@ -70,6 +70,7 @@ void ModelRunner::micro_step(const std::int32_t* ids, const std::int32_t* target
 std::vector<double> ModelRunner::take_losses() {
   if (!cuda_) return std::exchange(host_losses_, {});
   context_.synchronize();
+  model_->check_device_faults();
   std::vector<double> out(losses_.as<float>(), losses_.as<float>() + pending_);
   pending_ = 0;
   return out;
@@ -86,6 +87,7 @@ double ModelRunner::eval_loss(const std::int32_t* ids, const std::int32_t* targe
   float loss = 0;
   CUDA_CHECK(cudaMemcpyAsync(&loss, model_->loss(), 4, cudaMemcpyDeviceToHost, context_.stream()));
   context_.synchronize();
+  model_->check_device_faults();
   return loss;
 }
 

@@ -28,9 +28,10 @@ class ModelRunner {
   // Adds the gradient of grad_scale * mean loss of the micro-batch [batch, seq] to the gradients.
   void micro_step(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
                   float grad_scale);
-  // Mean loss of each micro_step since the last call, in order (waits for the device).
+  // Mean loss of each micro_step since the last call, in order (waits for the device; a fault the
+  // device recorded meanwhile throws: TrainableModel::check_device_faults).
   std::vector<double> take_losses();
-  // Mean loss of a batch without gradients (waits for the device).
+  // Mean loss of a batch without gradients (waits for the device, then checks for faults as above).
   double eval_loss(const std::int32_t* ids, const std::int32_t* targets, std::int64_t batch, std::int64_t seq);
   // Ids outside the vocabulary reached the model (cuda checks its device flag; cpu throws at once).
   bool saw_invalid_ids();

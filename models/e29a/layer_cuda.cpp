@@ -64,13 +64,18 @@ float score_scale(std::int64_t dim) { return static_cast<float>(1.0 / std::sqrt(
 
 // Scratch of the forward and backward, sized for max_batch x max_steps, and the product plan.
 // A persistent launch's barrier words (device), their copy after the launch (pinned) and the event
-// that says the copy landed.
+// that says the copy landed. The abort record in the words is sticky: a launch resets only the
+// barrier counter, so an abort stays recorded through later launches until the host has read and
+// reported it (then the words are cleared), even when a later launch's copy overwrote the pinned
+// record before the host looked at it.
 struct PersistentLaunch {
-  explicit PersistentLaunch(const core::DeviceContext& context, bool backward)
+  PersistentLaunch(const core::DeviceContext& context, bool backward)
       : sync(context.device(), sizeof(kernels::PersistentSync)),
         record(core::Device::cpu(), sizeof(kernels::PersistentSync), true),
+        stream(context.stream()),
         backward(backward) {
     CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    clear();
   }
   ~PersistentLaunch() { cudaEventDestroy(done); }
   PersistentLaunch(const PersistentLaunch&) = delete;
@@ -78,19 +83,22 @@ struct PersistentLaunch {
 
   kernels::PersistentSync* words() { return sync.as<kernels::PersistentSync>(); }
   // After the launch on `stream`: copy the words back and mark it.
-  void after(cudaStream_t stream) {
-    CUDA_CHECK(
-        cudaMemcpyAsync(record.data(), sync.data(), sizeof(kernels::PersistentSync), cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaEventRecord(done, stream));
+  void after(cudaStream_t launch_stream) {
+    CUDA_CHECK(cudaMemcpyAsync(record.data(), sync.data(), sizeof(kernels::PersistentSync), cudaMemcpyDeviceToHost,
+                               launch_stream));
+    CUDA_CHECK(cudaEventRecord(done, launch_stream));
     launched = true;
   }
-  // Waits for the last launch's record; throws if it aborted.
+  // Waits for the last launch's record; throws if it, or an earlier launch not yet reported, aborted.
   void check(double timeout_seconds) {
     if (!launched) return;
     CUDA_CHECK(cudaEventSynchronize(done));
     launched = false;
-    const auto& words = *record.as<kernels::PersistentSync>();
-    if (words.aborted != 0) throw core::Error(kernels::persistent_abort_message(words, timeout_seconds, backward));
+    const kernels::PersistentSync words = *record.as<kernels::PersistentSync>();
+    if (words.aborted != 0) {
+      clear();
+      throw core::Error(kernels::persistent_abort_message(words, timeout_seconds, backward));
+    }
   }
   // Before a new launch: the previous one's record if it has landed (no wait: check() waits).
   void check_if_landed(double timeout_seconds) {
@@ -105,7 +113,11 @@ struct PersistentLaunch {
     }
   }
 
+  // Zero words: no abort recorded (queued on the layer's stream, before any later launch).
+  void clear() { CUDA_CHECK(cudaMemsetAsync(sync.data(), 0, sizeof(kernels::PersistentSync), stream)); }
+
   core::Buffer sync, record;
+  cudaStream_t stream;
   cudaEvent_t done = nullptr;
   bool launched = false;
   bool backward;

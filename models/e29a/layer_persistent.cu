@@ -1032,7 +1032,8 @@ std::string refusal(Direction direction, int dim, int slots, std::int64_t max_ba
 
 template <typename Args>
 void run(Direction direction, const Args& args, cudaStream_t stream) {
-  CUDA_CHECK(cudaMemsetAsync(args.sync, 0, sizeof(PersistentSync), stream));
+  // Only the barrier counter: an abort record stays until the host has reported it (layer_cuda.cpp).
+  CUDA_CHECK(cudaMemsetAsync(&args.sync->arrived, 0, sizeof(args.sync->arrived), stream));
   if (args.batch == 0 || args.steps == 0) return;
   const Device dev = current_device();
   const Geometry g = geometry_for(direction, dev, args.dim, args.slots, args.batch);

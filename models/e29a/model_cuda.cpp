@@ -232,6 +232,10 @@ const float* E29aCuda::loss() const { return impl_->ends.loss_value(); }
 const float* E29aCuda::token_losses() const { return impl_->ends.token_losses(); }
 const std::int32_t* E29aCuda::invalid_id_flag() const { return impl_->ends.invalid_id_flag(); }
 
+void E29aCuda::check_device_faults() {
+  if (impl_->layer) impl_->layer->check();
+}
+
 void E29aCuda::set_gradient_sink(optim::GradientSink* sink) {
   Impl& m = *impl_;
   m.sink = checked_sink(sink, &m.slab_sink, m.largest_group(), "E29aCuda");

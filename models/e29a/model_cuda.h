@@ -33,6 +33,7 @@ class E29aCuda final : public TrainableModel {
   const float* loss() const override;
   const float* token_losses() const override;  // device fp32, of the last forward_loss
   const std::int32_t* invalid_id_flag() const override;
+  void check_device_faults() override;  // the persistent recurrence's deadlines (LayerCuda::check)
   void set_gradient_sink(optim::GradientSink* sink) override;
   std::int64_t largest_gradient_range() const override;
   std::size_t activation_bytes() const override;

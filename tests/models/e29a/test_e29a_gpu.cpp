@@ -764,58 +764,94 @@ TEST(E29aGpu, TrainedStateMatchesReferenceAndHybrid) {
               g_worst_bf16.name.c_str());
 }
 
+// A small layer on the persistent forward with a 50 ms deadline, its input and an output buffer.
+struct DeadlineCase {
+  static constexpr std::int64_t B = 4, T = 5, D = 64, N = 8;
+  static std::vector<float> zeros(std::int64_t n) { return std::vector<float>(static_cast<std::size_t>(n), 0.0f); }
+  std::mt19937_64 rng{test::fresh_seed()};
+  core::DeviceContext context{core::Device::cuda()};
+  Weights w = random_weights(rng, D, N);
+  Bf16Data u = normal_bf16(rng, static_cast<std::size_t>(B* T* D), 1.0f);
+  DeviceLayer layer{w, zeros(2 * D * D), zeros(D* D), zeros(D), zeros(D* D), zeros(N* D)};
+  e29a::LayerCuda cuda{context, D, N, B, T};
+  e29a::LayerActivationsCuda acts;
+  core::Buffer u_d = to_device(u.bits), y = poisoned(B * T * D * 2);
+
+  DeadlineCase() {
+    cuda.set_forward_kernel(e29a::RecurrenceKernel::persistent);
+    cuda.set_persistent_timeout(0.05);
+    acts = cuda.make_activations();
+  }
+  void forward() { cuda.forward(layer.weights(), u_d.as<__nv_bfloat16>(), B, T, y.as<__nv_bfloat16>(), acts); }
+  void expect_finite_output() {
+    for (const double v : bf16_values(from_device<std::uint16_t>(y.data(), B * T * D))) ASSERT_TRUE(std::isfinite(v));
+  }
+};
+
 // A block that never arrives: every block leaves at the deadline, check() says where, and the next
 // launch runs normally.
 TEST(E29aGpu, PersistentStallLeavesAtDeadline) {
   REQUIRE_GPU();
-  std::mt19937_64 rng(test::fresh_seed());
-  core::DeviceContext context(core::Device::cuda());
-  const std::int64_t B = 4, T = 5, D = 64, N = 8;
-  const Weights w = random_weights(rng, D, N);
-  const Bf16Data u = normal_bf16(rng, static_cast<std::size_t>(B * T * D), 1.0f);
-  const auto dd = static_cast<std::size_t>(D * D);
-  auto zeros = [](std::size_t n) { return std::vector<float>(n, 0.0f); };
-  DeviceLayer layer(w, zeros(2 * dd), zeros(dd), zeros(D), zeros(dd), zeros(N * D));
-  e29a::LayerCuda cuda(context, D, N, B, T);
-  cuda.set_forward_kernel(e29a::RecurrenceKernel::persistent);
-  cuda.set_persistent_timeout(0.05);
-  cuda.stall_block_for_tests(1);
-  auto acts = cuda.make_activations();
-  core::Buffer u_d = to_device(u.bits), y = poisoned(B * T * D * 2);
-  cuda.forward(layer.weights(), u_d.as<__nv_bfloat16>(), B, T, y.as<__nv_bfloat16>(), acts);
+  DeadlineCase c;
+  constexpr std::int64_t B = DeadlineCase::B, T = DeadlineCase::T, D = DeadlineCase::D;
+  c.cuda.stall_block_for_tests(1);
+  c.forward();
   try {
-    cuda.check();
+    c.cuda.check();
     ADD_FAILURE() << "a stalled launch should throw";
   } catch (const core::Error& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("grid barrier 1"), std::string::npos) << what;
     EXPECT_NE(what.find("waited more than"), std::string::npos) << what;
   }
-  cuda.stall_block_for_tests(-1);
-  cuda.forward(layer.weights(), u_d.as<__nv_bfloat16>(), B, T, y.as<__nv_bfloat16>(), acts);
-  EXPECT_NO_THROW(cuda.check());
-  const auto out = bf16_values(from_device<std::uint16_t>(y.data(), B * T * D));
-  for (const double v : out) ASSERT_TRUE(std::isfinite(v));
+  c.cuda.stall_block_for_tests(-1);
+  c.forward();
+  EXPECT_NO_THROW(c.cuda.check());
+  c.expect_finite_output();
 
   // The backward: the same deadline, its own message, and the next backward runs normally.
-  core::Buffer dy_d = to_device(u.bits), du = poisoned(B * T * D * 2);
-  cuda.set_backward_kernel(e29a::RecurrenceKernel::persistent);
-  cuda.stall_block_for_tests(2);
-  cuda.backward(layer.weights(), u_d.as<__nv_bfloat16>(), dy_d.as<__nv_bfloat16>(), du.as<__nv_bfloat16>(),
-                layer.grads(), acts);
+  core::Buffer dy_d = to_device(c.u.bits), du = poisoned(B * T * D * 2);
+  c.cuda.set_backward_kernel(e29a::RecurrenceKernel::persistent);
+  c.cuda.stall_block_for_tests(2);
+  c.cuda.backward(c.layer.weights(), c.u_d.as<__nv_bfloat16>(), dy_d.as<__nv_bfloat16>(), du.as<__nv_bfloat16>(),
+                  c.layer.grads(), c.acts);
   try {
-    cuda.check();
+    c.cuda.check();
     ADD_FAILURE() << "a stalled backward should throw";
   } catch (const core::Error& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("persistent backward"), std::string::npos) << what;
     EXPECT_NE(what.find("grid barrier 1"), std::string::npos) << what;
   }
-  cuda.stall_block_for_tests(-1);
-  cuda.backward(layer.weights(), u_d.as<__nv_bfloat16>(), dy_d.as<__nv_bfloat16>(), du.as<__nv_bfloat16>(),
-                layer.grads(), acts);
-  EXPECT_NO_THROW(cuda.check());
+  c.cuda.stall_block_for_tests(-1);
+  c.cuda.backward(c.layer.weights(), c.u_d.as<__nv_bfloat16>(), dy_d.as<__nv_bfloat16>(), du.as<__nv_bfloat16>(),
+                  c.layer.grads(), c.acts);
+  EXPECT_NO_THROW(c.cuda.check());
   for (const double v : bf16_values(from_device<std::uint16_t>(du.data(), B * T * D))) ASSERT_TRUE(std::isfinite(v));
+}
+
+// The abort record is sticky: a stalled launch followed at once by a normal one (whose copy of the
+// words lands last) is still reported, by the second forward or by check(), once; then launches
+// run normally again.
+TEST(E29aGpu, PersistentAbortIsReportedThroughALaterLaunch) {
+  REQUIRE_GPU();
+  DeadlineCase c;
+  c.cuda.stall_block_for_tests(1);
+  c.forward();
+  c.cuda.stall_block_for_tests(-1);
+  int reports = 0;
+  try {
+    c.forward();
+    c.cuda.check();
+  } catch (const core::Error& e) {
+    ++reports;
+    EXPECT_NE(std::string(e.what()).find("grid barrier 1"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(reports, 1);
+  EXPECT_NO_THROW(c.cuda.check());  // reported once
+  c.forward();
+  EXPECT_NO_THROW(c.cuda.check());
+  c.expect_finite_output();
 }
 
 // A width whose rows do not fit a block's shared memory: the persistent forward refuses by name,
