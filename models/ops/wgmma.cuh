@@ -2,8 +2,8 @@
 // the 128-byte swizzled tile layout, shared-memory matrix descriptors, and D[64, N] += A[64, 16]
 // B[16, N] in bf16 with fp32 accumulation, both operands read from shared memory (K-major, i.e.
 // rows of A and columns of B contiguous along K), issued by the 128 threads of a warpgroup
-// together. The building block of attention and products on wgmma: one instruction keeps the
-// tensor cores busy with 64 x N x 16 where mma.sync does 16 x 8 x 16 per warp.
+// together: one instruction is 64 x N x 16 where mma.sync is 16 x 8 x 16 per warp. No kernel uses
+// it yet; tests/models/ops/test_wgmma_gpu.cu checks it against a CPU product.
 //
 // Layout: a tile of R rows x 64 bf16 (128 bytes a row) in 8-row atoms of 1024 bytes, each atom
 // 1024-byte aligned; within an atom row r's 16-byte chunk q sits at chunk q ^ r (the 128-byte
