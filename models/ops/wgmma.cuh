@@ -1,8 +1,8 @@
 // Hopper's warpgroup matrix multiply (wgmma) for kernels that keep their tiles in shared memory:
 // the 128-byte swizzled tile layout, shared-memory matrix descriptors, and D[64, N] += A[64, 16]
-// B[16, N] in bf16 with fp32 accumulation, both operands read from shared memory (K-major, i.e.
-// rows of A and columns of B contiguous along K), issued by the 128 threads of a warpgroup
-// together: one instruction is 64 x N x 16 where mma.sync is 16 x 8 x 16 per warp. No kernel uses
+// B[16, N] in bf16 with fp32 accumulation, A from shared memory or registers and B from shared
+// memory (K-major, i.e. rows of A and columns of B contiguous along K), issued by the 128 threads
+// of a warpgroup together: one instruction is 64 x N x 16 where mma.sync is 16 x 8 x 16 per warp. No kernel uses
 // it yet; tests/models/ops/test_wgmma_gpu.cu checks it against a CPU product.
 //
 // Layout: a tile of R rows x 64 bf16 (128 bytes a row) in 8-row atoms of 1024 bytes, each atom
@@ -88,48 +88,87 @@ template <int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b,
                                          bool accumulate);
 
+// The same with A from registers: thread t holds, as bf16 pairs (the lower column in the low half),
+// a[0] = A[r][c, c + 1], a[1] = A[r + 8][c, c + 1], a[2] = A[r][c + 8, c + 9], a[3] = A[r + 8][c + 8,
+// c + 9] with r = 16 (t / 32) + (t % 32) / 4 and c = 2 (t % 4): mma.sync's m16n8k16 A fragment, a
+// warp to 16 rows; an accumulator converted to bf16 pairs has this layout (attention's P in P V).
+template <int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc_b,
+                                         bool accumulate);
+
 #ifdef LLMTRAIN_WGMMA
-// D[64, 64] (+)= A[64, 16] B[16, 64], both from shared memory through descriptors, K-major.
+// The accumulator operands: the registers of d as "%0, ..." in the instruction and "+f" bindings.
+#define LLMTRAIN_WGMMA_REGS32                                              \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define LLMTRAIN_WGMMA_REGS64                                                            \
+  LLMTRAIN_WGMMA_REGS32                                                                  \
+      ", "                                                                               \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define LLMTRAIN_WGMMA_D32                                                                                    \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define LLMTRAIN_WGMMA_D64                                                                                       \
+  LLMTRAIN_WGMMA_D32, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), \
+      "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]),    \
+      "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),    \
+      "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),    \
+      "+f"(d[63])
+
+// D[64, 64] (+)= A[64, 16] B[16, 64], both from shared memory through descriptors.
 template <>
 __device__ __forceinline__ void wgmma_ss<64>(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b,
                                              bool accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      :
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" LLMTRAIN_WGMMA_REGS32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : LLMTRAIN_WGMMA_D32
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
-// D[64, 128] (+)= A[64, 16] B[16, 128], both from shared memory through descriptors, K-major.
+// D[64, 128] (+)= A[64, 16] B[16, 128], both from shared memory through descriptors.
 template <>
 __device__ __forceinline__ void wgmma_ss<128>(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b,
-                                             bool accumulate) {
+                                              bool accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      :
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" LLMTRAIN_WGMMA_REGS64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : LLMTRAIN_WGMMA_D64
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
+
+// D[64, 64] (+)= A[64, 16] B[16, 64], A from registers, B from shared memory.
+template <>
+__device__ __forceinline__ void wgmma_rs<64>(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t desc_b,
+                                             bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" LLMTRAIN_WGMMA_REGS32
+      "}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : LLMTRAIN_WGMMA_D32
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// D[64, 128] (+)= A[64, 16] B[16, 128], A from registers, B from shared memory.
+template <>
+__device__ __forceinline__ void wgmma_rs<128>(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t desc_b,
+                                              bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" LLMTRAIN_WGMMA_REGS64
+      "}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : LLMTRAIN_WGMMA_D64
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+#undef LLMTRAIN_WGMMA_REGS32
+#undef LLMTRAIN_WGMMA_REGS64
+#undef LLMTRAIN_WGMMA_D32
+#undef LLMTRAIN_WGMMA_D64
 #else
 template <>
 __device__ __forceinline__ void wgmma_ss<64>(float (&)[32], std::uint64_t, std::uint64_t, bool) {
@@ -137,6 +176,14 @@ __device__ __forceinline__ void wgmma_ss<64>(float (&)[32], std::uint64_t, std::
 }
 template <>
 __device__ __forceinline__ void wgmma_ss<128>(float (&)[64], std::uint64_t, std::uint64_t, bool) {
+  wgmma_trap();
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<64>(float (&)[32], const std::uint32_t (&)[4], std::uint64_t, bool) {
+  wgmma_trap();
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<128>(float (&)[64], const std::uint32_t (&)[4], std::uint64_t, bool) {
   wgmma_trap();
 }
 #endif

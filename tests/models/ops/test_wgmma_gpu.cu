@@ -1,8 +1,9 @@
 // Hopper's wgmma primitives (models/ops/wgmma.cuh) against a CPU product: the swizzled layout is a
 // permutation of each 1024-byte atom, and one warpgroup's D[64, N] = A[64, K] B[N, K]^T over k16
-// steps through descriptors (N 64 and 128, K 64 and 128: one and two 64-column tiles) equals the
-// fp64 product of the same bf16 values within fp32 accumulation error, for fresh random inputs,
-// also when a second product accumulates onto the first. Skips off Hopper or without sm_90a code.
+// steps through descriptors (N 64 and 128, K 64 and 128: one and two 64-column tiles; A from shared
+// memory or from registers) equals the fp64 product of the same bf16 values within fp32
+// accumulation error, for fresh random inputs, also when a second product accumulates onto the
+// first. Skips off Hopper or without sm_90a code.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -41,17 +42,34 @@ __device__ void load_tile(const std::uint16_t* src, int rows, int stride, int co
   }
 }
 
-// c[64, N] = a[64, K] b[N, K]^T (+ the same again when `twice`), one warpgroup; K a multiple of 64.
-template <int N>
-__global__ void __launch_bounds__(128) product_kernel(const std::uint16_t* a, const std::uint16_t* b, int k_total,
-                                                      bool twice, float* c) {
+// This thread's A fragment of the k16 step at column k0 (wgmma_rs's layout), from row-major a.
+__device__ void load_fragment(const std::uint16_t* a, int stride, int k0, std::uint32_t (&frag)[4]) {
+  const int lane = threadIdx.x % 32;
+  const int r = 16 * (threadIdx.x / 32) + lane / 4, c = k0 + 2 * (lane % 4);
+  const auto pair = [&](int row, int column) {
+    return static_cast<std::uint32_t>(a[row * stride + column]) |
+           (static_cast<std::uint32_t>(a[row * stride + column + 1]) << 16);
+  };
+  frag[0] = pair(r, c);
+  frag[1] = pair(r + 8, c);
+  frag[2] = pair(r, c + 8);
+  frag[3] = pair(r + 8, c + 8);
+}
+
+// c[64, N] = a[64, K] b[N, K]^T (+ the same again when `twice`), one warpgroup; K a multiple of 64;
+// A through shared memory, or from registers when `FromRegisters`.
+template <int N, bool FromRegisters>
+__global__ void __launch_bounds__(128)
+    product_kernel(const std::uint16_t* a, const std::uint16_t* b, int k_total, bool twice, float* c) {
   __shared__ __align__(1024) std::uint8_t tile_a[64 * 128];
   __shared__ __align__(1024) std::uint8_t tile_b[N * 128];
   float d[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
-  const std::uint64_t desc_a = gpu::swizzled_tile_descriptor(static_cast<std::uint32_t>(__cvta_generic_to_shared(tile_a)));
-  const std::uint64_t desc_b = gpu::swizzled_tile_descriptor(static_cast<std::uint32_t>(__cvta_generic_to_shared(tile_b)));
+  const std::uint64_t desc_a =
+      gpu::swizzled_tile_descriptor(static_cast<std::uint32_t>(__cvta_generic_to_shared(tile_a)));
+  const std::uint64_t desc_b =
+      gpu::swizzled_tile_descriptor(static_cast<std::uint32_t>(__cvta_generic_to_shared(tile_b)));
   bool accumulate = false;
   for (int pass = 0; pass < (twice ? 2 : 1); ++pass) {
     for (int k0 = 0; k0 < k_total; k0 += 64) {
@@ -60,10 +78,19 @@ __global__ void __launch_bounds__(128) product_kernel(const std::uint16_t* a, co
       load_tile(b, N, k_total, k0, tile_b);
       gpu::fence_shared_for_wgmma();
       __syncthreads();
+      std::uint32_t frags[4][4];
+      if constexpr (FromRegisters) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) load_fragment(a, k_total, k0 + 16 * k, frags[k]);
+      }
       gpu::wgmma_fence();
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        gpu::wgmma_ss<N>(d, gpu::descriptor_at_k(desc_a, k), gpu::descriptor_at_k(desc_b, k), accumulate);
+        if constexpr (FromRegisters) {
+          gpu::wgmma_rs<N>(d, frags[k], gpu::descriptor_at_k(desc_b, k), accumulate);
+        } else {
+          gpu::wgmma_ss<N>(d, gpu::descriptor_at_k(desc_a, k), gpu::descriptor_at_k(desc_b, k), accumulate);
+        }
         accumulate = true;
       }
       gpu::wgmma_commit();
@@ -99,16 +126,18 @@ std::vector<std::uint16_t> random_bf16_bits(std::mt19937_64& rng, std::size_t n)
   return bits;
 }
 
-template <int N>
+template <int N, bool FromRegisters = false>
 void check_product(std::mt19937_64& rng, int k_total, bool twice) {
-  SCOPED_TRACE("N " + std::to_string(N) + " K " + std::to_string(k_total) + (twice ? " twice" : ""));
+  SCOPED_TRACE("N " + std::to_string(N) + " K " + std::to_string(k_total) + (twice ? " twice" : "") +
+               (FromRegisters ? " A from registers" : ""));
   const auto a = random_bf16_bits(rng, static_cast<std::size_t>(64 * k_total));
   const auto b = random_bf16_bits(rng, static_cast<std::size_t>(N * k_total));
   core::Buffer a_d(core::Device::cuda(), a.size() * 2), b_d(core::Device::cuda(), b.size() * 2);
   core::Buffer c_d(core::Device::cuda(), static_cast<std::size_t>(64 * N) * sizeof(float));
   test::from_host(a_d, a);
   test::from_host(b_d, b);
-  product_kernel<N><<<1, 128>>>(a_d.as<std::uint16_t>(), b_d.as<std::uint16_t>(), k_total, twice, c_d.as<float>());
+  product_kernel<N, FromRegisters>
+      <<<1, 128>>>(a_d.as<std::uint16_t>(), b_d.as<std::uint16_t>(), k_total, twice, c_d.as<float>());
   CUDA_CHECK(cudaGetLastError());
   CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> c = test::to_host<float>(c_d);
@@ -117,7 +146,8 @@ void check_product(std::mt19937_64& rng, int k_total, bool twice) {
     for (int column = 0; column < N; ++column) {
       double sum = 0.0, magnitude = 0.0;
       for (int k = 0; k < k_total; ++k) {
-        const double term = double(core::bf16_to_float(a[row * k_total + k])) * core::bf16_to_float(b[column * k_total + k]);
+        const double term =
+            double(core::bf16_to_float(a[row * k_total + k])) * core::bf16_to_float(b[column * k_total + k]);
         sum += term;
         magnitude += std::fabs(term);
       }
@@ -161,6 +191,8 @@ TEST(WgmmaGpu, WarpgroupProductMatchesReference) {
   check_product<128>(rng, 64, false);
   check_product<64>(rng, 128, false);
   check_product<128>(rng, 128, true);
+  check_product<64, true>(rng, 64, false);
+  check_product<128, true>(rng, 128, true);
 }
 
 }  // namespace
