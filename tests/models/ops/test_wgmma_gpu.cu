@@ -155,9 +155,10 @@ void check_product(std::mt19937_64& rng, int k_total, bool twice) {
         sum *= 2;
         magnitude *= 2;
       }
-      // fp32 accumulation: a few ulps of the sum of magnitudes.
+      // fp32 accumulation (the tensor cores may align the addends with fewer guard bits than an FMA
+      // chain): 5e-5 of the sum of magnitudes, about 800 fp32 ulps; a wrong layout is off by O(1).
       const double err = std::fabs(c[row * N + column] - sum);
-      if (!(err <= 1e-5 * magnitude + 1e-6) && bad++ < 5) {
+      if (!(err <= 5e-5 * magnitude + 1e-6) && bad++ < 5) {
         ADD_FAILURE() << "D[" << row << ", " << column << "] = " << c[row * N + column] << ", expected " << sum;
       }
     }
