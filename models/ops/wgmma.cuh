@@ -101,10 +101,9 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const std::uint32_t 
 #define LLMTRAIN_WGMMA_REGS32                                              \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define LLMTRAIN_WGMMA_REGS64                                                        \
-  LLMTRAIN_WGMMA_REGS32                                                              \
-  ", "                                                                               \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+#define LLMTRAIN_WGMMA_REGS64 LLMTRAIN_WGMMA_REGS32 LLMTRAIN_WGMMA_REGS32_63
+#define LLMTRAIN_WGMMA_REGS32_63                                                       \
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define LLMTRAIN_WGMMA_D32                                                                                    \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
@@ -167,6 +166,7 @@ __device__ __forceinline__ void wgmma_rs<128>(float (&d)[64], const std::uint32_
 }
 #undef LLMTRAIN_WGMMA_REGS32
 #undef LLMTRAIN_WGMMA_REGS64
+#undef LLMTRAIN_WGMMA_REGS32_63
 #undef LLMTRAIN_WGMMA_D32
 #undef LLMTRAIN_WGMMA_D64
 #else
