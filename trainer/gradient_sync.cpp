@@ -45,12 +45,21 @@ float* GradientSync::acquire_held(optim::Range range) {
   return held_.as<float>();
 }
 
-std::uint64_t GradientSync::reduce_detached(optim::Range range, const float* data) {
+std::uint64_t GradientSync::reduce_detached(optim::Range range, float* data) {
   // The backward goes on while the reductions run; the compute stream waits only at markers.
   const comm::DetachedScope detached(comm_);
-  reduce_onto_owners(range, data);
+  reduce(range, data);
   reduced_.push_back(range);
   return last_marker_ = comm_.marker();
+}
+
+void GradientSync::reduce(optim::Range range, float* data) {
+  if (stage_ == 0) {
+    comm_.all_reduce(data, core::DType::f32, static_cast<std::size_t>(range.size()), comm::ReduceOp::avg,
+                     "gradient all-reduce (ZeRO-0)");
+  } else {
+    reduce_onto_owners(range, data);
+  }
 }
 
 float* GradientSync::acquire(optim::Range range) {
@@ -75,16 +84,7 @@ void GradientSync::release(optim::Range range) {
     // The range's gradients are final once the last micro-batch releases them: reduce them in
     // place while the backward goes on (on cpu the models report no ranges: finish() does it all).
     if (last_micro_batch_ && comm_.world() > 1 && context_.is_cuda()) {
-      const comm::DetachedScope detached(comm_);
-      float* grad = slab_.grad_origin() + range.begin;
-      if (stage_ == 0) {
-        comm_.all_reduce(grad, core::DType::f32, static_cast<std::size_t>(range.size()), comm::ReduceOp::avg,
-                         "gradient all-reduce (ZeRO-0)");
-      } else {
-        reduce_onto_owners(range, grad);
-      }
-      reduced_.push_back(range);
-      last_marker_ = comm_.marker();
+      reduce_detached(range, slab_.grad_origin() + range.begin);
     }
     return;
   }
@@ -95,7 +95,7 @@ void GradientSync::release(optim::Range range) {
   }
   if (open_slot_ < 0 || !(range == open_range_))
     throw core::Error("gradient sync: release of a range that is not open");
-  const float* data = staging_.as<float>() + static_cast<std::int64_t>(open_slot_) * slot_elements_;
+  float* data = staging_.as<float>() + static_cast<std::int64_t>(open_slot_) * slot_elements_;
   slot_free_[open_slot_] = reduce_detached(range, data);
   open_slot_ = -1;
 }
@@ -147,13 +147,7 @@ void GradientSync::finish() {
     for (const optim::SlabTensor& t : layout.tensors()) {
       const bool reported =
           std::any_of(reduced_.begin(), reduced_.end(), [&](const optim::Range& r) { return r.contains(t.range()); });
-      if (reported) continue;
-      if (stage_ == 0) {
-        comm_.all_reduce(grad + t.range().begin, core::DType::f32, static_cast<std::size_t>(t.range().size()),
-                         comm::ReduceOp::avg, "gradient all-reduce (ZeRO-0)");
-      } else {
-        reduce_onto_owners(t.range(), grad + t.range().begin);
-      }
+      if (!reported) reduce(t.range(), grad + t.range().begin);
     }
     reduced_.clear();
   } else if (stage_ == 0) {

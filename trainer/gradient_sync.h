@@ -58,9 +58,12 @@ class GradientSync final : public optim::GradientSink {
   // Averages the pieces of `range` (gradients at `data`, element range.begin first) onto the
   // ranks whose shards hold them, each into its shard of the slab's gradients (one NCCL group).
   void reduce_onto_owners(optim::Range range, const float* data);
+  // What `range`'s gradients at `data` need at this stage: the all-reduce (ZeRO-0), else the
+  // reduction onto owners.
+  void reduce(optim::Range range, float* data);
   // The same on the communication stream without making the compute stream wait; returns the
   // marker after it (a staging buffer is free again once it has passed).
-  std::uint64_t reduce_detached(optim::Range range, const float* data);
+  std::uint64_t reduce_detached(optim::Range range, float* data);
   void zero_outside_owned();
 
   comm::Communicator& comm_;

@@ -82,11 +82,11 @@ struct PersistentLaunch {
   PersistentLaunch& operator=(const PersistentLaunch&) = delete;
 
   kernels::PersistentSync* words() { return sync.as<kernels::PersistentSync>(); }
-  // After the launch on `stream`: copy the words back and mark it.
-  void after(cudaStream_t launch_stream) {
-    CUDA_CHECK(cudaMemcpyAsync(record.data(), sync.data(), sizeof(kernels::PersistentSync), cudaMemcpyDeviceToHost,
-                               launch_stream));
-    CUDA_CHECK(cudaEventRecord(done, launch_stream));
+  // After the launch (on the layer's stream): copy the words back and mark it.
+  void after() {
+    CUDA_CHECK(
+        cudaMemcpyAsync(record.data(), sync.data(), sizeof(kernels::PersistentSync), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaEventRecord(done, stream));
     launched = true;
   }
   // Waits for the last launch's record; throws if it, or an earlier launch not yet reported, aborted.
@@ -336,7 +336,7 @@ void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int
     a.sync = p.forward_launch.words();
     a.profile = profile_;
     kernels::persistent_forward(a, stream);
-    p.forward_launch.after(stream);
+    p.forward_launch.after();
   }
   for (std::int64_t t = 0; t < T && !persistent; ++t) {
     float* h_prev = saved.h_ + t * B * D;
@@ -510,7 +510,7 @@ void LayerCuda::backward(const LayerWeightsCuda& weights, const bf16* u, const b
     a.sync = p.backward_launch.words();
     a.profile = backward_profile_;
     kernels::persistent_backward(a, stream);
-    p.backward_launch.after(stream);
+    p.backward_launch.after();
   } else {
     hybrid_backward(weights, dy, saved, scores);
   }

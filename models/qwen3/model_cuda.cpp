@@ -130,6 +130,9 @@ struct Qwen3Cuda::Impl : ActivationLayout {
   optim::Range embed_range, tail_range;
   std::vector<optim::Range> layer_ranges;
   core::PhaseTimer* timer = nullptr;  // set_phase_timer; null records nothing
+  // q/k norm + RoPE in one pass each way where the shape allows (activations are 256-byte aligned
+  // slices of one allocation, so the packed strides decide), else the four separate launches.
+  bool fused_qk_norm_rope;
 
   Impl(const Qwen3Config& config, optim::Slab& s, const core::DeviceContext& context, std::int64_t tokens, Recompute r,
        optim::WeightSource* source)
@@ -141,7 +144,9 @@ struct Qwen3Cuda::Impl : ActivationLayout {
         max_tokens(tokens),
         recompute(r),
         linear(context),
-        holds(source, s.layout(), sizeof(bf16)) {}
+        holds(source, s.layout(), sizeof(bf16)),
+        fused_qk_norm_rope(ops::qk_norm_rope_supported(qk_norm_rope_shape(tokens),
+                                                       {config.qkv_size(), config.q_size() + config.kv_size()}, {})) {}
 
   template <typename T>
   T* at(std::size_t offset) {
@@ -181,9 +186,9 @@ struct Qwen3Cuda::Impl : ActivationLayout {
     const std::int32_t* pos = at<std::int32_t>(positions);
     {
       const Scope phase(t, "attn.qk_norm_rope.fwd");
-      const ops::QkNormRopeShape qk_shape = qk_norm_rope_shape(n);
-      if (ops::qk_norm_rope_supported(qk_shape, {qkv, qk}, {at<bf16>(s.qkv), at<bf16>(s.qk)})) {
+      if (fused_qk_norm_rope) {
         // One pass (the same bits as the four launches below).
+        const ops::QkNormRopeShape qk_shape = qk_norm_rope_shape(n);
         ops::qk_norm_rope_forward_cuda(at<bf16>(s.qkv), qkv, w(lw.q_norm), w(lw.k_norm), pos, qk_shape, at<bf16>(s.qk),
                                        qk, at<float>(s.rstd_q), at<float>(s.rstd_k), stream);
       } else {
@@ -376,8 +381,8 @@ struct Qwen3Cuda::Impl : ActivationLayout {
       }
       {
         const Scope phase(timer, "attn.qk_norm_rope.bwd");
-        const ops::QkNormRopeShape qk_shape = qk_norm_rope_shape(n);
-        if (ops::qk_norm_rope_supported(qk_shape, {qk, qkv}, {at<bf16>(dqk), at<bf16>(s.qkv), at<bf16>(dqkv)})) {
+        if (fused_qk_norm_rope) {
+          const ops::QkNormRopeShape qk_shape = qk_norm_rope_shape(n);
           ops::qk_norm_rope_backward_cuda(
               at<bf16>(dqk), qk, at<bf16>(s.qkv), qkv, w(lw.q_norm), w(lw.k_norm), at<float>(s.rstd_q),
               at<float>(s.rstd_k), pos, qk_shape, at<bf16>(dqkv), qkv, grad_in(att_grad, attention, lw.q_norm),
