@@ -18,6 +18,10 @@
 // (tape_update, block_slot_sums, softmax_warp), in the same per-thread order as the hybrid
 // path's kernels.
 //
+// Every phase is inlined into its kernel, so the launch's arguments are read from the constant
+// bank where they are used; as called functions they took them through a generic pointer, reloaded
+// after every store that might alias them (the loads were the sequence phase's main stall).
+//
 // Barriers: one counter for the launch; every block release-adds 1 and acquires until it reaches
 // blocks x barriers passed; zeroed before the launch. Every wait has a deadline.
 #include "models/e29a/layer_persistent.h"
@@ -250,8 +254,8 @@ struct RowsJob {
 // takes 4 sequences (a group) over all of K, or, with fewer groups than warps, a part of K; parts
 // are summed through shared memory in part order.
 template <bool Vec>
-__device__ __noinline__ void rows_phase(const RowsJob& job, const Layout& l, const __nv_bfloat16* weights,
-                                        float* reduce, int row0, int rows) {
+__device__ __forceinline__ void rows_phase(const RowsJob& job, const Layout& l, const __nv_bfloat16* weights,
+                                           float* reduce, int row0, int rows) {
   const int K = job.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int B = job.B;
   const int blocks256 = (K + 255) / 256;
@@ -400,8 +404,8 @@ __device__ __forceinline__ void load_xz(const PersistentForwardArgs& a, std::int
 
 // Step 0's read: H_0, h_{-1} (the start state), x_0 and W_h h_{-1}.
 template <int MaxN>
-__device__ __noinline__ void first_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh, std::uint32_t H,
-                                        std::int64_t b, Owned& own) {
+__device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh,
+                                           std::uint32_t H, std::int64_t b, Owned& own) {
   const int D = a.dim, N = a.slots;
   float x[kMaxFeatures], rec[kMaxFeatures], hp[kMaxFeatures];
   load_xz(a, b, 0, 0, x);
@@ -421,9 +425,9 @@ __device__ __noinline__ void first_read(const PersistentForwardArgs& a, const st
 // Step t's write (attention, tape update, checkpoint, y_t), then step t + 1's read when there is
 // one. w_t and W_h h_t come from this step's rows phase.
 template <int MaxN>
-__device__ __noinline__ void write_then_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh,
-                                             std::uint32_t H, std::int64_t b, std::int64_t t, Owned& own,
-                                             Laps<3>& sub) {
+__device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh,
+                                                std::uint32_t H, std::int64_t b, std::int64_t t, Owned& own,
+                                                Laps<3>& sub) {
   sub.start();
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps;
@@ -594,8 +598,8 @@ __device__ __forceinline__ const float* segment_tape(const PersistentBackwardArg
 // from the checkpoint and the saved writes, into the segment; `scratch` (shared) holds the running
 // tape and ends with the segment's last.
 template <int MaxN>
-__device__ __noinline__ void replay_segment(const PersistentBackwardArgs& a, std::int64_t b, std::int64_t s0,
-                                            std::uint32_t scratch) {
+__device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, std::int64_t b, std::int64_t s0,
+                                               std::uint32_t scratch) {
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, per_tape = static_cast<std::int64_t>(N) * D;
   const std::int64_t count = min(a.steps, s0 + a.interval) - s0;
@@ -673,9 +677,9 @@ __device__ __forceinline__ void slot_attention_backward(float (&part)[MaxN], con
 // Sequence phase of step t (see above). `products`: this step's rows phase ran (not the last step).
 // `s0`: the first step of the segment in the scratch, moved back when step t - 1 needs the one before.
 template <int MaxN>
-__device__ __noinline__ void backward_step(const PersistentBackwardArgs& a, const step::Shared<MaxN>& sh,
-                                           std::uint32_t dH, std::uint32_t tape, std::int64_t b, std::int64_t t,
-                                           bool products, std::int64_t& s0, BackOwned& own, Laps<4>& sub) {
+__device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, const step::Shared<MaxN>& sh,
+                                              std::uint32_t dH, std::uint32_t tape, std::int64_t b, std::int64_t t,
+                                              bool products, std::int64_t& s0, BackOwned& own, Laps<4>& sub) {
   sub.start();
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps, row = t * B + b;
