@@ -20,7 +20,7 @@
 //
 // Every phase is inlined into its kernel, so the launch's arguments are read from the constant
 // bank where they are used; as called functions they took them through a generic pointer, reloaded
-// after every store that might alias them (the loads were the sequence phase's main stall). The
+// after every store that might alias them (those loads were among the sequence phase's top stalls). The
 // file then takes several minutes to compile; nvcc's --split-compile would shorten that but
 // leaves the rows phase's butterfly slower (11.2 -> 18.9 us a step at B 64), so it is not used.
 //
