@@ -1,0 +1,53 @@
+// What the host side of the persistent E29a kernels (layer_persistent.cu) and the kernels' files
+// (layer_persistent_kernels.cuh, instantiated per slot capacity by layer_persistent_n*.cu) share:
+// the block shape, a block's shared-memory layout, the launch geometry and the launchers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "models/e29a/layer_persistent.h"
+
+namespace models::e29a::kernels::persistent {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileRows = 16;    // rows of a warp pass
+constexpr int kItems = 4;        // sequences of a warp pass
+constexpr int kMaxTiles = 8;     // at most 128 rows a block
+constexpr int kMaxFeatures = 8;  // features a thread owns in the sequence phase: D <= 2048
+
+// A block's rows of the stacked matrix it keeps in shared memory: rows [0, split) take the first
+// input vector, rows from split the second (split = D forward; the backward pads it to whole
+// tiles so no tile takes both).
+struct Layout {
+  int rows_per_block = 0, tiles = 0, ld = 0, split = 0;
+  std::size_t weight_bytes = 0, reduce_bytes = 0, step_bytes = 0;
+};
+
+struct Device {
+  int sms = 0, smem_optin = 0, cooperative = 0;
+};
+
+enum class Direction { forward, backward };
+
+inline const char* direction_name(Direction direction) {
+  return direction == Direction::forward ? "forward" : "backward";
+}
+
+struct Geometry {
+  int grid = 0;
+  Layout l;
+  std::size_t tape_bytes = 0, smem = 0;
+};
+
+// Launches the kernel of slot capacity MaxN (8, 16, 32 or 64; layer_persistent_n<MaxN>.cu) on
+// `stream`: the vectorised rows phase when the width is a multiple of 8.
+template <int MaxN>
+void launch(const PersistentForwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream);
+template <int MaxN>
+void launch(const PersistentBackwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream);
+
+}  // namespace models::e29a::kernels::persistent

@@ -1,0 +1,6 @@
+// The persistent E29a kernels of slot capacity 32 (layer_persistent_kernels.cuh), both directions.
+#include "models/e29a/layer_persistent_kernels.cuh"
+
+namespace models::e29a::kernels::persistent {
+E29A_PERSISTENT_INSTANCES(32);
+}  // namespace models::e29a::kernels::persistent
