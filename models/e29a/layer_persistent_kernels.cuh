@@ -55,7 +55,8 @@ struct Params {
 using step::kFull;
 
 // Records the first timed-out wait of the launch (later ones see `aborted` and just leave).
-__device__ inline void record_abort(const GridSync& g, std::uint32_t barrier, std::uint32_t wanted, std::uint32_t seen) {
+__device__ inline void record_abort(const GridSync& g, std::uint32_t barrier, std::uint32_t wanted,
+                                    std::uint32_t seen) {
   PersistentSync* s = g.sync;
   if (atomicCAS(&s->aborted, 0u, 1u) == 0u) {
     s->block = blockIdx.x;
@@ -939,7 +940,8 @@ void launch(const PersistentBackwardArgs& args, const Device& dev, const Geometr
 
 // The instances of one slot capacity (layer_persistent_n<MaxN>.cu: one file each, so the four
 // capacities' kernels compile in parallel).
-#define E29A_PERSISTENT_INSTANCES(MaxN)                                                                       \
+#define E29A_PERSISTENT_INSTANCES(MaxN)                                                                   \
   template void launch<MaxN>(const PersistentForwardArgs&, const Device&, const Geometry&, cudaStream_t); \
   template void launch<MaxN>(const PersistentBackwardArgs&, const Device&, const Geometry&, cudaStream_t)
+
 }  // namespace models::e29a::kernels::persistent
