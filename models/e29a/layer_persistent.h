@@ -16,7 +16,7 @@
 // The backward has the same two phases a step in reverse: rows of [W_h^T ; W_write^T] times
 // (dL/dpre_{t+1}, dL/dw_t), then a block per sequence for the gate, tanh and both attentions'
 // backwards with dL/dH in shared memory and the tapes replayed segment by segment from the
-// forward's checkpoints (layer_persistent.cu says in which order). Its outputs are the hybrid
+// forward's checkpoints (layer_persistent_kernels.cuh says in which order). Its outputs are the hybrid
 // backward's per-step operands of the weight-gradient products.
 //
 // Every barrier wait has a deadline; the first wait to pass it records where it stood and every

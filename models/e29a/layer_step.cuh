@@ -1,6 +1,6 @@
 // The per-sequence arithmetic of one E29a step on the GPU, shared by the hybrid path's phase
 // kernels (layer_kernels.cu: one block per sequence) and the persistent forward
-// (layer_persistent.cu: a block walks its sequences between grid-wide barriers), so both run the
+// (layer_persistent_kernels.cuh: a block walks its sequences between grid-wide barriers), so both run the
 // same operations in the same order. A block's threads stride over the D features; the N slot
 // sums are reduced in a fixed order (warp shuffles, then warps in order); softmax and its backward
 // run in warp 0 (N <= 64: two slots per lane). The tape update is written with explicit
