@@ -7,7 +7,11 @@
 //  - a grid hand-off of K partial vectors (every block writes its rows of its cluster's partial,
 //    release-adds one counter; every block acquires it and sums the K partials);
 //  - a layer's skeleton: grid hand-off, cluster all-gather of the q/k/v rows, a broadcast of one
-//    head group's attention output, grid hand-off, cluster all-gather of the activation slice.
+//    head group's attention output, grid hand-off, cluster all-gather of the activation slice;
+//  - slot sums (E29a's attention over N slots with a sequence spread over a cluster): every block
+//    sends its n partial sums to every block, each sums the cluster's in rank order; once with a
+//    cluster barrier, once with a flag a sender stores (release) into each receiver's shared
+//    memory and the receiver waits for (acquire, with a deadline), so no cluster barrier.
 // Every step depends on the one before (the values carry the previous sum), rounds form a chain,
 // and every block checks the exact expected sum every round.
 // usage: cluster_bench [rounds] [shared KB per block]
@@ -20,6 +24,7 @@
 #include <cstdlib>
 
 #include "bench/event_timer.h"
+#include "core/async_copy.cuh"
 #include "core/error.h"
 #include "core/memory_order.cuh"
 
@@ -30,9 +35,16 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxVec = 2048;  // floats of one exchanged vector, at most
 
-enum Mode { barrier_only = 0, allgather = 1, grid_partials = 2, skeleton = 3 };
-const char* kModeNames[] = {"cluster barrier", "cluster all-gather", "grid hand-off of K partials",
-                            "layer skeleton (2 grid + 3 cluster)"};
+enum Mode { barrier_only = 0, allgather = 1, grid_partials = 2, skeleton = 3, sums_barrier = 4, sums_flags = 5 };
+const char* kModeNames[] = {"cluster barrier",
+                            "cluster all-gather",
+                            "grid hand-off of K partials",
+                            "layer skeleton (2 grid + 3 cluster)",
+                            "slot sums, cluster barrier",
+                            "slot sums, flags"};
+constexpr int kModes = 6;
+constexpr int kMaxCluster = 16;
+constexpr int kMaxSlots = 64;
 
 struct Args {
   int rounds = 0, n = 0, hidden = 0;
@@ -112,11 +124,58 @@ __device__ float grid_handoff(const Args& a, int round2, float value, float* red
   return block_sum(s, red);
 }
 
+// Every block's n partial sums (each `value`) into slot [rank] of every block's buffer; then, after
+// the cluster barrier or once every sender's flag has reached `round` + 1, thread j < n sums slot
+// j over the ranks in rank order. Returns the block's total of the n sums. Flags: a sender's
+// threads store the values, the block meets, thread 0 stores the flag into each receiver with
+// release at cluster scope; a receiver's thread 0 acquires its own flags (a deadline of 1 s
+// counts an error instead of hanging). Two buffers by round parity: a sender reaches round r + 2
+// only after every receiver has sent round r + 1, that is after it has summed round r.
+template <bool Flags>
+__device__ float slot_sums(cg::cluster_group& cluster, float (&buf)[2][kMaxCluster][kMaxSlots], std::uint32_t* flags,
+                           int round, int n, float value, float* red, int* errors) {
+  const int c = static_cast<int>(cluster.num_blocks()), r = static_cast<int>(cluster.block_rank());
+  float(*mine)[kMaxSlots] = buf[round & 1];
+  for (int i = threadIdx.x; i < n * c; i += kThreads) cluster.map_shared_rank(&mine[r][0], i / n)[i % n] = value;
+  if constexpr (Flags) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const auto want = static_cast<std::uint32_t>(round + 1);
+      for (int peer = 0; peer < c; ++peer) {
+        std::uint32_t* remote = cluster.map_shared_rank(flags + r, peer);
+        asm volatile("st.release.cluster.u32 [%0], %1;" ::"l"(remote), "r"(want) : "memory");
+      }
+      const std::uint64_t start = core::globaltimer();
+      for (int peer = 0; peer < c; ++peer) {
+        std::uint32_t seen = 0;
+        do {
+          asm volatile("ld.acquire.cluster.u32 %0, [%1];" : "=r"(seen) : "l"(flags + peer) : "memory");
+        } while (seen < want && core::globaltimer() - start < 1000000000ull);
+        if (seen < want) atomicAdd(errors, 1);
+      }
+    }
+    __syncthreads();
+  } else {
+    cluster.sync();
+  }
+  float s = 0.0f;
+  if (threadIdx.x < n) {
+    for (int k = 0; k < c; ++k) s += mine[k][threadIdx.x];
+  }
+  return block_sum(s, red);
+}
+
 template <int M>
 __global__ void __launch_bounds__(kThreads, 1) exchange(Args a) {
   __shared__ float red[kThreads / 32];
   __shared__ __align__(16) float buf[2][kMaxVec];
+  __shared__ float sums[2][kMaxCluster][kMaxSlots];
+  __shared__ std::uint32_t flags[kMaxCluster];
   cg::cluster_group cluster = cg::this_cluster();
+  if constexpr (M == sums_flags) {
+    if (threadIdx.x < kMaxCluster) flags[threadIdx.x] = 0;
+    cluster.sync();  // every block's flags are zero before any peer stores one
+  }
   const int clusters = static_cast<int>(gridDim.x / cluster.num_blocks());
   float sum = 0.0f;
   int grid_rounds = 0;
@@ -133,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1) exchange(Args a) {
     } else if constexpr (M == grid_partials) {
       sum = grid_handoff(a, grid_rounds++, value, red);
       want = value * static_cast<float>(a.hidden) * static_cast<float>(clusters);
-    } else {
+    } else if constexpr (M == skeleton) {
       // qkv rows of a kv head (n), attention output of its heads (n / 2), activation slice (n * 3 / 4).
       float s = grid_handoff(a, grid_rounds++, value, red);
       const float v1 = s / (static_cast<float>(a.hidden) * static_cast<float>(clusters));
@@ -146,13 +205,18 @@ __global__ void __launch_bounds__(kThreads, 1) exchange(Args a) {
       sum = cluster_allgather(cluster, buf[0] + kMaxVec / 2, a.n * 3 / 4, v4, red);
       want = value * static_cast<float>(a.n * 3 / 4);
       cluster.sync();  // buf[0] is rewritten next round
+    } else {
+      sum = slot_sums<M == sums_flags>(cluster, sums, flags, r, a.n, value, red, a.errors);
+      want = value * static_cast<float>(a.n) * static_cast<float>(cluster.num_blocks());
     }
     if (threadIdx.x == 0 && sum != want) atomicAdd(a.errors, 1);
   }
+  if constexpr (M == sums_flags) cluster.sync();  // no block leaves while a peer may still store into it
 }
 
 using Kernel = void (*)(Args);
-const Kernel kKernels[] = {exchange<barrier_only>, exchange<allgather>, exchange<grid_partials>, exchange<skeleton>};
+const Kernel kKernels[] = {exchange<barrier_only>, exchange<allgather>,    exchange<grid_partials>,
+                           exchange<skeleton>,     exchange<sums_barrier>, exchange<sums_flags>};
 
 cudaLaunchConfig_t config_for(int blocks, int cluster, int smem, cudaLaunchAttribute* attrs, bool cooperative) {
   cudaLaunchConfig_t cfg = {};
@@ -232,13 +296,16 @@ int bench_main(int argc, char** argv) {
   struct Shape {
     int clusters, cluster;
   };
-  const Shape shapes[] = {{8, 16}, {16, 8}, {7, 16}, {32, 4}};
+  const Shape shapes[] = {{8, 16}, {16, 8}, {7, 16}, {32, 4}, {15, 8}, {30, 4}, {64, 2}};
   for (const Shape s : shapes) {
     std::printf("%d clusters of %d (%d blocks):\n", s.clusters, s.cluster, s.clusters * s.cluster);
-    for (int mode = 0; mode < 4; ++mode) {
+    for (int mode = 0; mode < kModes; ++mode) {
+      if (s.cluster > kMaxCluster) continue;
       const int sizes_allgather[] = {256, 512, 1024, 2048};
-      const int* sizes = mode == allgather ? sizes_allgather : nullptr;
-      const int nsizes = mode == allgather ? 4 : 1;
+      const int sizes_slots[] = {8, 16, 64};
+      const bool slots = mode == sums_barrier || mode == sums_flags;
+      const int* sizes = mode == allgather ? sizes_allgather : slots ? sizes_slots : nullptr;
+      const int nsizes = mode == allgather ? 4 : slots ? 3 : 1;
       for (int i = 0; i < nsizes; ++i) {
         const int n = sizes ? sizes[i] : 512;
         int errors = 0;
