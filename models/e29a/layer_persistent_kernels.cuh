@@ -286,15 +286,15 @@ __device__ __forceinline__ void rows_phase(const RowsJob& job, const Layout& l, 
         }
       } else {
         if (active) {
-          reduce[(part * groups + g) * 64 + q_base] = sums[0];
-          reduce[(part * groups + g) * 64 + q_base + 1] = sums[1];
+          reduce[(part * groups + g) * kTileSums + q_base] = sums[0];
+          reduce[(part * groups + g) * kTileSums + q_base + 1] = sums[1];
         }
         __syncthreads();
-        for (int t = threadIdx.x; t < groups * 64; t += kThreads) {
-          const int gg = t / 64, q = t % 64, row = first + q / kItems, b = gg * kItems + q % kItems;
+        for (int t = threadIdx.x; t < groups * kTileSums; t += kThreads) {
+          const int gg = t / kTileSums, q = t % kTileSums, row = first + q / kItems, b = gg * kItems + q % kItems;
           if (row >= last || b >= B) continue;
           float s = 0.0f;
-          for (int pp = 0; pp < kparts; ++pp) s += reduce[(pp * groups + gg) * 64 + q];
+          for (int pp = 0; pp < kparts; ++pp) s += reduce[(pp * groups + gg) * kTileSums + q];
           put(row, b, s);
         }
         __syncthreads();

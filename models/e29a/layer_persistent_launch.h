@@ -14,10 +14,11 @@ namespace models::e29a::kernels::persistent {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileRows = 16;    // rows of a warp pass
-constexpr int kItems = 4;        // sequences of a warp pass
-constexpr int kMaxTiles = 8;     // at most 128 rows a block
-constexpr int kMaxFeatures = 8;  // features a thread owns in the sequence phase: D <= 2048
+constexpr int kTileRows = 16;                  // rows of a warp pass
+constexpr int kItems = 4;                      // sequences of a warp pass
+constexpr int kTileSums = kTileRows * kItems;  // sums a warp pass finishes (the rows phase's reduce slots)
+constexpr int kMaxTiles = 8;                   // at most 128 rows a block
+constexpr int kMaxFeatures = 8;                // features a thread owns in the sequence phase: D <= 2048
 
 // A block's rows of the stacked matrix it keeps in shared memory: rows [0, split) take the first
 // input vector, rows from split the second (split = D forward; the backward pads it to whole
