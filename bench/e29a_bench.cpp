@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
     };
     layer.set_forward_kernel(kernel(forward));
     layer.set_backward_kernel(kernel(backward));
-    core::Buffer profile_ns = zeros_f32(11 * 2);           // 11 uint64
+    core::Buffer profile_ns = zeros_f32(12 * 2);           // 12 uint64
     core::Buffer backward_profile_ns = zeros_f32(12 * 2);  // 12 uint64
     if (profile) {
       layer.set_persistent_profile(profile_ns.as<std::uint64_t>());
@@ -173,10 +173,11 @@ int main(int argc, char** argv) {
       }
     };
     if (profile) {
-      put_profile("profile_us_per_step", profile_ns, {"loads_write_attention", "tape_pass", "read"});
+      put_profile("profile_us_per_step", profile_ns,
+                  {"loads_and_score_pass", "sums_and_softmaxes", "tape_pass", "outputs"});
       if (layer.last_backward_kernel() == models::e29a::RecurrenceKernel::persistent) {
         put_profile("backward_profile_us_per_step", backward_profile_ns,
-                    {"read_back_scores", "d_tape_and_dh", "replay", "write_back"});
+                    {"replay", "loads_and_score_pass", "sums_and_softmaxes", "gradient_pass"});
       }
     }
     std::printf("%s\n", out.dump().c_str());

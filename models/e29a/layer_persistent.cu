@@ -51,7 +51,7 @@ Geometry geometry_for(Direction direction, const Device& dev, int dim, int slots
   g.l.ld = (dim + 7) / 8 * 8;
   g.l.weight_bytes = align16(static_cast<std::size_t>(g.l.tiles) * kTileRows * g.l.ld * sizeof(__nv_bfloat16));
   g.l.reduce_bytes = kWarps * kTileSums * sizeof(float);
-  g.l.step_bytes = align16(step::shared_floats(slot_capacity(slots), kThreads, dim) * sizeof(float));
+  g.l.step_bytes = align16(seq_shared_floats(slot_capacity(slots)) * sizeof(float));
   g.tape_bytes = align16(static_cast<std::size_t>(slots) * dim * sizeof(float)) * (backward ? 2 : 1);
   g.smem = g.l.weight_bytes + g.l.reduce_bytes + g.l.step_bytes + g.tape_bytes;
   return g;

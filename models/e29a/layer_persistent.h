@@ -60,8 +60,8 @@ struct PersistentForwardArgs {
   PersistentSync* sync = nullptr;
   double timeout_seconds = 5.0;
   int stall_block = -1;  // tests: this block never arrives at the first barrier
-  // Optional [11]: ns in rows, wait, sequences, wait (block 0, then the last block); block 0's
-  // sequence loads + write attention, tape pass, read.
+  // Optional [12]: ns in rows, wait, sequences, wait (block 0, then the last block); block 0's
+  // sequence phases split: loads + score pass, block sums + both softmaxes, tape pass, outputs.
   std::uint64_t* profile = nullptr;
 };
 
@@ -101,8 +101,8 @@ struct PersistentBackwardArgs {
   double timeout_seconds = 5.0;
   int stall_block = -1;
   // Optional [12]: ns in rows, wait, sequences, wait (block 0, then the last block); block 0's
-  // sequence phases split: loads + read attention's scores, dL/dH and dL/dh_{t-1}, replay, write
-  // attention's backward.
+  // sequence phases split: replay, loads + score pass, block sums + both softmaxes' backward,
+  // dL/dH and dL/dh_{t-1} pass.
   std::uint64_t* profile = nullptr;
 };
 

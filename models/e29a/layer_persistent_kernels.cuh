@@ -142,17 +142,18 @@ __device__ __forceinline__ void score_partials(std::uint32_t H, const float (&v)
 }
 
 // One step of the lanes' butterfly over v[0, 2 Half): a lane keeps half of its values (the upper
-// half when its lane bit Half / 2 is set) and adds its partner's copy of that half. A template
-// step, so every index is a constant and v stays in registers (a loop over the steps left v in
-// local memory with computed offsets).
-template <int Half>
-__device__ __forceinline__ void butterfly_step(float (&v)[kTileRows * kItems], int lane) {
-  const bool upper = (lane & (Half / 2)) != 0;
+// half when its lane bit Dist is set) and adds its partner's (lane ^ Dist) copy of that half. A
+// template step, so every index is a constant and v stays in registers (a loop over the steps left
+// v in local memory with computed offsets).
+template <int Half, int Dist, int Size>
+__device__ __forceinline__ void butterfly_step(float (&v)[Size], int lane) {
+  static_assert(2 * Half <= Size);
+  const bool upper = (lane & Dist) != 0;
 #pragma unroll
   for (int q = 0; q < Half; ++q) {
     const float keep = upper ? v[q + Half] : v[q];
     const float send = upper ? v[q] : v[q + Half];
-    v[q] = keep + __shfl_xor_sync(kFull, send, Half / 2);
+    v[q] = keep + __shfl_xor_sync(kFull, send, Dist);
   }
 }
 
@@ -217,11 +218,11 @@ __device__ __forceinline__ void tile_product(const __nv_bfloat16* w_tile, int ld
       }
     }
   }
-  butterfly_step<32>(v, lane);
-  butterfly_step<16>(v, lane);
-  butterfly_step<8>(v, lane);
-  butterfly_step<4>(v, lane);
-  butterfly_step<2>(v, lane);
+  butterfly_step<32, 16>(v, lane);
+  butterfly_step<16, 8>(v, lane);
+  butterfly_step<8, 4>(v, lane);
+  butterfly_step<4, 2>(v, lane);
+  butterfly_step<2, 1>(v, lane);
   out[0] = v[0];
   out[1] = v[1];
 }
@@ -335,6 +336,153 @@ struct Laps {
   }
 };
 
+// The sequence phase's shared scratch (layout: seq_shared_floats). A phase's slot sums are summed
+// once for the block however many it needs: a thread's partials in chunks of 32 values, each chunk
+// folded over the warp's lanes by butterfly steps (31 shuffles for 32 values, where a shuffle tree
+// per value takes 160), then the warps' sums added in warp order.
+template <int MaxN>
+struct SeqShared {
+  static constexpr int kStride = seq_warp_stride(MaxN);
+  float* warp_part;  // [kWarps][kStride]
+  float* sums;       // [4][MaxN]: the block sums by quantity
+  float* attn;       // [2][MaxN]: two attentions' weights
+  float* ds;         // [2][MaxN]: and their score gradients
+  float* scalar;
+
+  __device__ explicit SeqShared(float* base)
+      : warp_part(base),
+        sums(base + kWarps * kStride),
+        attn(sums + 4 * MaxN),
+        ds(attn + 2 * MaxN),
+        scalar(ds + 2 * MaxN) {}
+
+  // Attention k (0 or 1) as layer_step.cuh's softmaxes take it, its scores the sums of quantity k.
+  __device__ step::Shared<MaxN> view(int k) const {
+    step::Shared<MaxN> s(warp_part);
+    s.sums = sums + k * MaxN;
+    s.attn = attn + k * MaxN;
+    s.ds = ds + k * MaxN;
+    s.vec = nullptr;
+    return s;
+  }
+
+  // Chunk c of this thread's partials: lane l keeps the warp's sum of v[l].
+  __device__ __forceinline__ void fold(float (&v)[32], int c) const {
+    const int lane = threadIdx.x & 31;
+    butterfly_step<16, 16>(v, lane);
+    butterfly_step<8, 8>(v, lane);
+    butterfly_step<4, 4>(v, lane);
+    butterfly_step<2, 2>(v, lane);
+    butterfly_step<1, 1>(v, lane);
+    warp_part[(threadIdx.x >> 5) * kStride + c * 32 + lane] = v[0];
+  }
+
+  // A scalar partial, kept after `chunks` chunks.
+  __device__ __forceinline__ void fold_scalar(float v, int chunks) const {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
+    if ((threadIdx.x & 31) == 0) warp_part[(threadIdx.x >> 5) * kStride + chunks * 32] = v;
+  }
+
+  // Chunks of a pass that sums Q quantities for every slot, 32 / Q slots a chunk.
+  template <int Q>
+  static constexpr int chunks() {
+    return (MaxN + 32 / Q - 1) / (32 / Q);
+  }
+
+  // A pass over the thread's features and the slots: add(v, i, n, j, d) adds slot n's (the chunk's
+  // i-th) terms of feature d (the thread's j-th) to v[k * 32 / Q + i] for its quantities k; each
+  // chunk is folded when done.
+  template <int Q, typename Add>
+  __device__ __forceinline__ void score_pass(int D, int N, Add add) const {
+    constexpr int kSlots = 32 / Q;
+#pragma unroll
+    for (int c = 0; c < chunks<Q>(); ++c) {
+      float v[32];
+#pragma unroll
+      for (int q = 0; q < 32; ++q) v[q] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMaxFeatures; ++j) {
+        const int d = threadIdx.x + j * kThreads;
+        if (d >= D) break;
+#pragma unroll
+        for (int i = 0; i < kSlots; ++i) {
+          const int n = c * kSlots + i;
+          if (n < MaxN && n < N) add(v, i, n, j, d);
+        }
+      }
+      fold(v, c);
+    }
+  }
+
+  // After every fold: sums[k][n] for the Q quantities (chunk c: slots c * 32 / Q + i, value
+  // k * 32 / Q + i), and the scalar when folded. Barriers on both sides.
+  template <int Q>
+  __device__ __forceinline__ void finish(bool with_scalar) const {
+    constexpr int kSlots = 32 / Q, kChunks = chunks<Q>();
+    __syncthreads();
+    const int count = kChunks * 32 + (with_scalar ? 1 : 0);
+    for (int q = threadIdx.x; q < count; q += kThreads) {
+      float s = 0.0f;
+      for (int w = 0; w < kWarps; ++w) s += warp_part[w * kStride + q];
+      const int c = q / 32, k = (q % 32) / kSlots, n = c * kSlots + q % kSlots;
+      if (q == kChunks * 32) {
+        *scalar = s;
+      } else if (n < MaxN) {
+        sums[k * MaxN + n] = s;
+      }
+    }
+    __syncthreads();
+  }
+};
+
+// A block's shared memory (the layout the host sized): its weight rows, the rows phase's reduce
+// slots, the sequence phase's scratch, then the on-chip tapes.
+template <int MaxN>
+struct BlockShared {
+  __nv_bfloat16* weights;
+  float* reduce;
+  SeqShared<MaxN> seq;
+  float* tapes;
+
+  __device__ BlockShared(unsigned char* at, const Layout& l)
+      : weights(reinterpret_cast<__nv_bfloat16*>(at)),
+        reduce(reinterpret_cast<float*>(at + l.weight_bytes)),
+        seq(reinterpret_cast<float*>(at + l.weight_bytes + l.reduce_bytes)),
+        tapes(reinterpret_cast<float*>(at + l.weight_bytes + l.reduce_bytes + l.step_bytes)) {}
+};
+
+// Rows [row0, row0 + rows) of the block's stacked matrix into `weights` (whole tiles of ld
+// columns; padding rows and columns zero): value(row, k) for row < rows and k < D.
+template <typename Value>
+__device__ __forceinline__ void load_rows(__nv_bfloat16* weights, const Layout& l, int rows, int D, Value value) {
+  for (int i = threadIdx.x; i < l.tiles * kTileRows * l.ld; i += kThreads) {
+    const int r = i / l.ld, k = i % l.ld;
+    weights[i] = r < rows && k < D ? value(r, k) : __float2bfloat16_rn(0.0f);
+  }
+}
+
+// The profile of a launch (thread 0 of block 0 and of the last block): ns in each phase kind
+// (rows, barrier after it, sequence, barrier after it), block 0's sequence phase split in K parts.
+template <int K>
+struct Profile {
+  Laps<4> phases;
+  Laps<K> sub;
+  __device__ explicit Profile(std::uint64_t* out) {
+    phases.on = out != nullptr && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == gridDim.x - 1);
+    sub.on = phases.on && blockIdx.x == 0;
+    phases.start();
+  }
+  __device__ void write(std::uint64_t* out) const {
+    if (phases.on) {
+      for (int k = 0; k < 4; ++k) out[(blockIdx.x == 0 ? 0 : 4) + k] = phases.ns[k];
+    }
+    if (sub.on) {
+      for (int k = 0; k < K; ++k) out[8 + k] = sub.ns[k];
+    }
+  }
+};
+
 // The features a thread owns in the sequence phase and what it keeps of them between steps.
 struct Owned {
   float h[kMaxFeatures], r[kMaxFeatures];
@@ -411,10 +559,16 @@ __device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const
 
 // Step t's write (attention, tape update, checkpoint, y_t), then step t + 1's read when there is
 // one. w_t and W_h h_t come from this step's rows phase.
+//
+// Both attentions from one pass over H_{t-1} and one block sum: with H_t = (1 - a) H_{t-1} + a w_t
+// per slot, step t + 1's read scores are H_t[n] . h_t = (1 - a_n) (H_{t-1}[n] . h_t) + a_n (w_t . h_t),
+// so the pass sums H_{t-1} . w_t, H_{t-1} . h_t and w_t . h_t, and the second pass updates the tape
+// and reads r_{t+1} from it (the hybrid path sums H_t . h_t after the update: the same scores up to
+// rounding, one pass and one block sum fewer).
 template <int MaxN>
-__device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh,
+__device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, const SeqShared<MaxN>& sh,
                                                 std::uint32_t H, std::int64_t b, std::int64_t t, Owned& own,
-                                                Laps<3>& sub) {
+                                                Laps<4>& sub) {
   sub.start();
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps;
@@ -430,44 +584,85 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
   load_xz(a, b, t, 1, z);
   if (more) load_xz(a, b, t + 1, 0, x);
 
-  float part[MaxN];
+  // Scores: chunks of 16 slots, values i (H . w_t) and 16 + i (H . h_t); then w_t . h_t.
+  sh.template score_pass<2>(D, N, [&](float(&v)[32], int i, int n, int j, int d) {
+    const float hv = lds(H + 4u * static_cast<std::uint32_t>(n * D + d));
+    v[i] = fmaf(hv, w[j], v[i]);
+    v[16 + i] = fmaf(hv, own.h[j], v[16 + i]);
+  });
+  float wh = 0.0f;
 #pragma unroll
-  for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
-  score_partials<MaxN>(H, w, D, N, part);
-  step::slot_attention<MaxN>(part, sh, a.scale, N, a.write_attn + (t * B + b) * N);
+  for (int j = 0; j < kMaxFeatures; ++j) wh = fmaf(w[j], own.h[j], wh);  // both zero past D
+  sh.fold_scalar(wh, SeqShared<MaxN>::template chunks<2>());
   sub.lap(0);
+  sh.template finish<2>(true);
+  if (threadIdx.x < 32) {
+    const step::Shared<MaxN> write_view = sh.view(0), read_view = sh.view(1);
+    step::softmax_warp<MaxN>(write_view, a.scale, N);
+    if (more) {
+      __syncwarp();
+      const float w_dot_h = *sh.scalar;
+      for (int n = threadIdx.x; n < N; n += 32) {
+        const float an = sh.attn[n];
+        read_view.sums[n] = fmaf(an, w_dot_h, (1.0f - an) * read_view.sums[n]);
+      }
+      __syncwarp();
+      step::softmax_warp<MaxN>(read_view, a.scale, N);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < N) {
+    a.write_attn[(t * B + b) * N + threadIdx.x] = sh.attn[threadIdx.x];
+    if (more) a.read_attn[((t + 1) * B + b) * N + threadIdx.x] = sh.attn[MaxN + threadIdx.x];
+  }
+  sub.lap(1);
 
-  float attn[MaxN];
-#pragma unroll
-  for (int n = 0; n < MaxN; ++n) attn[n] = n < N ? sh.attn[n] : 0.0f;
+  // The tape update (checkpointed first when t starts a segment) and r_{t+1} from the new tape,
+  // a slot at a time (r sums the slots in order, as the hybrid path's read).
   float* checkpoint = t % a.interval == 0 ? a.checkpoints + ((t / a.interval) * B + b) * N * D : nullptr;
+  float r[kMaxFeatures];
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) r[j] = 0.0f;
+#pragma unroll
+  for (int n = 0; n < MaxN; ++n) {
+    if (n >= N) break;
+    const float aw = sh.attn[n], ar = sh.attn[MaxN + n];
+#pragma unroll
+    for (int j = 0; j < kMaxFeatures; ++j) {
+      const int d = threadIdx.x + j * kThreads;
+      if (d >= D) break;
+      const std::uint32_t at = H + 4u * static_cast<std::uint32_t>(n * D + d);
+      const float old = lds(at);
+      if (checkpoint) checkpoint[n * D + d] = old;
+      const float updated = step::tape_update(old, aw, w[j]);
+      sts(at, updated);
+      r[j] = fmaf(ar, updated, r[j]);
+    }
+  }
+  sub.lap(2);
+
+  // y_t, then h_{t+1} = tanh(x_{t+1} + W_h h_t + r_{t+1} + b_h).
   __nv_bfloat16* y = a.y + (b * T + t) * D;
-  float hj[kMaxFeatures], rj[kMaxFeatures];
-#pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) hj[j] = own.h[j], rj[j] = own.r[j];
-#pragma unroll
-  for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
+  float* h_out = a.h + ((t + 2) * B + b) * D;
+  __nv_bfloat16* h_bf16 = a.h_bf16 + ((t + 2) * B + b) * D;
+  float* read = a.read + ((t + 1) * B + b) * D;
 #pragma unroll
   for (int j = 0; j < kMaxFeatures; ++j) {
     const int d = threadIdx.x + j * kThreads;
     if (d >= D) break;
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) {
-        const std::uint32_t at = H + 4u * static_cast<std::uint32_t>(n * D + d);
-        const float old = lds(at);
-        if (checkpoint) checkpoint[n * D + d] = old;
-        const float updated = step::tape_update(old, attn[n], w[j]);
-        sts(at, updated);
-        part[n] = fmaf(updated, hj[j], part[n]);  // step t + 1's read score
-      }
+    const float g = (z[j] + own.r[j]) + own.h[j];
+    y[d] = __float2bfloat16_rn(own.h[j] * (g * step::sigmoidf(g)));
+    if (more) {
+      const float pre = ((x[j] + rec[j]) + r[j]) + own.bias[j];
+      const float h = tanhf(pre);
+      h_out[d] = h;
+      h_bf16[d] = __float2bfloat16_rn(h);
+      read[d] = r[j];
+      own.h[j] = h;
+      own.r[j] = r[j];
     }
-    const float g = (z[j] + rj[j]) + hj[j];
-    y[d] = __float2bfloat16_rn(hj[j] * (g * step::sigmoidf(g)));
   }
-  sub.lap(1);
-  if (more) finish_read<MaxN>(a, sh, part, H, b, t + 1, x, rec, own);
-  sub.lap(2);
+  sub.lap(3);
 }
 
 template <int MaxN, bool Vec>
@@ -478,26 +673,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const PersistentForwardArgs& a = p.a;
   const int D = a.dim;
   const std::int64_t B = a.batch, T = a.steps;
-  unsigned char* at = smem;
-  auto* weights = reinterpret_cast<__nv_bfloat16*>(at);
-  at += p.l.weight_bytes;
-  auto* reduce = reinterpret_cast<float*>(at);
-  at += p.l.reduce_bytes;
-  const step::Shared<MaxN> sh(reinterpret_cast<float*>(at));
-  at += p.l.step_bytes;
-  float* chip_tape = reinterpret_cast<float*>(at);
+  const BlockShared<MaxN> block(smem, p.l);
+  const SeqShared<MaxN>& sh = block.seq;
+  float* chip_tape = block.tapes;
 
-  // This block's rows, zero-padded to whole tiles and to ld columns.
+  // This block's rows of [W_h ; W_write].
   const int row0 = static_cast<int>(blockIdx.x) * p.l.rows_per_block;
   const int rows = max(0, min(p.l.rows_per_block, 2 * D - row0));
-  for (int i = threadIdx.x; i < p.l.tiles * kTileRows * p.l.ld; i += kThreads) {
-    const int r = i / p.l.ld, k = i % p.l.ld, row = row0 + r;
-    __nv_bfloat16 w = __float2bfloat16_rn(0.0f);
-    if (r < rows && k < D) {
-      w = row < D ? a.w_h[static_cast<std::size_t>(row) * D + k] : a.w_write[static_cast<std::size_t>(row - D) * D + k];
-    }
-    weights[i] = w;
-  }
+  load_rows(block.weights, p.l, rows, D, [&](int r, int k) {
+    const int row = row0 + r;
+    return row < D ? a.w_h[static_cast<std::size_t>(row) * D + k]
+                   : a.w_write[static_cast<std::size_t>(row - D) * D + k];
+  });
   // The tape of this block's sequence (one sequence a block at most) stays in shared memory.
   const std::int64_t per_tape = static_cast<std::int64_t>(a.slots) * D;
   const bool owner = static_cast<std::int64_t>(blockIdx.x) < B;
@@ -512,30 +699,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int j = 0; j < kMaxFeatures; ++j) {
     const int d = threadIdx.x + j * kThreads;
     own.bias[j] = d < D ? __bfloat162float(a.bias[d]) : 0.0f;
+    own.h[j] = own.r[j] = 0.0f;  // past D too: the score pass multiplies by them
   }
 
-  // Profile (thread 0 of block 0 and of the last block): ns in each kind of phase; block 0 also
-  // splits its sequence phases (sub).
-  Laps<4> phases;
-  phases.on = a.profile != nullptr && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == gridDim.x - 1);
-  phases.start();
-  Laps<3> sub;
-  sub.on = phases.on && blockIdx.x == 0;
+  Profile<4> profile(a.profile);
+  auto& phases = profile.phases;
+  auto& sub = profile.sub;
   std::uint32_t passed = 0;
-  rows_phase<Vec>(forward_rows(a, a.h, true, nullptr), p.l, weights, reduce, row0, rows);  // W_h h_{-1}
+  rows_phase<Vec>(forward_rows(a, a.h, true, nullptr), p.l, block.weights, block.reduce, row0, rows);  // W_h h_{-1}
   phases.lap(0);
   bool ok = grid_barrier(p.grid, passed, &ok_flag);
   phases.lap(1);
   if (ok && T > 0) {
-    if (owner) first_read<MaxN>(a, sh, tape, blockIdx.x, own);
+    if (owner) first_read<MaxN>(a, sh.view(0), tape, blockIdx.x, own);
     phases.lap(2);
   }
   for (std::int64_t t = 0; ok && t < T; ++t) {
     if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
     phases.lap(3);
     // w_t = W_write h_t and, unless last, W_h h_t.
-    rows_phase<Vec>(forward_rows(a, a.h + (t + 1) * B * D, t + 1 < T, a.write + t * B * D), p.l, weights, reduce, row0,
-                    rows);
+    rows_phase<Vec>(forward_rows(a, a.h + (t + 1) * B * D, t + 1 < T, a.write + t * B * D), p.l, block.weights,
+                    block.reduce, row0, rows);
     phases.lap(0);
     if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
     phases.lap(1);
@@ -547,12 +731,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float* dst = a.tape + blockIdx.x * per_tape;
     for (std::int64_t i = threadIdx.x; i < per_tape; i += kThreads) dst[i] = chip_tape[i];
   }
-  if (phases.on) {
-    for (int k = 0; k < 4; ++k) a.profile[(blockIdx.x == 0 ? 0 : 4) + k] = phases.ns[k];
-  }
-  if (sub.on) {
-    for (int k = 0; k < 3; ++k) a.profile[8 + k] = sub.ns[k];
-  }
+  profile.write(a.profile);
 }
 
 // ---- Backward ----
@@ -563,11 +742,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // once: W_h^T dp_{t+1} (to dL/dh_t) and W_write^T dw_t (to dL/dh_t as well). Sequence phase of t:
 // the gate and dL/dh_t, the tanh, the read attention's backward over H_{t-1} (dL/dH_{t-1} and the
 // read scores' part of dL/dh_{t-1}), then the write attention's backward of step t - 1 over
-// H_{t-2} (dw_{t-1} and the rest of dL/dH_{t-2}). dL/dH stays in the block's shared memory, and so
-// does the tape a step reads: H_{t-2} is brought in by step t's write-attention pass and read again
-// by step t - 1's read attention. The tapes come from the segment replayed from its checkpoint by
-// the block (the forward's update arithmetic: the forward's bits) into the segment scratch in
-// global memory; a replay ends with the tape it is needed for already on chip.
+// H_{t-2} (dw_{t-1} and the rest of dL/dH_{t-2}); both from one pass over the tapes and one block
+// sum (backward_step says how). dL/dH stays in the block's shared memory, and so does the tape a
+// step reads: H_{t-2} is brought in by step t's second pass and read again by step t - 1's read
+// attention. The tapes come from the segment replayed from its checkpoint by the block (the
+// forward's update arithmetic: the forward's bits) into the segment scratch in global memory.
 
 // What a thread keeps of its features between backward steps.
 struct BackOwned {
@@ -582,131 +761,142 @@ __device__ __forceinline__ const float* segment_tape(const PersistentBackwardArg
 }
 
 // The tapes before steps s0 .. s0 + count - 1 of sequence b (the thread's features, every slot),
-// from the checkpoint and the saved writes, into the segment; `scratch` (shared) holds the running
-// tape and ends with the segment's last.
+// from the checkpoint and the saved writes, into the segment. Eight slots at a time with their
+// running tape in registers (a chunk's write values come again from L1), so the tape on chip, the
+// one the current step reads, stays as it is.
 template <int MaxN>
-__device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, std::int64_t b, std::int64_t s0,
-                                               std::uint32_t scratch) {
+__device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, std::int64_t b, std::int64_t s0) {
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, per_tape = static_cast<std::int64_t>(N) * D;
   const std::int64_t count = min(a.steps, s0 + a.interval) - s0;
   const float* checkpoint = a.checkpoints + ((s0 / a.interval) * B + b) * per_tape;
   float* seg = a.segment + b * per_tape;
+  constexpr int kChunk = 8;
+  for (int n0 = 0; n0 < N; n0 += kChunk) {
+    float v[kChunk][kMaxFeatures];
 #pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
-    if (d >= D) break;
-    for (int n = 0; n < N; ++n) {
-      const float v = checkpoint[n * D + d];
-      seg[n * D + d] = v;
-      sts(scratch + 4u * static_cast<std::uint32_t>(n * D + d), v);
+    for (int i = 0; i < kChunk; ++i) {
+#pragma unroll
+      for (int j = 0; j < kMaxFeatures; ++j) {
+        const int n = n0 + i, d = threadIdx.x + j * kThreads;
+        v[i][j] = n < N && d < D ? checkpoint[n * D + d] : 0.0f;
+        if (n < N && d < D) seg[n * D + d] = v[i][j];
+      }
     }
-  }
-  // Step k's write attention and values are loaded before step k - 1's stores (a load after them
-  // could not be moved above: see backward_step).
-  float attn[MaxN], w[kMaxFeatures];
-  auto load = [&](std::int64_t k) {
-    const std::int64_t row = (s0 + k - 1) * B + b;
-    const bool in = k < count;
+    // Step k's write attention and values are loaded before step k - 1's stores (a load after them
+    // could not be moved above: see backward_step).
+    float attn[kChunk], w[kMaxFeatures];
+    auto load = [&](std::int64_t k) {
+      const std::int64_t row = (s0 + k - 1) * B + b;
+      const bool in = k < count;
 #pragma unroll
-    for (int n = 0; n < MaxN; ++n) attn[n] = in && n < N ? a.write_attn[row * N + n] : 0.0f;
+      for (int i = 0; i < kChunk; ++i) attn[i] = in && n0 + i < N ? a.write_attn[row * N + n0 + i] : 0.0f;
 #pragma unroll
-    for (int j = 0; j < kMaxFeatures; ++j) {
-      const int d = threadIdx.x + j * kThreads;
-      w[j] = in && d < D ? a.write[row * D + d] : 0.0f;
-    }
-  };
-  load(1);
-  for (std::int64_t k = 1; k < count; ++k) {
-    float* out = seg + k * B * per_tape;
-    float attn_k[MaxN], w_k[kMaxFeatures];
+      for (int j = 0; j < kMaxFeatures; ++j) {
+        const int d = threadIdx.x + j * kThreads;
+        w[j] = in && d < D ? a.write[row * D + d] : 0.0f;
+      }
+    };
+    load(1);
+    for (std::int64_t k = 1; k < count; ++k) {
+      float* out = seg + k * B * per_tape;
+      float attn_k[kChunk], w_k[kMaxFeatures];
 #pragma unroll
-    for (int n = 0; n < MaxN; ++n) attn_k[n] = attn[n];
+      for (int i = 0; i < kChunk; ++i) attn_k[i] = attn[i];
 #pragma unroll
-    for (int j = 0; j < kMaxFeatures; ++j) w_k[j] = w[j];
-    load(k + 1);
+      for (int j = 0; j < kMaxFeatures; ++j) w_k[j] = w[j];
+      load(k + 1);
 #pragma unroll
-    for (int j = 0; j < kMaxFeatures; ++j) {
-      const int d = threadIdx.x + j * kThreads;
-      if (d >= D) break;
+      for (int i = 0; i < kChunk; ++i) {
 #pragma unroll
-      for (int n = 0; n < MaxN; ++n) {
-        if (n < N) {
-          const std::uint32_t at = scratch + 4u * static_cast<std::uint32_t>(n * D + d);
-          const float v = step::tape_update(lds(at), attn_k[n], w_k[j]);
-          sts(at, v);
-          out[n * D + d] = v;
+        for (int j = 0; j < kMaxFeatures; ++j) {
+          const int n = n0 + i, d = threadIdx.x + j * kThreads;
+          v[i][j] = step::tape_update(v[i][j], attn_k[i], w_k[j]);
+          if (n < N && d < D) out[n * D + d] = v[i][j];
         }
       }
     }
   }
 }
 
-// The attention weights and score gradients of one softmax backward, from the slot partial sums
-// `part` and the saved weights `attn_in` ([N]); `scores` (optional) receives the score gradients.
-template <int MaxN>
-__device__ __forceinline__ void slot_attention_backward(float (&part)[MaxN], const step::Shared<MaxN>& sh,
-                                                        const float* attn_in, int N, bool detach, float* scores,
-                                                        float (&attn)[MaxN], float (&ds)[MaxN]) {
-  __syncthreads();  // the previous attention's weights are no longer read
-  if (threadIdx.x < N) sh.attn[threadIdx.x] = attn_in[threadIdx.x];
-  step::block_slot_sums<MaxN>(part, sh, N);
-  if (threadIdx.x < 32) step::softmax_backward_warp<MaxN>(sh, N, detach);
-  __syncthreads();
-  if (scores && threadIdx.x < N) scores[threadIdx.x] = sh.ds[threadIdx.x];
-#pragma unroll
-  for (int n = 0; n < MaxN; ++n) {
-    attn[n] = n < N ? sh.attn[n] : 0.0f;
-    ds[n] = n < N ? sh.ds[n] : 0.0f;
-  }
-}
-
 // Sequence phase of step t (see above). `products`: this step's rows phase ran (not the last step).
 // `s0`: the first step of the segment in the scratch, moved back when step t - 1 needs the one before.
+//
+// Both attentions' backward from one pass over the tapes and one block sum: the write attention
+// of t - 1 needs dL/dH_{t-1} . (w_{t-1} - H_{t-2}) per slot, and dL/dH_{t-1} is the carried
+// gradient G plus the read attention's a_n dr + s_n h_{t-1} (s_n = scale ds_n), whose weights come
+// from the same pass; so the pass sums dr . H_{t-1}, G . (w - H_{t-2}), dr . (w - H_{t-2}) and
+// h_{t-1} . (w - H_{t-2}) and the write scores' gradient is the second + a_n third + s_n fourth
+// (the same values up to rounding). The second pass updates dL/dH through both attentions.
 template <int MaxN>
-__device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, const step::Shared<MaxN>& sh,
+__device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, const SeqShared<MaxN>& sh,
                                               std::uint32_t dH, std::uint32_t tape, std::int64_t b, std::int64_t t,
                                               bool products, std::int64_t& s0, BackOwned& own, Laps<4>& sub) {
   sub.start();
   const int D = a.dim, N = a.slots;
-  const std::int64_t B = a.batch, T = a.steps, row = t * B + b;
-  // `tape` (shared) holds H_{t-1} on entry and H_{t-2} on return.
-  auto H = [&](int n, int d) { return lds(tape + 4u * static_cast<std::uint32_t>(n * D + d)); };
+  const std::int64_t B = a.batch, T = a.steps, row = t * B + b, prev = row - B;
+  const bool write = t > 0;  // the write attention of step t - 1
+  // `tape` (shared) holds H_{t-1} on entry and H_{t-2} on return; H_{t-2} comes from the replayed
+  // segment in global memory (replayed first when step t - 1 starts the segment before).
+  if (write && t - 1 < s0) {
+    s0 -= a.interval;
+    replay_segment<MaxN>(a, b, s0);
+  }
+  sub.lap(0);
+  const float* h2 = segment_tape(a, b, write ? t - 1 : t, s0);  // t = 0: read and unused
+  auto at = [&](std::uint32_t base, int n, int d) { return base + 4u * static_cast<std::uint32_t>(n * D + d); };
   const float* xz = a.xz + (b * T + t) * 2 * D;
   const __nv_bfloat16* dy = a.dy + (b * T + t) * D;
-  // Loads and arithmetic first, stores last: a load after a store through another pointer cannot
-  // be moved above it (they might alias) and would wait for memory each feature.
-  float hp[kMaxFeatures], dg[kMaxFeatures], dp[kMaxFeatures], dr[kMaxFeatures];
+  // Every feature's loads first, unconditionally (features past D read feature D - 1, a step
+  // without a write or products reads valid memory, and selects zero what is not wanted): a load
+  // behind a branch or a loop exit cannot be issued before it is decided, and each feature would
+  // wait a round trip. Then the arithmetic, stores last (a load after a store through another
+  // pointer cannot be moved above it: they might alias).
+  float h[kMaxFeatures], hp[kMaxFeatures], w[kMaxFeatures], rec[kMaxFeatures], dhw[kMaxFeatures];
+  float z[kMaxFeatures], r[kMaxFeatures], dout[kMaxFeatures];
+  const float* w_row = a.write + (write ? prev : row) * D;
 #pragma unroll
   for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
-    if (d >= D) break;
-    const float h = a.h[(row + B) * D + d];
+    const bool in = threadIdx.x + j * kThreads < D;
+    const int d = min(threadIdx.x + j * kThreads, D - 1);
+    h[j] = a.h[(row + B) * D + d];
     hp[j] = a.h[row * D + d];
-    const float rec = products ? __ldcg(a.recurrent + b * D + d) : 0.0f;
-    const float dhw = products ? __ldcg(a.dh_write + b * D + d) : 0.0f;
+    w[j] = w_row[d];
+    rec[j] = __ldcg(a.recurrent + b * D + d);
+    dhw[j] = __ldcg(a.dh_write + b * D + d);
+    z[j] = xz[D + d];
+    r[j] = a.read[row * D + d];
+    dout[j] = __bfloat162float(dy[d]);
+    h[j] = in ? h[j] : 0.0f;
+    hp[j] = in ? hp[j] : 0.0f;
+    w[j] = in && write ? w[j] : 0.0f;
+    rec[j] = in && products ? rec[j] : 0.0f;
+    dhw[j] = in && products ? dhw[j] : 0.0f;
+    z[j] = in ? z[j] : 0.0f;
+    r[j] = in ? r[j] : 0.0f;
+    dout[j] = in ? dout[j] : 0.0f;
+  }
+  float dg[kMaxFeatures], dp[kMaxFeatures], dr[kMaxFeatures];
+#pragma unroll
+  for (int j = 0; j < kMaxFeatures; ++j) {
     // Gate and output: y = h * silu(g), g = z + r + h.
-    const float g = (xz[D + d] + a.read[row * D + d]) + h;
+    const float g = (z[j] + r[j]) + h[j];
     const float s = step::sigmoidf(g);
-    const float dout = __bfloat162float(dy[d]);
-    dg[j] = dout * h * (s * (1.0f + g * (1.0f - s)));
-    const float dh_local = ((rec + own.dh_read[j]) + dout * (g * s)) + dg[j];
-    dp[j] = (dh_local + dhw) * (1.0f - h * h);
+    dg[j] = dout[j] * h[j] * (s * (1.0f + g * (1.0f - s)));
+    const float dh_local = ((rec[j] + own.dh_read[j]) + dout[j] * (g * s)) + dg[j];
+    dp[j] = (dh_local + dhw[j]) * (1.0f - h[j] * h[j]);
     own.d_bias[j] += dp[j];
     dr[j] = dg[j] + dp[j];
   }
-  float part[MaxN];
-#pragma unroll
-  for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
-    if (d >= D) break;
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(dr[j], H(n, d), part[n]);
-    }
-  }
+  // Scores: chunks of 8 slots, values i (dr . H_{t-1}), 8 + i (G . (w - H_{t-2})), 16 + i
+  // (dr . (w - H_{t-2})), 24 + i (h_{t-1} . (w - H_{t-2})).
+  sh.template score_pass<4>(D, N, [&](float(&v)[32], int i, int n, int j, int d) {
+    v[i] = fmaf(dr[j], lds(at(tape, n, d)), v[i]);
+    const float diff = w[j] - h2[n * D + d];
+    v[8 + i] = fmaf(lds(at(dH, n, d)), diff, v[8 + i]);
+    v[16 + i] = fmaf(dr[j], diff, v[16 + i]);
+    v[24 + i] = fmaf(hp[j], diff, v[24 + i]);
+  });
   __nv_bfloat16* dxz = a.dxz + (b * T + t) * 2 * D;
 #pragma unroll
   for (int j = 0; j < kMaxFeatures; ++j) {
@@ -717,83 +907,95 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
     a.d_pre_bf16[row * D + d] = __float2bfloat16_rn(dp[j]);
     dxz[d] = __float2bfloat16_rn(dp[j]);
   }
-  float attn[MaxN], ds[MaxN];
-  slot_attention_backward<MaxN>(part, sh, a.read_attn + row * N, N, a.detach_read,
-                                a.read_scores ? a.read_scores + row * N : nullptr, attn, ds);
-  sub.lap(0);
-#pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
-    if (d >= D) break;
-    float dh_prev = 0.0f;
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) {
-        const std::uint32_t at = dH + 4u * static_cast<std::uint32_t>(n * D + d);
-        sts(at, lds(at) + fmaf(attn[n], dr[j], (a.scale * ds[n]) * hp[j]));
-        dh_prev = fmaf(ds[n], H(n, d), dh_prev);
-      }
-    }
-    own.dh_read[j] = a.scale * dh_prev;
-  }
   sub.lap(1);
-  if (t == 0) return;
-
-  // The write attention of step t - 1 over H_{t-2}: replayed into `tape` when step t - 1 starts
-  // the segment before, else copied there from the segment as the scores are summed.
-  const bool replayed = t - 1 < s0;
-  if (replayed) {
-    s0 -= a.interval;
-    replay_segment<MaxN>(a, b, s0, tape);
+  if (threadIdx.x < N) {
+    sh.attn[threadIdx.x] = a.read_attn[row * N + threadIdx.x];
+    if (write) sh.attn[MaxN + threadIdx.x] = a.write_attn[prev * N + threadIdx.x];
+  }
+  sh.template finish<4>(false);
+  if (threadIdx.x < 32) {
+    const step::Shared<MaxN> read_view = sh.view(0), write_view = sh.view(1);
+    step::softmax_backward_warp<MaxN>(read_view, N, a.detach_read);
+    if (write) {
+      __syncwarp();
+      for (int n = threadIdx.x; n < N; n += 32) {
+        const float g = sh.sums[MaxN + n] + sh.attn[n] * sh.sums[2 * MaxN + n];
+        write_view.sums[n] = g + (a.scale * sh.ds[n]) * sh.sums[3 * MaxN + n];
+      }
+      __syncwarp();
+      step::softmax_backward_warp<MaxN>(write_view, N, a.detach_write);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < N) {
+    if (a.read_scores) a.read_scores[row * N + threadIdx.x] = sh.ds[threadIdx.x];
+    if (write && a.write_scores) a.write_scores[prev * N + threadIdx.x] = sh.ds[MaxN + threadIdx.x];
   }
   sub.lap(2);
-  const float* Hp = segment_tape(a, b, t - 1, s0);
-  const std::int64_t prev = row - B;
-  float w[kMaxFeatures], dw[kMaxFeatures];
+
+  // dL/dH_{t-1} = G + a_n dr + s_n h_{t-1} (the read of t), the read scores' part of dL/dh_{t-1},
+  // then through the write of t - 1: dw_{t-1} and dL/dH_{t-2} = (1 - a'_n) dL/dH_{t-1} + s'_n w;
+  // each feature's sums in slot order, as the hybrid path's.
+  float dh_prev[kMaxFeatures], dw[kMaxFeatures];
 #pragma unroll
-  for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
+  for (int j = 0; j < kMaxFeatures; ++j) dh_prev[j] = dw[j] = 0.0f;
+  // H_{t-2} (from L2) four slots at a time, the next four loaded while these are used: each slot's
+  // stores depend on its loads, and a load placed after a store waits for it, so loaded a slot at
+  // a time the pass would wait a round trip to L2 per slot.
+  constexpr int kGroup = 4;
+  float next[kGroup][kMaxFeatures];
+  auto load_group = [&](int n0) {
 #pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
-    if (d >= D) break;
-    w[j] = a.write[prev * D + d];
-    float hv[MaxN];
+    for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
-    for (int n = 0; n < MaxN; ++n) hv[n] = n < N ? (replayed ? H(n, d) : Hp[n * D + d]) : 0.0f;
+      for (int j = 0; j < kMaxFeatures; ++j) {
+        const int n = n0 + g, d = threadIdx.x + j * kThreads;
+        next[g][j] = n < N && d < D ? h2[n * D + d] : 0.0f;
+      }
+    }
+  };
+  load_group(0);
 #pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) {
-        if (!replayed) sts(tape + 4u * static_cast<std::uint32_t>(n * D + d), hv[n]);
-        part[n] = fmaf(lds(dH + 4u * static_cast<std::uint32_t>(n * D + d)), w[j] - hv[n], part[n]);
+  for (int n0 = 0; n0 < MaxN; n0 += kGroup) {
+    if (n0 >= N) break;
+    float h2g[kGroup][kMaxFeatures];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
+      for (int j = 0; j < kMaxFeatures; ++j) h2g[g][j] = next[g][j];
+    }
+    load_group(n0 + kGroup);
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const int n = n0 + g;
+      if (n >= N) break;
+      const float ar = sh.attn[n], dsr = sh.ds[n], sr = a.scale * dsr;
+      // Step 0 has no write attention before it: a' = s' = 0 leave dL/dH_{t-1} as it is.
+      const float aw = write ? sh.attn[MaxN + n] : 0.0f, sw = write ? a.scale * sh.ds[MaxN + n] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMaxFeatures; ++j) {
+        const int d = threadIdx.x + j * kThreads;
+        if (d >= D) break;
+        const std::uint32_t g_at = at(dH, n, d), h_at = at(tape, n, d);
+        const float h1v = lds(h_at), h2v = h2g[g][j];
+        sts(h_at, h2v);
+        const float g1 = lds(g_at) + fmaf(ar, dr[j], sr * hp[j]);
+        dh_prev[j] = fmaf(dsr, h1v, dh_prev[j]);
+        dw[j] = fmaf(aw, g1, dw[j]);
+        dw[j] = fmaf(sw, h2v, dw[j]);
+        sts(g_at, fmaf(1.0f - aw, g1, sw * w[j]));
       }
     }
   }
-  slot_attention_backward<MaxN>(part, sh, a.write_attn + prev * N, N, a.detach_write,
-                                a.write_scores ? a.write_scores + prev * N : nullptr, attn, ds);
 #pragma unroll
   for (int j = 0; j < kMaxFeatures; ++j) {
     const int d = threadIdx.x + j * kThreads;
     if (d >= D) break;
-    float v = 0.0f;
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) {
-        const std::uint32_t at = dH + 4u * static_cast<std::uint32_t>(n * D + d);
-        const float dh_n = lds(at);
-        const float sds = a.scale * ds[n];
-        v = fmaf(attn[n], dh_n, v);
-        v = fmaf(sds, H(n, d), v);
-        sts(at, fmaf(1.0f - attn[n], dh_n, sds * w[j]));
-      }
+    own.dh_read[j] = a.scale * dh_prev[j];
+    if (write) {
+      a.d_write[b * D + d] = dw[j];
+      a.d_write_bf16[prev * D + d] = __float2bfloat16_rn(dw[j]);
     }
-    dw[j] = v;
-  }
-#pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
-    if (d >= D) break;
-    a.d_write[b * D + d] = dw[j];
-    a.d_write_bf16[prev * D + d] = __float2bfloat16_rn(dw[j]);
   }
   sub.lap(3);
 }
@@ -806,33 +1008,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const PersistentBackwardArgs& a = p.a;
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps;
-  unsigned char* at = smem;
-  auto* weights = reinterpret_cast<__nv_bfloat16*>(at);
-  at += p.l.weight_bytes;
-  auto* reduce = reinterpret_cast<float*>(at);
-  at += p.l.reduce_bytes;
-  const step::Shared<MaxN> sh(reinterpret_cast<float*>(at));
-  at += p.l.step_bytes;
+  const BlockShared<MaxN> block(smem, p.l);
+  const SeqShared<MaxN>& sh = block.seq;
   const std::int64_t per_tape = static_cast<std::int64_t>(N) * D;
-  float* chip_d_tape = reinterpret_cast<float*>(at);
+  float* chip_d_tape = block.tapes;
   const std::uint32_t d_tape = core::smem_addr(chip_d_tape);
   const std::uint32_t tape = core::smem_addr(chip_d_tape + (per_tape + 3) / 4 * 4);
 
   // This block's rows of [W_h^T ; W_write^T] (rows of the second from split), zero-padded.
   const int row0 = static_cast<int>(blockIdx.x) * p.l.rows_per_block;
   const int rows = max(0, min(p.l.rows_per_block, 2 * p.l.split - row0));
-  for (int i = threadIdx.x; i < p.l.tiles * kTileRows * p.l.ld; i += kThreads) {
-    const int r = i / p.l.ld, k = i % p.l.ld, row = row0 + r;
-    __nv_bfloat16 w = __float2bfloat16_rn(0.0f);
-    if (r < rows && k < D) {
-      if (row < D) {
-        w = a.w_h[static_cast<std::size_t>(k) * D + row];
-      } else if (row >= p.l.split && row - p.l.split < D) {
-        w = a.w_write[static_cast<std::size_t>(k) * D + (row - p.l.split)];
-      }
-    }
-    weights[i] = w;
-  }
+  load_rows(block.weights, p.l, rows, D, [&](int r, int k) {
+    const int row = row0 + r;
+    if (row < D) return a.w_h[static_cast<std::size_t>(k) * D + row];
+    if (row >= p.l.split && row - p.l.split < D) return a.w_write[static_cast<std::size_t>(k) * D + (row - p.l.split)];
+    return __float2bfloat16_rn(0.0f);
+  });
   const bool owner = static_cast<std::int64_t>(blockIdx.x) < B;
   const auto b = static_cast<std::int64_t>(blockIdx.x);
   BackOwned own;
@@ -849,13 +1040,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  Laps<4> phases;
-  phases.on = a.profile != nullptr && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == gridDim.x - 1);
-  phases.start();
-  Laps<4> sub;
-  sub.on = phases.on && blockIdx.x == 0;
+  Profile<4> profile(a.profile);
+  auto& phases = profile.phases;
+  auto& sub = profile.sub;
   if (owner) {
-    replay_segment<MaxN>(a, b, s0, tape);  // leaves H_{T-2} in `tape`
+    replay_segment<MaxN>(a, b, s0);
+    // H_{T-2} on chip: the tape before step T - 1.
+    const float* last = segment_tape(a, b, T - 1, s0);
+#pragma unroll
+    for (int j = 0; j < kMaxFeatures; ++j) {
+      const int d = threadIdx.x + j * kThreads;
+      if (d >= D) break;
+      for (int n = 0; n < N; ++n) sts(tape + 4u * static_cast<std::uint32_t>(n * D + d), last[n * D + d]);
+    }
     backward_step<MaxN>(a, sh, d_tape, tape, b, T - 1, false, s0, own, sub);
   }
   phases.lap(2);
@@ -873,7 +1070,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (std::int64_t t = T - 2; ok && t >= 0; --t) {
     if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
     phases.lap(3);
-    rows_phase<Vec>(job, p.l, weights, reduce, row0, rows);  // W_h^T dp_{t+1}, W_write^T dw_t
+    rows_phase<Vec>(job, p.l, block.weights, block.reduce, row0, rows);  // W_h^T dp_{t+1}, W_write^T dw_t
     phases.lap(0);
     if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
     phases.lap(1);
@@ -890,12 +1087,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (d < D) a.d_bias[b * D + d] = own.d_bias[j];
     }
   }
-  if (phases.on) {
-    for (int k = 0; k < 4; ++k) a.profile[(blockIdx.x == 0 ? 0 : 4) + k] = phases.ns[k];
-  }
-  if (sub.on) {
-    for (int k = 0; k < 4; ++k) a.profile[8 + k] = sub.ns[k];
-  }
+  profile.write(a.profile);
 }
 
 template <typename Args>

@@ -869,6 +869,9 @@ TEST(E29aGpu, PersistentRefusesWhatDoesNotFit) {
   }
   e29a::LayerCuda narrow(context, 1024, 8, 64, 4);
   EXPECT_TRUE(narrow.persistent_refusal().empty()) << narrow.persistent_refusal();
+  // The sequence phase's threads own 4 features each: 1,024 at most.
+  e29a::LayerCuda wider(context, 1032, 8, 1, 1);
+  EXPECT_NE(wider.persistent_refusal().find("dim 1032 is above 1024"), std::string::npos) << wider.persistent_refusal();
   // A block per sequence: more sequences than SMs go to the hybrid path.
   e29a::LayerCuda many(context, 64, 8, 100000, 1);
   EXPECT_NE(many.persistent_refusal().find("batch 100000"), std::string::npos) << many.persistent_refusal();
