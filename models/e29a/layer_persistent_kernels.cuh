@@ -347,14 +347,9 @@ struct SeqShared {
   float* sums;       // [4][MaxN]: the block sums by quantity
   float* attn;       // [2][MaxN]: two attentions' weights
   float* ds;         // [2][MaxN]: and their score gradients
-  float* scalar;
 
   __device__ explicit SeqShared(float* base)
-      : warp_part(base),
-        sums(base + kWarps * kStride),
-        attn(sums + 4 * MaxN),
-        ds(attn + 2 * MaxN),
-        scalar(ds + 2 * MaxN) {}
+      : warp_part(base), sums(base + kWarps * kStride), attn(sums + 4 * MaxN), ds(attn + 2 * MaxN) {}
 
   // Attention k (0 or 1) as layer_step.cuh's softmaxes take it, its scores the sums of quantity k.
   __device__ step::Shared<MaxN> view(int k) const {
@@ -375,13 +370,6 @@ struct SeqShared {
     butterfly_step<2, 2>(v, lane);
     butterfly_step<1, 1>(v, lane);
     warp_part[(threadIdx.x >> 5) * kStride + c * 32 + lane] = v[0];
-  }
-
-  // A scalar partial, kept after `chunks` chunks.
-  __device__ __forceinline__ void fold_scalar(float v, int chunks) const {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
-    if ((threadIdx.x & 31) == 0) warp_part[(threadIdx.x >> 5) * kStride + chunks * 32] = v;
   }
 
   // Chunks of a pass that sums Q quantities for every slot, 32 / Q slots a chunk.
@@ -416,21 +404,17 @@ struct SeqShared {
   }
 
   // After every fold: sums[k][n] for the Q quantities (chunk c: slots c * 32 / Q + i, value
-  // k * 32 / Q + i), and the scalar when folded. Barriers on both sides.
+  // k * 32 / Q + i). Barriers on both sides.
   template <int Q>
-  __device__ __forceinline__ void finish(bool with_scalar) const {
+  __device__ __forceinline__ void finish() const {
     constexpr int kSlots = 32 / Q, kChunks = chunks<Q>();
     __syncthreads();
-    const int count = kChunks * 32 + (with_scalar ? 1 : 0);
+    const int count = kChunks * 32;
     for (int q = threadIdx.x; q < count; q += kThreads) {
       float s = 0.0f;
       for (int w = 0; w < kWarps; ++w) s += warp_part[w * kStride + q];
       const int c = q / 32, k = (q % 32) / kSlots, n = c * kSlots + q % kSlots;
-      if (q == kChunks * 32) {
-        *scalar = s;
-      } else if (n < MaxN) {
-        sums[k * MaxN + n] = s;
-      }
+      if (n < MaxN) sums[k * MaxN + n] = s;
     }
     __syncthreads();
   }
@@ -560,11 +544,11 @@ __device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const
 // Step t's write (attention, tape update, checkpoint, y_t), then step t + 1's read when there is
 // one. w_t and W_h h_t come from this step's rows phase.
 //
-// Both attentions from one pass over H_{t-1} and one block sum: with H_t = (1 - a) H_{t-1} + a w_t
-// per slot, step t + 1's read scores are H_t[n] . h_t = (1 - a_n) (H_{t-1}[n] . h_t) + a_n (w_t . h_t),
-// so the pass sums H_{t-1} . w_t, H_{t-1} . h_t and w_t . h_t, and the second pass updates the tape
-// and reads r_{t+1} from it (the hybrid path sums H_t . h_t after the update: the same scores up to
-// rounding, one pass and one block sum fewer).
+// Three passes over the tape: the write scores H_{t-1} . w_t; the update (with step t + 1's read
+// scores H_t . h_t summed from the updated values); r_{t+1}. The read scores are not taken from the
+// first pass by linearity ((1 - a_n) H_{t-1}[n] . h_t + a_n w_t . h_t): on a draw whose recurrence
+// amplifies rounding that form left the gradients 16x further from the reference than this order
+// (test_e29a_gpu, MatchesReference, N 8 D 1024 T 16 B 64: 8.7e-3 against 5.3e-4).
 template <int MaxN>
 __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, const SeqShared<MaxN>& sh,
                                                 std::uint32_t H, std::int64_t b, std::int64_t t, Owned& own,
@@ -584,59 +568,56 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
   load_xz(a, b, t, 1, z);
   if (more) load_xz(a, b, t + 1, 0, x);
 
-  // Scores: chunks of 16 slots, values i (H . w_t) and 16 + i (H . h_t); then w_t . h_t.
   sh.template score_pass<2>(D, N, [&](float(&v)[32], int i, int n, int j, int d) {
-    const float hv = lds(H + 4u * static_cast<std::uint32_t>(n * D + d));
-    v[i] = fmaf(hv, w[j], v[i]);
-    v[16 + i] = fmaf(hv, own.h[j], v[16 + i]);
+    v[i] = fmaf(lds(H + 4u * static_cast<std::uint32_t>(n * D + d)), w[j], v[i]);
   });
-  float wh = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) wh = fmaf(w[j], own.h[j], wh);  // both zero past D
-  sh.fold_scalar(wh, SeqShared<MaxN>::template chunks<2>());
   sub.lap(0);
-  sh.template finish<2>(true);
-  if (threadIdx.x < 32) {
-    const step::Shared<MaxN> write_view = sh.view(0), read_view = sh.view(1);
-    step::softmax_warp<MaxN>(write_view, a.scale, N);
-    if (more) {
-      __syncwarp();
-      const float w_dot_h = *sh.scalar;
-      for (int n = threadIdx.x; n < N; n += 32) {
-        const float an = sh.attn[n];
-        read_view.sums[n] = fmaf(an, w_dot_h, (1.0f - an) * read_view.sums[n]);
-      }
-      __syncwarp();
-      step::softmax_warp<MaxN>(read_view, a.scale, N);
-    }
-  }
+  sh.template finish<2>();
+  if (threadIdx.x < 32) step::softmax_warp<MaxN>(sh.view(0), a.scale, N);
   __syncthreads();
-  if (threadIdx.x < N) {
-    a.write_attn[(t * B + b) * N + threadIdx.x] = sh.attn[threadIdx.x];
-    if (more) a.read_attn[((t + 1) * B + b) * N + threadIdx.x] = sh.attn[MaxN + threadIdx.x];
-  }
-  sub.lap(1);
-
-  // The tape update (checkpointed first when t starts a segment) and r_{t+1} from the new tape,
-  // a slot at a time (r sums the slots in order, as the hybrid path's read).
+  if (threadIdx.x < N) a.write_attn[(t * B + b) * N + threadIdx.x] = sh.attn[threadIdx.x];
   float* checkpoint = t % a.interval == 0 ? a.checkpoints + ((t / a.interval) * B + b) * N * D : nullptr;
+#pragma unroll
+  for (int c = 0; c < SeqShared<MaxN>::template chunks<2>(); ++c) {
+    float v[32];
+#pragma unroll
+    for (int q = 0; q < 32; ++q) v[q] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int n = c * 16 + i;
+      if (n >= N || n >= MaxN) break;
+      const float aw = sh.attn[n];
+#pragma unroll
+      for (int j = 0; j < kMaxFeatures; ++j) {
+        const int d = threadIdx.x + j * kThreads;
+        if (d >= D) break;
+        const std::uint32_t at = H + 4u * static_cast<std::uint32_t>(n * D + d);
+        const float old = lds(at);
+        if (checkpoint) checkpoint[n * D + d] = old;
+        const float updated = step::tape_update(old, aw, w[j]);
+        sts(at, updated);
+        v[16 + i] = fmaf(updated, own.h[j], v[16 + i]);
+      }
+    }
+    sh.fold(v, c);
+  }
+  sh.template finish<2>();
+  if (threadIdx.x < 32 && more) step::softmax_warp<MaxN>(sh.view(1), a.scale, N);
+  __syncthreads();
+  if (more && threadIdx.x < N) a.read_attn[((t + 1) * B + b) * N + threadIdx.x] = sh.attn[MaxN + threadIdx.x];
+  sub.lap(1);
   float r[kMaxFeatures];
 #pragma unroll
   for (int j = 0; j < kMaxFeatures; ++j) r[j] = 0.0f;
 #pragma unroll
   for (int n = 0; n < MaxN; ++n) {
     if (n >= N) break;
-    const float aw = sh.attn[n], ar = sh.attn[MaxN + n];
+    const float ar = sh.attn[MaxN + n];
 #pragma unroll
     for (int j = 0; j < kMaxFeatures; ++j) {
       const int d = threadIdx.x + j * kThreads;
       if (d >= D) break;
-      const std::uint32_t at = H + 4u * static_cast<std::uint32_t>(n * D + d);
-      const float old = lds(at);
-      if (checkpoint) checkpoint[n * D + d] = old;
-      const float updated = step::tape_update(old, aw, w[j]);
-      sts(at, updated);
-      r[j] = fmaf(ar, updated, r[j]);
+      r[j] = fmaf(ar, lds(H + 4u * static_cast<std::uint32_t>(n * D + d)), r[j]);
     }
   }
   sub.lap(2);
@@ -912,7 +893,7 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
     sh.attn[threadIdx.x] = a.read_attn[row * N + threadIdx.x];
     if (write) sh.attn[MaxN + threadIdx.x] = a.write_attn[prev * N + threadIdx.x];
   }
-  sh.template finish<4>(false);
+  sh.template finish<4>();
   if (threadIdx.x < 32) {
     const step::Shared<MaxN> read_view = sh.view(0), write_view = sh.view(1);
     step::softmax_backward_warp<MaxN>(read_view, N, a.detach_read);
