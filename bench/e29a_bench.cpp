@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
     };
     if (profile) {
       put_profile("profile_us_per_step", profile_ns,
-                  {"loads_and_score_pass", "sums_and_softmaxes", "tape_pass", "outputs"});
+                  {"loads_and_write_scores", "update_and_read_scores", "read_pass", "outputs"});
       if (layer.last_backward_kernel() == models::e29a::RecurrenceKernel::persistent) {
         put_profile("backward_profile_us_per_step", backward_profile_ns,
                     {"replay", "loads_and_score_pass", "sums_and_softmaxes", "gradient_pass"});

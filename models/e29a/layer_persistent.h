@@ -61,7 +61,8 @@ struct PersistentForwardArgs {
   double timeout_seconds = 5.0;
   int stall_block = -1;  // tests: this block never arrives at the first barrier
   // Optional [12]: ns in rows, wait, sequences, wait (block 0, then the last block); block 0's
-  // sequence phases split: loads + score pass, block sums + both softmaxes, tape pass, outputs.
+  // sequence phases split: loads + write-score pass, write softmax + update pass (read scores) +
+  // read softmax, read pass (r_{t+1}), outputs.
   std::uint64_t* profile = nullptr;
 };
 

@@ -14,9 +14,9 @@
 // Sequence phase, per sequence and thread-owned features d = tid + 256 j (h_t and r_t stay with
 // the thread from one step to the next; x, z, w_t and W_h h_t arrive in one round of loads): the
 // write attention of t, the tape update (its read scores for t + 1 summed in the same pass), y_t,
-// then the read attention of t + 1 and h_{t+1}. Formulas and reductions are layer_step.cuh's
-// (tape_update, block_slot_sums, softmax_warp), in the same per-thread order as the hybrid
-// path's kernels.
+// then the read attention of t + 1 and h_{t+1}. Formulas are layer_step.cuh's (tape_update,
+// softmax_warp), per feature in the hybrid path's order; the slot sums over the block are
+// SeqShared's (lane folds, then the warps in order).
 //
 // Every phase is inlined into its kernel, so the launch's arguments are read from the constant
 // bank where they are used; as called functions they took them through a generic pointer, reloaded
