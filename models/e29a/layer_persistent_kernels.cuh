@@ -126,6 +126,11 @@ __device__ __forceinline__ void sts(std::uint32_t address, float v) {
   asm volatile("st.shared.f32 [%0], %1;" ::"r"(address), "f"(v));
 }
 
+// The shared address of element (n, d) of an on-chip [N, D] fp32 array at shared address `base`.
+__device__ __forceinline__ std::uint32_t at_nd(std::uint32_t base, int n, int d, int D) {
+  return base + 4u * static_cast<std::uint32_t>(n * D + d);
+}
+
 // part[n] += H[n] . v over the thread's features d = tid + 256 j (H: the tape's shared address).
 template <int MaxN>
 __device__ __forceinline__ void score_partials(std::uint32_t H, const float (&v)[kMaxFeatures], int D, int N,
@@ -136,7 +141,7 @@ __device__ __forceinline__ void score_partials(std::uint32_t H, const float (&v)
     if (d >= D) break;
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(lds(H + 4u * static_cast<std::uint32_t>(n * D + d)), v[j], part[n]);
+      if (n < N) part[n] = fmaf(lds(at_nd(H, n, d, D)), v[j], part[n]);
     }
   }
 }
@@ -498,7 +503,7 @@ __device__ __forceinline__ void finish_read(const PersistentForwardArgs& a, cons
     float r = 0.0f;
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
-      if (n < N) r = fmaf(attn[n], lds(H + 4u * static_cast<std::uint32_t>(n * D + d)), r);
+      if (n < N) r = fmaf(attn[n], lds(at_nd(H, n, d, D)), r);
     }
     const float pre = ((x[j] + rec[j]) + r) + own.bias[j];
     const float h = tanhf(pre);
@@ -568,9 +573,8 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
   load_xz(a, b, t, 1, z);
   if (more) load_xz(a, b, t + 1, 0, x);
 
-  sh.template score_pass<2>(D, N, [&](float(&v)[32], int i, int n, int j, int d) {
-    v[i] = fmaf(lds(H + 4u * static_cast<std::uint32_t>(n * D + d)), w[j], v[i]);
-  });
+  sh.template score_pass<2>(
+      D, N, [&](float(&v)[32], int i, int n, int j, int d) { v[i] = fmaf(lds(at_nd(H, n, d, D)), w[j], v[i]); });
   sub.lap(0);
   sh.template finish<2>();
   if (threadIdx.x < 32) step::softmax_warp<MaxN>(sh.view(0), a.scale, N);
@@ -591,7 +595,7 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
       for (int j = 0; j < kMaxFeatures; ++j) {
         const int d = threadIdx.x + j * kThreads;
         if (d >= D) break;
-        const std::uint32_t at = H + 4u * static_cast<std::uint32_t>(n * D + d);
+        const std::uint32_t at = at_nd(H, n, d, D);
         const float old = lds(at);
         if (checkpoint) checkpoint[n * D + d] = old;
         const float updated = step::tape_update(old, aw, w[j]);
@@ -617,7 +621,7 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
     for (int j = 0; j < kMaxFeatures; ++j) {
       const int d = threadIdx.x + j * kThreads;
       if (d >= D) break;
-      r[j] = fmaf(ar, lds(H + 4u * static_cast<std::uint32_t>(n * D + d)), r[j]);
+      r[j] = fmaf(ar, lds(at_nd(H, n, d, D)), r[j]);
     }
   }
   sub.lap(2);
@@ -825,7 +829,6 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   }
   sub.lap(0);
   const float* h2 = segment_tape(a, b, write ? t - 1 : t, s0);  // t = 0: read and unused
-  auto at = [&](std::uint32_t base, int n, int d) { return base + 4u * static_cast<std::uint32_t>(n * D + d); };
   const float* xz = a.xz + (b * T + t) * 2 * D;
   const __nv_bfloat16* dy = a.dy + (b * T + t) * D;
   // Every feature's loads first, unconditionally (features past D read feature D - 1, a step
@@ -872,9 +875,9 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   // Scores: chunks of 8 slots, values i (dr . H_{t-1}), 8 + i (G . (w - H_{t-2})), 16 + i
   // (dr . (w - H_{t-2})), 24 + i (h_{t-1} . (w - H_{t-2})).
   sh.template score_pass<4>(D, N, [&](float(&v)[32], int i, int n, int j, int d) {
-    v[i] = fmaf(dr[j], lds(at(tape, n, d)), v[i]);
+    v[i] = fmaf(dr[j], lds(at_nd(tape, n, d, D)), v[i]);
     const float diff = w[j] - h2[n * D + d];
-    v[8 + i] = fmaf(lds(at(dH, n, d)), diff, v[8 + i]);
+    v[8 + i] = fmaf(lds(at_nd(dH, n, d, D)), diff, v[8 + i]);
     v[16 + i] = fmaf(dr[j], diff, v[16 + i]);
     v[24 + i] = fmaf(hp[j], diff, v[24 + i]);
   });
@@ -957,7 +960,7 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
       for (int j = 0; j < kMaxFeatures; ++j) {
         const int d = threadIdx.x + j * kThreads;
         if (d >= D) break;
-        const std::uint32_t g_at = at(dH, n, d), h_at = at(tape, n, d);
+        const std::uint32_t g_at = at_nd(dH, n, d, D), h_at = at_nd(tape, n, d, D);
         const float h1v = lds(h_at), h2v = h2g[g][j];
         sts(h_at, h2v);
         const float g1 = lds(g_at) + fmaf(ar, dr[j], sr * hp[j]);
@@ -1032,7 +1035,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < kMaxFeatures; ++j) {
       const int d = threadIdx.x + j * kThreads;
       if (d >= D) break;
-      for (int n = 0; n < N; ++n) sts(tape + 4u * static_cast<std::uint32_t>(n * D + d), last[n * D + d]);
+      for (int n = 0; n < N; ++n) sts(at_nd(tape, n, d, D), last[n * D + d]);
     }
     backward_step<MaxN>(a, sh, d_tape, tape, b, T - 1, false, s0, own, sub);
   }

@@ -21,9 +21,9 @@ constexpr int kMaxTiles = 8;                   // at most 128 rows a block
 constexpr int kMaxFeatures = 4;                // features a thread owns in the sequence phase: D <= 1024
 
 // The sequence phase's shared scratch (SeqShared in layer_persistent_kernels.cuh), in floats: every
-// warp's lane sums of up to 4 x max_n values (32 at least), their block sums [4][max_n], and two
-// attentions' weights and score gradients [2][max_n] each.
-constexpr int seq_warp_stride(int max_n) { return 4 * max_n < 32 ? 32 : 4 * max_n; }
+// warp's lane sums of up to 4 x max_n values (max_n is 8 at least, so one whole chunk of 32), their
+// block sums [4][max_n], and two attentions' weights and score gradients [2][max_n] each.
+constexpr int seq_warp_stride(int max_n) { return 4 * max_n; }
 constexpr std::size_t seq_shared_floats(int max_n) {
   return static_cast<std::size_t>(kWarps * seq_warp_stride(max_n) + 8 * max_n);
 }
