@@ -388,9 +388,17 @@ struct SeqShared {
   // chunk is folded when done.
   template <int Q, typename Add>
   __device__ __forceinline__ void score_pass(int D, int N, Add add) const {
+    score_pass<Q>(
+        D, N, [](int) {}, add);
+  }
+
+  // The same, with chunk_start(c) called before chunk c's first term (to load what it reads).
+  template <int Q, typename Start, typename Add>
+  __device__ __forceinline__ void score_pass(int D, int N, Start chunk_start, Add add) const {
     constexpr int kSlots = 32 / Q;
 #pragma unroll
     for (int c = 0; c < chunks<Q>(); ++c) {
+      chunk_start(c);
       float v[32];
 #pragma unroll
       for (int q = 0; q < 32; ++q) v[q] = 0.0f;
@@ -874,9 +882,22 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   }
   // Scores: chunks of 8 slots, values i (dr . H_{t-1}), 8 + i (G . (w - H_{t-2})), 16 + i
   // (dr . (w - H_{t-2})), 24 + i (h_{t-1} . (w - H_{t-2})).
-  sh.template score_pass<4>(D, N, [&](float(&v)[32], int i, int n, int j, int d) {
+  // A chunk's H_{t-2} (8 slots) is loaded before its first term: behind the features' loop exits
+  // each feature's loads would wait a round trip to L2 of their own.
+  float h2c[8][kMaxFeatures];
+  auto load_chunk = [&](int c) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int j = 0; j < kMaxFeatures; ++j) {
+        const int n = min(c * 8 + i, N - 1), d = min(static_cast<int>(threadIdx.x) + j * kThreads, D - 1);
+        h2c[i][j] = h2[n * D + d];
+      }
+    }
+  };
+  sh.template score_pass<4>(D, N, load_chunk, [&](float(&v)[32], int i, int n, int j, int d) {
     v[i] = fmaf(dr[j], lds(at_nd(tape, n, d, D)), v[i]);
-    const float diff = w[j] - h2[n * D + d];
+    const float diff = w[j] - h2c[i][j];
     v[8 + i] = fmaf(lds(at_nd(dH, n, d, D)), diff, v[8 + i]);
     v[16 + i] = fmaf(dr[j], diff, v[16 + i]);
     v[24 + i] = fmaf(hp[j], diff, v[24 + i]);
