@@ -30,6 +30,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 
 #include "core/async_copy.cuh"
 #include "core/error.h"
@@ -589,29 +590,38 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
   __syncthreads();
   if (threadIdx.x < N) a.write_attn[(t * B + b) * N + threadIdx.x] = sh.attn[threadIdx.x];
   float* checkpoint = t % a.interval == 0 ? a.checkpoints + ((t / a.interval) * B + b) * N * D : nullptr;
+  // Two copies of the pass, with and without the checkpoint's stores: a test a tape element would
+  // put each element in a block of its own, and nothing would be scheduled across them.
+  auto update_pass = [&](auto checkpointing) {
 #pragma unroll
-  for (int c = 0; c < SeqShared<MaxN>::template chunks<2>(); ++c) {
-    float v[32];
+    for (int c = 0; c < SeqShared<MaxN>::template chunks<2>(); ++c) {
+      float v[32];
 #pragma unroll
-    for (int q = 0; q < 32; ++q) v[q] = 0.0f;
+      for (int q = 0; q < 32; ++q) v[q] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int n = c * 16 + i;
-      if (n >= N || n >= MaxN) break;
-      const float aw = sh.attn[n];
+      for (int i = 0; i < 16; ++i) {
+        const int n = c * 16 + i;
+        if (n >= N || n >= MaxN) break;
+        const float aw = sh.attn[n];
 #pragma unroll
-      for (int j = 0; j < kMaxFeatures; ++j) {
-        const int d = threadIdx.x + j * kThreads;
-        if (d >= D) break;
-        const std::uint32_t at = at_nd(H, n, d, D);
-        const float old = lds(at);
-        if (checkpoint) checkpoint[n * D + d] = old;
-        const float updated = step::tape_update(old, aw, w[j]);
-        sts(at, updated);
-        v[16 + i] = fmaf(updated, own.h[j], v[16 + i]);
+        for (int j = 0; j < kMaxFeatures; ++j) {
+          const int d = threadIdx.x + j * kThreads;
+          if (d >= D) break;
+          const std::uint32_t at = at_nd(H, n, d, D);
+          const float old = lds(at);
+          if constexpr (decltype(checkpointing)::value) checkpoint[n * D + d] = old;
+          const float updated = step::tape_update(old, aw, w[j]);
+          sts(at, updated);
+          v[16 + i] = fmaf(updated, own.h[j], v[16 + i]);
+        }
       }
+      sh.fold(v, c);
     }
-    sh.fold(v, c);
+  };
+  if (checkpoint) {
+    update_pass(std::true_type{});
+  } else {
+    update_pass(std::false_type{});
   }
   sh.template finish<2>();
   if (threadIdx.x < 32 && more) step::softmax_warp<MaxN>(sh.view(1), a.scale, N);
