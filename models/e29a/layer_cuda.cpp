@@ -204,11 +204,16 @@ LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::
   p.dxz = c.take(b * t * 2 * d * sizeof(bf16));
   scratch_ = core::Buffer(context.device(), c.size());
   workspace_ = core::Buffer(context.device(), ops::linear_workspace_bytes());
-  persistent_refusal_ = kernels::persistent_forward_refusal(static_cast<int>(dim), static_cast<int>(slots), max_batch);
-  backward_refusal_ =
-      options_.carry_clip > 0
-          ? "carry_grad_clip needs the carried gradients' whole norm before each step"
-          : kernels::persistent_backward_refusal(static_cast<int>(dim), static_cast<int>(slots), max_batch);
+  set_persistent_cluster(0);
+}
+
+void LayerCuda::set_persistent_cluster(int blocks) {
+  cluster_ = blocks;
+  const int dim = static_cast<int>(dim_), slots = static_cast<int>(slots_);
+  persistent_refusal_ = kernels::persistent_forward_refusal(dim, slots, max_batch_, blocks);
+  backward_refusal_ = options_.carry_clip > 0
+                          ? "carry_grad_clip needs the carried gradients' whole norm before each step"
+                          : kernels::persistent_backward_refusal(dim, slots, max_batch_, blocks);
 }
 
 void LayerCuda::set_forward_kernel(RecurrenceKernel kernel) {
@@ -263,6 +268,7 @@ void LayerCuda::fill_persistent_args(Args& a, const LayerWeightsCuda& weights,
   a.interval = interval_;
   a.timeout_seconds = timeout_seconds_;
   a.stall_block = stall_block_;
+  a.cluster = cluster_;
 }
 
 void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int64_t batch, std::int64_t steps, bf16* y,

@@ -129,6 +129,9 @@ class LayerCuda {
   void check();
   void set_persistent_timeout(double seconds) { timeout_seconds_ = seconds; }
   void stall_block_for_tests(int block) { stall_block_ = block; }
+  // Blocks a sequence spreads over in the persistent kernels (1, 2 or 4; 0, the default: chosen at
+  // each launch). Tests and benchmarks; the refusals above then say whether it can be.
+  void set_persistent_cluster(int blocks);
   // Benchmarks: device arrays of 11 (forward) and 12 (backward) uint64 that receive ns per phase
   // kind (layer_persistent.h).
   void set_persistent_profile(std::uint64_t* device_ns) { profile_ = device_ns; }
@@ -168,6 +171,7 @@ class LayerCuda {
   std::string persistent_refusal_, backward_refusal_;
   double timeout_seconds_ = 5.0;
   int stall_block_ = -1;
+  int cluster_ = 0;
   std::uint64_t* profile_ = nullptr;
   std::uint64_t* backward_profile_ = nullptr;
   core::Buffer scratch_;

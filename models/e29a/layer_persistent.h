@@ -5,7 +5,9 @@
 // - rows: block k holds rows of [W_h ; W_write] (bf16, exact as the mirror stores them) in shared
 //   memory for all T steps and computes them against h_t of every sequence (fp32 loads through
 //   L2, fp32 products): w_t = W_write h_t and W_h h_t, the next step's recurrent term;
-// - sequences: a block per sequence runs the write step of t (write attention, tape update, y_t)
+// - sequences: a block per sequence (or a cluster of 2-4 blocks, each with a slice of the features,
+//   sharing slot sums through distributed shared memory, where blocks outnumber sequences
+//   enough) runs the write step of t (write attention, tape update, y_t)
 //   and the read step of t + 1 (read attention, h_{t+1}) with the hybrid path's own device
 //   functions (layer_step.cuh), so only the two recurrent products differ from it (their summation
 //   order: fp32 throughout). The sequence's tape [N, D] stays in that block's shared memory for
@@ -60,6 +62,7 @@ struct PersistentForwardArgs {
   PersistentSync* sync = nullptr;
   double timeout_seconds = 5.0;
   int stall_block = -1;  // tests: this block never arrives at the first barrier
+  int cluster = 0;       // blocks a sequence spreads over (1, 2 or 4); 0: the launch chooses
   // Optional [12]: ns in rows, wait, sequences, wait (block 0, then the last block); block 0's
   // sequence phases split: loads + write-score pass, write softmax + update pass (read scores) +
   // read softmax, read pass (r_{t+1}), outputs.
@@ -101,6 +104,7 @@ struct PersistentBackwardArgs {
   PersistentSync* sync = nullptr;
   double timeout_seconds = 5.0;
   int stall_block = -1;
+  int cluster = 0;
   // Optional [12]: ns in rows, wait, sequences, wait (block 0, then the last block); block 0's
   // sequence phases split: replay, loads + score pass, block sums + both softmaxes' backward,
   // dL/dH and dL/dh_{t-1} pass.
@@ -109,9 +113,13 @@ struct PersistentBackwardArgs {
 
 // Why the persistent forward cannot take this shape on the current device ("" when it can): it
 // needs a block per sequence and room in shared memory for the block's weight rows and its tape.
-std::string persistent_forward_refusal(int dim, int slots, std::int64_t max_batch);
+// `cluster` > 0 asks for that many blocks a sequence (else chosen at each launch).
+std::string persistent_forward_refusal(int dim, int slots, std::int64_t max_batch, int cluster = 0);
 // The same for the backward, which keeps two tapes on chip (dL/dH and the replay's).
-std::string persistent_backward_refusal(int dim, int slots, std::int64_t max_batch);
+std::string persistent_backward_refusal(int dim, int slots, std::int64_t max_batch, int cluster = 0);
+// The blocks a sequence the launch takes for this shape (`cluster` as PersistentForwardArgs's; the
+// caller checked the refusal).
+int persistent_cluster(bool backward, int dim, int slots, std::int64_t batch, int cluster = 0);
 // Launch them (the caller checked the refusal). Zero args.sync first.
 void persistent_forward(const PersistentForwardArgs& args, cudaStream_t stream);
 void persistent_backward(const PersistentBackwardArgs& args, cudaStream_t stream);

@@ -32,6 +32,8 @@
 #include <string>
 #include <type_traits>
 
+#include <cooperative_groups.h>
+
 #include "core/async_copy.cuh"
 #include "core/error.h"
 #include "core/memory_order.cuh"
@@ -39,6 +41,8 @@
 #include "models/e29a/layer_step.cuh"
 
 namespace models::e29a::kernels::persistent {
+
+namespace cg = cooperative_groups;
 
 // The barrier words of a launch and its deadline.
 struct GridSync {
@@ -130,21 +134,6 @@ __device__ __forceinline__ void sts(std::uint32_t address, float v) {
 // The shared address of element (n, d) of an on-chip [N, D] fp32 array at shared address `base`.
 __device__ __forceinline__ std::uint32_t at_nd(std::uint32_t base, int n, int d, int D) {
   return base + 4u * static_cast<std::uint32_t>(n * D + d);
-}
-
-// part[n] += H[n] . v over the thread's features d = tid + 256 j (H: the tape's shared address).
-template <int MaxN>
-__device__ __forceinline__ void score_partials(std::uint32_t H, const float (&v)[kMaxFeatures], int D, int N,
-                                               float (&part)[MaxN]) {
-#pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
-    if (d >= D) break;
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-      if (n < N) part[n] = fmaf(lds(at_nd(H, n, d, D)), v[j], part[n]);
-    }
-  }
 }
 
 // One step of the lanes' butterfly over v[0, 2 Half): a lane keeps half of its values (the upper
@@ -342,20 +331,49 @@ struct Laps {
   }
 };
 
+// The features of its sequence a block owns: a sequence spreads over a cluster of C blocks
+// (Layout::cluster), rank r taking the 256-feature chunks r, r + C, ...; thread tid's j-th
+// feature is tid + (j C + r) 256 (C 1: tid + 256 j, the whole sequence), kFeaturesOf<C> of them.
+// C is a template parameter: with the strides and the feature count constants, the passes index
+// registers and shared memory by fixed offsets (with C a launch value they ran 10-60% slower).
+template <int C>
+constexpr int kFeaturesOf = kMaxFeatures / C;
+
+template <int C>
+struct Slice {
+  static constexpr int size = C;
+  int rank = 0;
+  __device__ int feature(int j) const { return static_cast<int>(threadIdx.x) + (j * C + rank) * kThreads; }
+};
+
 // The sequence phase's shared scratch (layout: seq_shared_floats). A phase's slot sums are summed
 // once for the block however many it needs: a thread's partials in chunks of 32 values, each chunk
 // folded over the warp's lanes by butterfly steps (31 shuffles for 32 values, where a shuffle tree
-// per value takes 160), then the warps' sums added in warp order.
-template <int MaxN>
+// per value takes 160), then the warps' sums added in warp order; in a cluster, every block then
+// sends its sums to every block of the cluster, which adds them in rank order (so every block
+// holds the same sums and runs the same softmaxes).
+template <int MaxN, int C>
 struct SeqShared {
   static constexpr int kStride = seq_warp_stride(MaxN);
   float* warp_part;  // [kWarps][kStride]
   float* sums;       // [4][MaxN]: the block sums by quantity
   float* attn;       // [2][MaxN]: two attentions' weights
   float* ds;         // [2][MaxN]: and their score gradients
+  float* inbox;      // [2][kMaxCluster][kStride]: the cluster's block sums, by rank
+  float* verdicts;   // [2][kMaxCluster]: and whether each rank's launch still stands (1) or aborted (0)
+  Slice<C> slice;
+  // Which inbox the next exchange fills: a block may send exchange k + 1 while a peer still reads
+  // exchange k, never k + 2 (it would have to pass k + 1's barrier, which waits for that peer).
+  mutable int parity = 0;
 
-  __device__ explicit SeqShared(float* base)
-      : warp_part(base), sums(base + kWarps * kStride), attn(sums + 4 * MaxN), ds(attn + 2 * MaxN) {}
+  __device__ SeqShared(float* base, Slice<C> s)
+      : warp_part(base),
+        sums(base + kWarps * kStride),
+        attn(sums + 4 * MaxN),
+        ds(attn + 2 * MaxN),
+        inbox(ds + 2 * MaxN),
+        verdicts(inbox + 2 * kMaxCluster * kStride),
+        slice(s) {}
 
   // Attention k (0 or 1) as layer_step.cuh's softmaxes take it, its scores the sums of quantity k.
   __device__ step::Shared<MaxN> view(int k) const {
@@ -404,8 +422,8 @@ struct SeqShared {
 #pragma unroll
       for (int q = 0; q < 32; ++q) v[q] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kMaxFeatures; ++j) {
-        const int d = threadIdx.x + j * kThreads;
+      for (int j = 0; j < kFeaturesOf<C>; ++j) {
+        const int d = slice.feature(j);
         if (d >= D) break;
 #pragma unroll
         for (int i = 0; i < kSlots; ++i) {
@@ -418,35 +436,66 @@ struct SeqShared {
   }
 
   // After every fold: sums[k][n] for the Q quantities (chunk c: slots c * 32 / Q + i, value
-  // k * 32 / Q + i). Barriers on both sides.
+  // k * 32 / Q + i). Barriers on both sides. In a cluster (every block of it calls this at the
+  // same point) `ok` goes in as this block's verdict and comes out as the cluster's: a block whose
+  // grid barrier failed still reaches the exchange, so the cluster leaves together (a cluster
+  // barrier has no deadline, and no block may leave while a peer can still send to it).
   template <int Q>
-  __device__ __forceinline__ void finish() const {
+  __device__ __forceinline__ void finish(bool& ok) const {
     constexpr int kSlots = 32 / Q, kChunks = chunks<Q>();
+    static_assert(kChunks * 32 <= kStride);
+    static_assert(C == 1 || C == 2 || C == kMaxCluster);
     __syncthreads();
     const int count = kChunks * 32;
-    for (int q = threadIdx.x; q < count; q += kThreads) {
-      float s = 0.0f;
-      for (int w = 0; w < kWarps; ++w) s += warp_part[w * kStride + q];
+    auto store = [&](int q, float s) {
       const int c = q / 32, k = (q % 32) / kSlots, n = c * kSlots + q % kSlots;
       if (n < MaxN) sums[k * MaxN + n] = s;
+    };
+    if constexpr (C == 1) {
+      for (int q = threadIdx.x; q < count; q += kThreads) {
+        float s = 0.0f;
+        for (int w = 0; w < kWarps; ++w) s += warp_part[w * kStride + q];
+        store(q, s);
+      }
+      __syncthreads();
+    } else {
+      cg::cluster_group cluster = cg::this_cluster();
+      float* box = inbox + parity * kMaxCluster * kStride;
+      int* votes = reinterpret_cast<int*>(verdicts) + parity * kMaxCluster;
+      for (int q = threadIdx.x; q < count; q += kThreads) {
+        float s = 0.0f;
+        for (int w = 0; w < kWarps; ++w) s += warp_part[w * kStride + q];
+        for (int r = 0; r < C; ++r) *cluster.map_shared_rank(box + slice.rank * kStride + q, r) = s;
+      }
+      if (threadIdx.x == 0) {
+        for (int r = 0; r < C; ++r) *cluster.map_shared_rank(votes + slice.rank, r) = ok ? 1 : 0;
+      }
+      cluster.sync();
+      for (int q = threadIdx.x; q < count; q += kThreads) {
+        float s = 0.0f;
+        for (int r = 0; r < C; ++r) s += box[r * kStride + q];
+        store(q, s);
+      }
+      for (int r = 0; r < C; ++r) ok = ok && votes[r] != 0;
+      parity ^= 1;
+      __syncthreads();
     }
-    __syncthreads();
   }
 };
 
 // A block's shared memory (the layout the host sized): its weight rows, the rows phase's reduce
 // slots, the sequence phase's scratch, then the on-chip tapes.
-template <int MaxN>
+template <int MaxN, int C>
 struct BlockShared {
   __nv_bfloat16* weights;
   float* reduce;
-  SeqShared<MaxN> seq;
+  SeqShared<MaxN, C> seq;
   float* tapes;
 
-  __device__ BlockShared(unsigned char* at, const Layout& l)
+  __device__ BlockShared(unsigned char* at, const Layout& l, Slice<C> slice)
       : weights(reinterpret_cast<__nv_bfloat16*>(at)),
         reduce(reinterpret_cast<float*>(at + l.weight_bytes)),
-        seq(reinterpret_cast<float*>(at + l.weight_bytes + l.reduce_bytes)),
+        seq(reinterpret_cast<float*>(at + l.weight_bytes + l.reduce_bytes), slice),
         tapes(reinterpret_cast<float*>(at + l.weight_bytes + l.reduce_bytes + l.step_bytes)) {}
 };
 
@@ -487,32 +536,50 @@ struct Owned {
   float bias[kMaxFeatures];  // b_h, loaded once: a load after the step's stores would wait for L2
 };
 
-// The read attention of step t over H (= H_{t-1}) from the slot partial sums `part` (of H . h_{t-1}),
-// then r_t and h_t = tanh(x_t + W_h h_{t-1} + r_t + b_h); stores the saved tensors of step t.
-template <int MaxN>
-__device__ __forceinline__ void finish_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh,
-                                            float (&part)[MaxN], std::uint32_t H, std::int64_t b, std::int64_t t,
-                                            const float (&x)[kMaxFeatures], const float (&rec)[kMaxFeatures],
-                                            Owned& own) {
+// x_t (or z_t) of sequence b for the thread's features.
+template <int C>
+__device__ __forceinline__ void load_xz(const PersistentForwardArgs& a, const Slice<C>& slice, std::int64_t b,
+                                        std::int64_t t, int half, float (&out)[kMaxFeatures]) {
+  const float* src = a.xz + (b * a.steps + t) * 2 * a.dim + half * a.dim;
+#pragma unroll
+  for (int j = 0; j < kFeaturesOf<C>; ++j) {
+    const int d = slice.feature(j);
+    out[j] = d < a.dim ? src[d] : 0.0f;
+  }
+}
+
+// Step 0's read: the attention over H_0 with the start state h_{-1} (the read passes of the later
+// steps' order: scores, cluster sums, softmax), r_0 and h_0 = tanh(x_0 + W_h h_{-1} + r_0 + b_h).
+template <int MaxN, int C>
+__device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const SeqShared<MaxN, C>& sh,
+                                           std::uint32_t H, std::int64_t b, Owned& own, bool& ok) {
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch;
-  // Everything the loop needs, in registers: stores through the output pointers below could
-  // otherwise alias `a` and `sh` and make the compiler reload them on every use.
-  float* h_out = a.h + ((t + 1) * B + b) * D;
-  __nv_bfloat16* h_bf16 = a.h_bf16 + ((t + 1) * B + b) * D;
-  float* read = a.read + (t * B + b) * D;
-  step::slot_attention<MaxN>(part, sh, a.scale, N, a.read_attn + (t * B + b) * N);
-  float attn[MaxN];
+  float x[kMaxFeatures], rec[kMaxFeatures], hp[kMaxFeatures];
+  load_xz(a, sh.slice, b, 0, 0, x);
 #pragma unroll
-  for (int n = 0; n < MaxN; ++n) attn[n] = n < N ? sh.attn[n] : 0.0f;
+  for (int j = 0; j < kFeaturesOf<C>; ++j) {
+    const int d = sh.slice.feature(j);
+    rec[j] = d < D ? __ldcg(a.recurrent + b * D + d) : 0.0f;
+    hp[j] = d < D ? a.h[b * D + d] : 0.0f;
+  }
+  sh.template score_pass<1>(
+      D, N, [&](float(&v)[32], int i, int n, int j, int d) { v[i] = fmaf(lds(at_nd(H, n, d, D)), hp[j], v[i]); });
+  sh.template finish<1>(ok);
+  if (threadIdx.x < 32) step::softmax_warp<MaxN>(sh.view(0), a.scale, N);
+  __syncthreads();
+  if (sh.slice.rank == 0 && threadIdx.x < N) a.read_attn[b * N + threadIdx.x] = sh.attn[threadIdx.x];
+  float* h_out = a.h + (B + b) * D;
+  __nv_bfloat16* h_bf16 = a.h_bf16 + (B + b) * D;
+  float* read = a.read + b * D;
 #pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
+  for (int j = 0; j < kFeaturesOf<C>; ++j) {
+    const int d = sh.slice.feature(j);
     if (d >= D) break;
     float r = 0.0f;
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
-      if (n < N) r = fmaf(attn[n], lds(at_nd(H, n, d, D)), r);
+      if (n < N) r = fmaf(sh.attn[n], lds(at_nd(H, n, d, D)), r);
     }
     const float pre = ((x[j] + rec[j]) + r) + own.bias[j];
     const float h = tanhf(pre);
@@ -524,37 +591,6 @@ __device__ __forceinline__ void finish_read(const PersistentForwardArgs& a, cons
   }
 }
 
-// x_t (or z_t) of sequence b for the thread's features.
-__device__ __forceinline__ void load_xz(const PersistentForwardArgs& a, std::int64_t b, std::int64_t t, int half,
-                                        float (&out)[kMaxFeatures]) {
-  const float* src = a.xz + (b * a.steps + t) * 2 * a.dim + half * a.dim;
-#pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
-    out[j] = d < a.dim ? src[d] : 0.0f;
-  }
-}
-
-// Step 0's read: H_0, h_{-1} (the start state), x_0 and W_h h_{-1}.
-template <int MaxN>
-__device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const step::Shared<MaxN>& sh,
-                                           std::uint32_t H, std::int64_t b, Owned& own) {
-  const int D = a.dim, N = a.slots;
-  float x[kMaxFeatures], rec[kMaxFeatures], hp[kMaxFeatures];
-  load_xz(a, b, 0, 0, x);
-#pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
-    rec[j] = d < D ? __ldcg(a.recurrent + b * D + d) : 0.0f;
-    hp[j] = d < D ? a.h[b * D + d] : 0.0f;
-  }
-  float part[MaxN];
-#pragma unroll
-  for (int n = 0; n < MaxN; ++n) part[n] = 0.0f;
-  score_partials<MaxN>(H, hp, D, N, part);
-  finish_read<MaxN>(a, sh, part, H, b, 0, x, rec, own);
-}
-
 // Step t's write (attention, tape update, checkpoint, y_t), then step t + 1's read when there is
 // one. w_t and W_h h_t come from this step's rows phase.
 //
@@ -563,38 +599,38 @@ __device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const
 // first pass by linearity ((1 - a_n) H_{t-1}[n] . h_t + a_n w_t . h_t): on a draw whose recurrence
 // amplifies rounding that form left the gradients 16x further from the reference than this order
 // (test_e29a_gpu, MatchesReference, N 8 D 1024 T 16 B 64: 8.7e-3 against 5.3e-4).
-template <int MaxN>
-__device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, const SeqShared<MaxN>& sh,
-                                                std::uint32_t H, std::int64_t b, std::int64_t t, Owned& own,
+template <int MaxN, int C>
+__device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, const SeqShared<MaxN, C>& sh,
+                                                std::uint32_t H, std::int64_t b, std::int64_t t, Owned& own, bool& ok,
                                                 Laps<4>& sub) {
   sub.start();
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps;
-  const bool more = t + 1 < T;
+  const bool more = t + 1 < T, lead = sh.slice.rank == 0;  // the cluster's first block writes per-slot outputs
   float w[kMaxFeatures], rec[kMaxFeatures], z[kMaxFeatures], x[kMaxFeatures];
   const float* w_src = a.write + (t * B + b) * D;
 #pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
+  for (int j = 0; j < kFeaturesOf<C>; ++j) {
+    const int d = sh.slice.feature(j);
     w[j] = d < D ? __ldcg(w_src + d) : 0.0f;
     rec[j] = d < D && more ? __ldcg(a.recurrent + b * D + d) : 0.0f;
   }
-  load_xz(a, b, t, 1, z);
-  if (more) load_xz(a, b, t + 1, 0, x);
+  load_xz(a, sh.slice, b, t, 1, z);
+  if (more) load_xz(a, sh.slice, b, t + 1, 0, x);
 
   sh.template score_pass<2>(
       D, N, [&](float(&v)[32], int i, int n, int j, int d) { v[i] = fmaf(lds(at_nd(H, n, d, D)), w[j], v[i]); });
   sub.lap(0);
-  sh.template finish<2>();
+  sh.template finish<2>(ok);
   if (threadIdx.x < 32) step::softmax_warp<MaxN>(sh.view(0), a.scale, N);
   __syncthreads();
-  if (threadIdx.x < N) a.write_attn[(t * B + b) * N + threadIdx.x] = sh.attn[threadIdx.x];
+  if (lead && threadIdx.x < N) a.write_attn[(t * B + b) * N + threadIdx.x] = sh.attn[threadIdx.x];
   float* checkpoint = t % a.interval == 0 ? a.checkpoints + ((t / a.interval) * B + b) * N * D : nullptr;
   // Two copies of the pass, with and without the checkpoint's stores: a test a tape element would
   // put each element in a block of its own, and nothing would be scheduled across them.
   auto update_pass = [&](auto checkpointing) {
 #pragma unroll
-    for (int c = 0; c < SeqShared<MaxN>::template chunks<2>(); ++c) {
+    for (int c = 0; c < SeqShared<MaxN, C>::template chunks<2>(); ++c) {
       float v[32];
 #pragma unroll
       for (int q = 0; q < 32; ++q) v[q] = 0.0f;
@@ -604,8 +640,8 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
         if (n >= N || n >= MaxN) break;
         const float aw = sh.attn[n];
 #pragma unroll
-        for (int j = 0; j < kMaxFeatures; ++j) {
-          const int d = threadIdx.x + j * kThreads;
+        for (int j = 0; j < kFeaturesOf<C>; ++j) {
+          const int d = sh.slice.feature(j);
           if (d >= D) break;
           const std::uint32_t at = at_nd(H, n, d, D);
           const float old = lds(at);
@@ -623,21 +659,21 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
   } else {
     update_pass(std::false_type{});
   }
-  sh.template finish<2>();
+  sh.template finish<2>(ok);
   if (threadIdx.x < 32 && more) step::softmax_warp<MaxN>(sh.view(1), a.scale, N);
   __syncthreads();
-  if (more && threadIdx.x < N) a.read_attn[((t + 1) * B + b) * N + threadIdx.x] = sh.attn[MaxN + threadIdx.x];
+  if (more && lead && threadIdx.x < N) a.read_attn[((t + 1) * B + b) * N + threadIdx.x] = sh.attn[MaxN + threadIdx.x];
   sub.lap(1);
   float r[kMaxFeatures];
 #pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) r[j] = 0.0f;
+  for (int j = 0; j < kFeaturesOf<C>; ++j) r[j] = 0.0f;
 #pragma unroll
   for (int n = 0; n < MaxN; ++n) {
     if (n >= N) break;
     const float ar = sh.attn[MaxN + n];
 #pragma unroll
-    for (int j = 0; j < kMaxFeatures; ++j) {
-      const int d = threadIdx.x + j * kThreads;
+    for (int j = 0; j < kFeaturesOf<C>; ++j) {
+      const int d = sh.slice.feature(j);
       if (d >= D) break;
       r[j] = fmaf(ar, lds(at_nd(H, n, d, D)), r[j]);
     }
@@ -650,8 +686,8 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
   __nv_bfloat16* h_bf16 = a.h_bf16 + ((t + 2) * B + b) * D;
   float* read = a.read + ((t + 1) * B + b) * D;
 #pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
+  for (int j = 0; j < kFeaturesOf<C>; ++j) {
+    const int d = sh.slice.feature(j);
     if (d >= D) break;
     const float g = (z[j] + own.r[j]) + own.h[j];
     y[d] = __float2bfloat16_rn(own.h[j] * (g * step::sigmoidf(g)));
@@ -668,16 +704,34 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
   sub.lap(3);
 }
 
-template <int MaxN, bool Vec>
+// The tape's elements this block owns (its slice's features of every slot): f(n, d).
+template <int C, typename F>
+__device__ __forceinline__ void for_owned(const Slice<C>& slice, int N, int D, F f) {
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int j = 0; j < kFeaturesOf<C>; ++j) {
+      const int d = slice.feature(j);
+      if (d < D) f(n, d);
+    }
+  }
+}
+
+// After a grid barrier: whether the block goes on. A block whose sequence spreads over a cluster
+// goes on to the next exchange even when the launch aborted (finish() carries the verdict there);
+// any other block leaves at once.
+__device__ __forceinline__ bool goes_on(bool ok, bool exchanges) { return ok || exchanges; }
+
+template <int MaxN, int C, bool Vec>
 __global__ void __launch_bounds__(kThreads, 1)
     persistent_forward_kernel(const __grid_constant__ Params<PersistentForwardArgs> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int ok_flag;
   const PersistentForwardArgs& a = p.a;
-  const int D = a.dim;
+  const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps;
-  const BlockShared<MaxN> block(smem, p.l);
-  const SeqShared<MaxN>& sh = block.seq;
+  const Slice<C> slice{static_cast<int>(blockIdx.x) % C};
+  const BlockShared<MaxN, C> block(smem, p.l, slice);
+  const SeqShared<MaxN, C>& sh = block.seq;
   float* chip_tape = block.tapes;
 
   // This block's rows of [W_h ; W_write].
@@ -688,19 +742,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     return row < D ? a.w_h[static_cast<std::size_t>(row) * D + k]
                    : a.w_write[static_cast<std::size_t>(row - D) * D + k];
   });
-  // The tape of this block's sequence (one sequence a block at most) stays in shared memory.
-  const std::int64_t per_tape = static_cast<std::int64_t>(a.slots) * D;
-  const bool owner = static_cast<std::int64_t>(blockIdx.x) < B;
+  // The tape of this block's sequence (one sequence a block or cluster at most) stays in shared
+  // memory, the block's slice of it.
+  const std::int64_t per_tape = static_cast<std::int64_t>(N) * D;
+  const std::int64_t b = blockIdx.x / C;
+  const bool owner = b < B, exchanges = owner && C > 1;
   if (owner) {
-    const float* src = a.tape + blockIdx.x * per_tape;
-    for (std::int64_t i = threadIdx.x; i < per_tape; i += kThreads) chip_tape[i] = src[i];
+    const float* src = a.tape + b * per_tape;
+    for_owned(slice, N, D, [&](int n, int d) { chip_tape[n * D + d] = src[n * D + d]; });
   }
   __syncthreads();
   const std::uint32_t tape = core::smem_addr(chip_tape);
   Owned own;
 #pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
+  for (int j = 0; j < kFeaturesOf<C>; ++j) {
+    const int d = slice.feature(j);
     own.bias[j] = d < D ? __bfloat162float(a.bias[d]) : 0.0f;
     own.h[j] = own.r[j] = 0.0f;  // past D too: the score pass multiplies by them
   }
@@ -713,26 +769,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   phases.lap(0);
   bool ok = grid_barrier(p.grid, passed, &ok_flag);
   phases.lap(1);
-  if (ok && T > 0) {
-    if (owner) first_read<MaxN>(a, sh.view(0), tape, blockIdx.x, own);
+  if (goes_on(ok, exchanges) && T > 0) {
+    if (owner) first_read<MaxN, C>(a, sh, tape, b, own, ok);
     phases.lap(2);
   }
   for (std::int64_t t = 0; ok && t < T; ++t) {
-    if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
+    ok = grid_barrier(p.grid, passed, &ok_flag);
+    if (!goes_on(ok, exchanges)) break;
     phases.lap(3);
     // w_t = W_write h_t and, unless last, W_h h_t.
-    rows_phase<Vec>(forward_rows(a, a.h + (t + 1) * B * D, t + 1 < T, a.write + t * B * D), p.l, block.weights,
-                    block.reduce, row0, rows);
+    if (ok) {
+      rows_phase<Vec>(forward_rows(a, a.h + (t + 1) * B * D, t + 1 < T, a.write + t * B * D), p.l, block.weights,
+                      block.reduce, row0, rows);
+    }
     phases.lap(0);
-    if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
+    ok = ok && grid_barrier(p.grid, passed, &ok_flag);
+    if (!goes_on(ok, exchanges)) break;
     phases.lap(1);
-    if (owner) write_then_read<MaxN>(a, sh, tape, blockIdx.x, t, own, sub);
+    if (owner) write_then_read<MaxN, C>(a, sh, tape, b, t, own, ok, sub);
     phases.lap(2);
   }
   __syncthreads();  // a thread's features of the tape are not the elements it copies back
   if (ok && owner) {
-    float* dst = a.tape + blockIdx.x * per_tape;
-    for (std::int64_t i = threadIdx.x; i < per_tape; i += kThreads) dst[i] = chip_tape[i];
+    float* dst = a.tape + b * per_tape;
+    for_owned(slice, N, D, [&](int n, int d) { dst[n * D + d] = chip_tape[n * D + d]; });
   }
   profile.write(a.profile);
 }
@@ -767,8 +827,9 @@ __device__ __forceinline__ const float* segment_tape(const PersistentBackwardArg
 // from the checkpoint and the saved writes, into the segment. Eight slots at a time with their
 // running tape in registers (a chunk's write values come again from L1), so the tape on chip, the
 // one the current step reads, stays as it is.
-template <int MaxN>
-__device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, std::int64_t b, std::int64_t s0) {
+template <int MaxN, int C>
+__device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, const Slice<C>& slice, std::int64_t b,
+                                               std::int64_t s0) {
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, per_tape = static_cast<std::int64_t>(N) * D;
   const std::int64_t count = min(a.steps, s0 + a.interval) - s0;
@@ -780,8 +841,8 @@ __device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, 
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {
 #pragma unroll
-      for (int j = 0; j < kMaxFeatures; ++j) {
-        const int n = n0 + i, d = threadIdx.x + j * kThreads;
+      for (int j = 0; j < kFeaturesOf<C>; ++j) {
+        const int n = n0 + i, d = slice.feature(j);
         v[i][j] = n < N && d < D ? checkpoint[n * D + d] : 0.0f;
         if (n < N && d < D) seg[n * D + d] = v[i][j];
       }
@@ -795,8 +856,8 @@ __device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, 
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) attn[i] = in && n0 + i < N ? a.write_attn[row * N + n0 + i] : 0.0f;
 #pragma unroll
-      for (int j = 0; j < kMaxFeatures; ++j) {
-        const int d = threadIdx.x + j * kThreads;
+      for (int j = 0; j < kFeaturesOf<C>; ++j) {
+        const int d = slice.feature(j);
         w[j] = in && d < D ? a.write[row * D + d] : 0.0f;
       }
     };
@@ -807,13 +868,13 @@ __device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, 
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) attn_k[i] = attn[i];
 #pragma unroll
-      for (int j = 0; j < kMaxFeatures; ++j) w_k[j] = w[j];
+      for (int j = 0; j < kFeaturesOf<C>; ++j) w_k[j] = w[j];
       load(k + 1);
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
 #pragma unroll
-        for (int j = 0; j < kMaxFeatures; ++j) {
-          const int n = n0 + i, d = threadIdx.x + j * kThreads;
+        for (int j = 0; j < kFeaturesOf<C>; ++j) {
+          const int n = n0 + i, d = slice.feature(j);
           v[i][j] = step::tape_update(v[i][j], attn_k[i], w_k[j]);
           if (n < N && d < D) out[n * D + d] = v[i][j];
         }
@@ -831,10 +892,10 @@ __device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, 
 // from the same pass; so the pass sums dr . H_{t-1}, G . (w - H_{t-2}), dr . (w - H_{t-2}) and
 // h_{t-1} . (w - H_{t-2}) and the write scores' gradient is the second + a_n third + s_n fourth
 // (the same values up to rounding). The second pass updates dL/dH through both attentions.
-template <int MaxN>
-__device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, const SeqShared<MaxN>& sh,
+template <int MaxN, int C>
+__device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, const SeqShared<MaxN, C>& sh,
                                               std::uint32_t dH, std::uint32_t tape, std::int64_t b, std::int64_t t,
-                                              bool products, std::int64_t& s0, BackOwned& own, Laps<4>& sub) {
+                                              bool products, std::int64_t& s0, BackOwned& own, bool& ok, Laps<4>& sub) {
   sub.start();
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps, row = t * B + b, prev = row - B;
@@ -843,7 +904,7 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   // segment in global memory (replayed first when step t - 1 starts the segment before).
   if (write && t - 1 < s0) {
     s0 -= a.interval;
-    replay_segment<MaxN>(a, b, s0);
+    replay_segment<MaxN, C>(a, sh.slice, b, s0);
   }
   sub.lap(0);
   const float* h2 = segment_tape(a, b, write ? t - 1 : t, s0);  // t = 0: read and unused
@@ -858,9 +919,9 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   float z[kMaxFeatures], r[kMaxFeatures], dout[kMaxFeatures];
   const float* w_row = a.write + (write ? prev : row) * D;
 #pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const bool in = threadIdx.x + j * kThreads < D;
-    const int d = min(threadIdx.x + j * kThreads, D - 1);
+  for (int j = 0; j < kFeaturesOf<C>; ++j) {
+    const bool in = sh.slice.feature(j) < D;
+    const int d = min(sh.slice.feature(j), D - 1);
     h[j] = a.h[(row + B) * D + d];
     hp[j] = a.h[row * D + d];
     w[j] = w_row[d];
@@ -880,7 +941,7 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   }
   float dg[kMaxFeatures], dp[kMaxFeatures], dr[kMaxFeatures];
 #pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
+  for (int j = 0; j < kFeaturesOf<C>; ++j) {
     // Gate and output: y = h * silu(g), g = z + r + h.
     const float g = (z[j] + r[j]) + h[j];
     const float s = step::sigmoidf(g);
@@ -899,8 +960,8 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
 #pragma unroll
-      for (int j = 0; j < kMaxFeatures; ++j) {
-        const int n = min(c * 8 + i, N - 1), d = min(static_cast<int>(threadIdx.x) + j * kThreads, D - 1);
+      for (int j = 0; j < kFeaturesOf<C>; ++j) {
+        const int n = min(c * 8 + i, N - 1), d = min(sh.slice.feature(j), D - 1);
         h2c[i][j] = h2[n * D + d];
       }
     }
@@ -914,8 +975,8 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   });
   __nv_bfloat16* dxz = a.dxz + (b * T + t) * 2 * D;
 #pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
+  for (int j = 0; j < kFeaturesOf<C>; ++j) {
+    const int d = sh.slice.feature(j);
     if (d >= D) break;
     dxz[D + d] = __float2bfloat16_rn(dg[j]);
     a.d_pre[b * D + d] = dp[j];
@@ -927,7 +988,7 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
     sh.attn[threadIdx.x] = a.read_attn[row * N + threadIdx.x];
     if (write) sh.attn[MaxN + threadIdx.x] = a.write_attn[prev * N + threadIdx.x];
   }
-  sh.template finish<4>();
+  sh.template finish<4>(ok);
   if (threadIdx.x < 32) {
     const step::Shared<MaxN> read_view = sh.view(0), write_view = sh.view(1);
     step::softmax_backward_warp<MaxN>(read_view, N, a.detach_read);
@@ -942,7 +1003,7 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
     }
   }
   __syncthreads();
-  if (threadIdx.x < N) {
+  if (sh.slice.rank == 0 && threadIdx.x < N) {
     if (a.read_scores) a.read_scores[row * N + threadIdx.x] = sh.ds[threadIdx.x];
     if (write && a.write_scores) a.write_scores[prev * N + threadIdx.x] = sh.ds[MaxN + threadIdx.x];
   }
@@ -953,7 +1014,7 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   // each feature's sums in slot order, as the hybrid path's.
   float dh_prev[kMaxFeatures], dw[kMaxFeatures];
 #pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) dh_prev[j] = dw[j] = 0.0f;
+  for (int j = 0; j < kFeaturesOf<C>; ++j) dh_prev[j] = dw[j] = 0.0f;
   // H_{t-2} (from L2) four slots at a time, the next four loaded while these are used: each slot's
   // stores depend on its loads, and a load placed after a store waits for it, so loaded a slot at
   // a time the pass would wait a round trip to L2 per slot.
@@ -963,8 +1024,8 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
-      for (int j = 0; j < kMaxFeatures; ++j) {
-        const int n = n0 + g, d = threadIdx.x + j * kThreads;
+      for (int j = 0; j < kFeaturesOf<C>; ++j) {
+        const int n = n0 + g, d = sh.slice.feature(j);
         next[g][j] = n < N && d < D ? h2[n * D + d] : 0.0f;
       }
     }
@@ -977,7 +1038,7 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
-      for (int j = 0; j < kMaxFeatures; ++j) h2g[g][j] = next[g][j];
+      for (int j = 0; j < kFeaturesOf<C>; ++j) h2g[g][j] = next[g][j];
     }
     load_group(n0 + kGroup);
 #pragma unroll
@@ -988,8 +1049,8 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
       // Step 0 has no write attention before it: a' = s' = 0 leave dL/dH_{t-1} as it is.
       const float aw = write ? sh.attn[MaxN + n] : 0.0f, sw = write ? a.scale * sh.ds[MaxN + n] : 0.0f;
 #pragma unroll
-      for (int j = 0; j < kMaxFeatures; ++j) {
-        const int d = threadIdx.x + j * kThreads;
+      for (int j = 0; j < kFeaturesOf<C>; ++j) {
+        const int d = sh.slice.feature(j);
         if (d >= D) break;
         const std::uint32_t g_at = at_nd(dH, n, d, D), h_at = at_nd(tape, n, d, D);
         const float h1v = lds(h_at), h2v = h2g[g][j];
@@ -1003,8 +1064,8 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
     }
   }
 #pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) {
-    const int d = threadIdx.x + j * kThreads;
+  for (int j = 0; j < kFeaturesOf<C>; ++j) {
+    const int d = sh.slice.feature(j);
     if (d >= D) break;
     own.dh_read[j] = a.scale * dh_prev[j];
     if (write) {
@@ -1015,7 +1076,7 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   sub.lap(3);
 }
 
-template <int MaxN, bool Vec>
+template <int MaxN, int C, bool Vec>
 __global__ void __launch_bounds__(kThreads, 1)
     persistent_backward_kernel(const __grid_constant__ Params<PersistentBackwardArgs> p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1023,8 +1084,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const PersistentBackwardArgs& a = p.a;
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps;
-  const BlockShared<MaxN> block(smem, p.l);
-  const SeqShared<MaxN>& sh = block.seq;
+  const Slice<C> slice{static_cast<int>(blockIdx.x) % C};
+  const BlockShared<MaxN, C> block(smem, p.l, slice);
+  const SeqShared<MaxN, C>& sh = block.seq;
   const std::int64_t per_tape = static_cast<std::int64_t>(N) * D;
   float* chip_d_tape = block.tapes;
   const std::uint32_t d_tape = core::smem_addr(chip_d_tape);
@@ -1039,36 +1101,36 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (row >= p.l.split && row - p.l.split < D) return a.w_write[static_cast<std::size_t>(k) * D + (row - p.l.split)];
     return __float2bfloat16_rn(0.0f);
   });
-  const bool owner = static_cast<std::int64_t>(blockIdx.x) < B;
-  const auto b = static_cast<std::int64_t>(blockIdx.x);
+  const std::int64_t b = blockIdx.x / C;
+  const bool owner = b < B, exchanges = owner && C > 1;
   BackOwned own;
 #pragma unroll
-  for (int j = 0; j < kMaxFeatures; ++j) own.dh_read[j] = own.d_bias[j] = 0.0f;
+  for (int j = 0; j < kFeaturesOf<C>; ++j) own.dh_read[j] = own.d_bias[j] = 0.0f;
   std::int64_t s0 = (T - 1) / a.interval * a.interval;
   if (owner) {
-    for (std::int64_t i = threadIdx.x; i < per_tape; i += kThreads) chip_d_tape[i] = 0.0f;
+    for_owned(slice, N, D, [&](int n, int d) { chip_d_tape[n * D + d] = 0.0f; });
     // dL/dH_{T-1} is zero, so the write attention of the last step has no gradient.
-    for (int d = threadIdx.x; d < D; d += kThreads) {
-      a.d_write_bf16[((T - 1) * B + b) * D + d] = __float2bfloat16_rn(0.0f);
+#pragma unroll
+    for (int j = 0; j < kFeaturesOf<C>; ++j) {
+      const int d = slice.feature(j);
+      if (d < D) a.d_write_bf16[((T - 1) * B + b) * D + d] = __float2bfloat16_rn(0.0f);
     }
-    if (a.write_scores && threadIdx.x < N) a.write_scores[((T - 1) * B + b) * N + threadIdx.x] = 0.0f;
+    if (a.write_scores && slice.rank == 0 && threadIdx.x < N) {
+      a.write_scores[((T - 1) * B + b) * N + threadIdx.x] = 0.0f;
+    }
   }
   __syncthreads();
 
   Profile<4> profile(a.profile);
   auto& phases = profile.phases;
   auto& sub = profile.sub;
+  bool ok = true;
   if (owner) {
-    replay_segment<MaxN>(a, b, s0);
+    replay_segment<MaxN, C>(a, slice, b, s0);
     // H_{T-2} on chip: the tape before step T - 1.
     const float* last = segment_tape(a, b, T - 1, s0);
-#pragma unroll
-    for (int j = 0; j < kMaxFeatures; ++j) {
-      const int d = threadIdx.x + j * kThreads;
-      if (d >= D) break;
-      for (int n = 0; n < N; ++n) sts(at_nd(tape, n, d, D), last[n * D + d]);
-    }
-    backward_step<MaxN>(a, sh, d_tape, tape, b, T - 1, false, s0, own, sub);
+    for_owned(slice, N, D, [&](int n, int d) { sts(at_nd(tape, n, d, D), last[n * D + d]); });
+    backward_step<MaxN, C>(a, sh, d_tape, tape, b, T - 1, false, s0, own, ok, sub);
   }
   phases.lap(2);
   RowsJob job;
@@ -1081,28 +1143,59 @@ __global__ void __launch_bounds__(kThreads, 1)
   job.out_lo = a.recurrent;
   job.out_hi = a.dh_write;
   std::uint32_t passed = 0;
-  bool ok = true;
   for (std::int64_t t = T - 2; ok && t >= 0; --t) {
-    if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
+    ok = grid_barrier(p.grid, passed, &ok_flag);
+    if (!goes_on(ok, exchanges)) break;
     phases.lap(3);
-    rows_phase<Vec>(job, p.l, block.weights, block.reduce, row0, rows);  // W_h^T dp_{t+1}, W_write^T dw_t
+    if (ok) rows_phase<Vec>(job, p.l, block.weights, block.reduce, row0, rows);  // W_h^T dp_{t+1}, W_write^T dw_t
     phases.lap(0);
-    if (!(ok = grid_barrier(p.grid, passed, &ok_flag))) break;
+    ok = ok && grid_barrier(p.grid, passed, &ok_flag);
+    if (!goes_on(ok, exchanges)) break;
     phases.lap(1);
-    if (owner) backward_step<MaxN>(a, sh, d_tape, tape, b, t, true, s0, own, sub);
+    if (owner) backward_step<MaxN, C>(a, sh, d_tape, tape, b, t, true, s0, own, ok, sub);
     phases.lap(2);
   }
   __syncthreads();
   if (ok && owner) {
     float* dst = a.d_tape + b * per_tape;
-    for (std::int64_t i = threadIdx.x; i < per_tape; i += kThreads) dst[i] = chip_d_tape[i];
+    for_owned(slice, N, D, [&](int n, int d) { dst[n * D + d] = chip_d_tape[n * D + d]; });
 #pragma unroll
-    for (int j = 0; j < kMaxFeatures; ++j) {
-      const int d = threadIdx.x + j * kThreads;
+    for (int j = 0; j < kFeaturesOf<C>; ++j) {
+      const int d = slice.feature(j);
       if (d < D) a.d_bias[b * D + d] = own.d_bias[j];
     }
   }
   profile.write(a.profile);
+}
+
+// The launch's configuration: cooperative (the grid barriers need every block resident), in
+// clusters of g.l.cluster blocks.
+struct LaunchConfig {
+  cudaLaunchAttribute attrs[2] = {};
+  cudaLaunchConfig_t config = {};
+  explicit LaunchConfig(const Geometry& g, cudaStream_t stream) {
+    attrs[0].id = cudaLaunchAttributeCooperative;
+    attrs[0].val.cooperative = 1;
+    attrs[1].id = cudaLaunchAttributeClusterDimension;
+    attrs[1].val.clusterDim.x = static_cast<unsigned>(g.l.cluster);
+    attrs[1].val.clusterDim.y = 1;
+    attrs[1].val.clusterDim.z = 1;
+    config.gridDim = dim3(static_cast<unsigned>(g.grid));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = g.smem;
+    config.stream = stream;
+    config.attrs = attrs;
+    config.numAttrs = g.l.cluster > 1 ? 2 : 1;
+  }
+};
+
+template <typename Args>
+int resident_clusters_of(void (*kernel)(Params<Args>), const Geometry& g) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem)));
+  LaunchConfig launch(g, nullptr);
+  int clusters = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config));
+  return clusters;
 }
 
 template <typename Args>
@@ -1122,33 +1215,50 @@ void launch_kernel(void (*kernel)(Params<Args>), Direction direction, const Args
   p.grid.stall_block = args.stall_block;
   p.grid.timeout_ns = static_cast<std::uint64_t>(args.timeout_seconds * 1e9);
   p.l = g.l;
-  void* params[] = {&p};
-  CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(g.grid), dim3(kThreads), params,
-                                         g.smem, stream));
+  LaunchConfig launch(g, stream);
+  CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, p));
+}
+
+// The kernel of a launch: its blocks a sequence and whether the rows phase is vectorised.
+template <int MaxN>
+void (*forward_kernel(int cluster, bool vec))(Params<PersistentForwardArgs>) {
+  if (cluster == kMaxCluster)
+    return vec ? persistent_forward_kernel<MaxN, 4, true> : persistent_forward_kernel<MaxN, 4, false>;
+  if (cluster == 2) return vec ? persistent_forward_kernel<MaxN, 2, true> : persistent_forward_kernel<MaxN, 2, false>;
+  return vec ? persistent_forward_kernel<MaxN, 1, true> : persistent_forward_kernel<MaxN, 1, false>;
+}
+
+template <int MaxN>
+void (*backward_kernel(int cluster, bool vec))(Params<PersistentBackwardArgs>) {
+  if (cluster == kMaxCluster) {
+    return vec ? persistent_backward_kernel<MaxN, 4, true> : persistent_backward_kernel<MaxN, 4, false>;
+  }
+  if (cluster == 2) return vec ? persistent_backward_kernel<MaxN, 2, true> : persistent_backward_kernel<MaxN, 2, false>;
+  return vec ? persistent_backward_kernel<MaxN, 1, true> : persistent_backward_kernel<MaxN, 1, false>;
 }
 
 template <int MaxN>
 void launch(const PersistentForwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream) {
-  if (args.dim % 8 == 0) {
-    launch_kernel(persistent_forward_kernel<MaxN, true>, Direction::forward, args, dev, g, stream);
-  } else {
-    launch_kernel(persistent_forward_kernel<MaxN, false>, Direction::forward, args, dev, g, stream);
-  }
+  launch_kernel(forward_kernel<MaxN>(g.l.cluster, args.dim % 8 == 0), Direction::forward, args, dev, g, stream);
 }
 
 template <int MaxN>
 void launch(const PersistentBackwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream) {
-  if (args.dim % 8 == 0) {
-    launch_kernel(persistent_backward_kernel<MaxN, true>, Direction::backward, args, dev, g, stream);
-  } else {
-    launch_kernel(persistent_backward_kernel<MaxN, false>, Direction::backward, args, dev, g, stream);
-  }
+  launch_kernel(backward_kernel<MaxN>(g.l.cluster, args.dim % 8 == 0), Direction::backward, args, dev, g, stream);
+}
+
+template <int MaxN>
+int resident_clusters(Direction direction, int dim, const Geometry& g) {
+  const bool vec = dim % 8 == 0;
+  if (direction == Direction::forward) return resident_clusters_of(forward_kernel<MaxN>(g.l.cluster, vec), g);
+  return resident_clusters_of(backward_kernel<MaxN>(g.l.cluster, vec), g);
 }
 
 // The instances of one slot capacity (layer_persistent_n<MaxN>.cu: one file each, so the four
 // capacities' kernels compile in parallel).
-#define E29A_PERSISTENT_INSTANCES(MaxN)                                                                   \
-  template void launch<MaxN>(const PersistentForwardArgs&, const Device&, const Geometry&, cudaStream_t); \
-  template void launch<MaxN>(const PersistentBackwardArgs&, const Device&, const Geometry&, cudaStream_t)
+#define E29A_PERSISTENT_INSTANCES(MaxN)                                                                    \
+  template void launch<MaxN>(const PersistentForwardArgs&, const Device&, const Geometry&, cudaStream_t);  \
+  template void launch<MaxN>(const PersistentBackwardArgs&, const Device&, const Geometry&, cudaStream_t); \
+  template int resident_clusters<MaxN>(Direction, int, const Geometry&)
 
 }  // namespace models::e29a::kernels::persistent

@@ -19,20 +19,27 @@ constexpr int kItems = 4;                      // sequences of a warp pass
 constexpr int kTileSums = kTileRows * kItems;  // sums a warp pass finishes (the rows phase's reduce slots)
 constexpr int kMaxTiles = 8;                   // at most 128 rows a block
 constexpr int kMaxFeatures = 4;                // features a thread owns in the sequence phase: D <= 1024
+constexpr int kMaxCluster = 4;                 // blocks one sequence spreads over (a thread-block cluster)
 
 // The sequence phase's shared scratch (SeqShared in layer_persistent_kernels.cuh), in floats: every
 // warp's lane sums of up to 4 x max_n values (max_n is 8 at least, so one whole chunk of 32), their
-// block sums [4][max_n], and two attentions' weights and score gradients [2][max_n] each.
+// block sums [4][max_n], two attentions' weights and score gradients [2][max_n] each, and the
+// cluster exchange's two alternating inboxes: every rank's block sums [kMaxCluster][4 max_n] and
+// its verdict [kMaxCluster].
 constexpr int seq_warp_stride(int max_n) { return 4 * max_n; }
 constexpr std::size_t seq_shared_floats(int max_n) {
-  return static_cast<std::size_t>(kWarps * seq_warp_stride(max_n) + 8 * max_n);
+  return static_cast<std::size_t>(kWarps * seq_warp_stride(max_n) + 8 * max_n +
+                                  2 * kMaxCluster * (seq_warp_stride(max_n) + 1));
 }
 
 // A block's rows of the stacked matrix it keeps in shared memory: rows [0, split) take the first
 // input vector, rows from split the second (split = D forward; the backward pads it to whole
 // tiles so no tile takes both).
+//
+// A sequence's features are split over `cluster` blocks (a thread-block cluster; 1: one block),
+// which exchange their slot sums through distributed shared memory.
 struct Layout {
-  int rows_per_block = 0, tiles = 0, ld = 0, split = 0;
+  int rows_per_block = 0, tiles = 0, ld = 0, split = 0, cluster = 1;
   std::size_t weight_bytes = 0, reduce_bytes = 0, step_bytes = 0;
 };
 
@@ -58,5 +65,9 @@ template <int MaxN>
 void launch(const PersistentForwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream);
 template <int MaxN>
 void launch(const PersistentBackwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream);
+// How many clusters of g.l.cluster blocks can be resident at once, of the kernel `launch` takes
+// for this direction and width.
+template <int MaxN>
+int resident_clusters(Direction direction, int dim, const Geometry& g);
 
 }  // namespace models::e29a::kernels::persistent

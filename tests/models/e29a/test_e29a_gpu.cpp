@@ -2,10 +2,12 @@
 // one, layer_persistent.h; one backward) against the CPU reference
 // (layer.h, run in fp64 on the exact values of the same bf16 inputs and weights) on fresh random
 // inputs at the scales of the model's initialisation, over N in {8, 16, 32, 64} (and 5, 40: slot
-// counts below a kernel's capacity), D in {5, 12, 64, 72, 200, 1024}, T in {1, 7, 129, 512} (129 and 512
-// end in a partial checkpoint segment), B in {1, 3, 64}; the zero-tape degeneracy on the GPU;
-// bit-identical reruns and independence from the checkpoint interval; state hand-over; the two
-// forwards against each other; a stalled persistent launch leaving at its deadline.
+// counts below a kernel's capacity), D in {5, 12, 64, 72, 200, 800, 1024}, T in {1, 7, 33, 129, 512}
+// (129 and 512 end in a partial checkpoint segment), B in {1, 3, 5, 64}, the persistent kernels
+// with a sequence on one block and spread over clusters of 2 and 4 (D 800: the last block's
+// 256-feature chunk is partial); the zero-tape degeneracy on the GPU; bit-identical reruns and
+// independence from the checkpoint interval; state hand-over; the two forwards against each
+// other; a stalled persistent launch leaving at its deadline, on one block and in a cluster.
 //
 // Tolerances (normwise: ||gpu - ref|| <= tol ||ref||), from where the GPU path rounds:
 //  - fp32 paths (h, r, both attentions, the end tape, the score gradients, dL/db_h, dL/dH_0): the
@@ -248,9 +250,10 @@ struct GpuResult {
   std::vector<float> h, read_attn, write_attn, score_read, score_write, end_h, end_tape;
 };
 
-// Which kernel each direction runs.
+// Which kernel each direction runs, and the persistent kernels' blocks a sequence (0: chosen).
 struct Kernels {
   e29a::RecurrenceKernel forward = e29a::RecurrenceKernel::hybrid, backward = e29a::RecurrenceKernel::hybrid;
+  int cluster = 0;
 };
 
 GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weights& w, const Bits& u, const Bits& dy,
@@ -264,6 +267,7 @@ GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weigh
   DeviceLayer layer(w, slice(0, 2 * dd), slice(2 * dd, dd), slice(3 * dd, D), slice(3 * dd + D, dd),
                     slice(4 * dd + D, N * D));
   e29a::LayerCuda cuda(context, D, N, B, T, interval, options);
+  cuda.set_persistent_cluster(kernels.cluster);
   cuda.set_forward_kernel(kernels.forward);
   cuda.set_backward_kernel(kernels.backward);
   auto acts = cuda.make_activations();
@@ -401,28 +405,36 @@ constexpr e29a::RecurrenceKernel kPersistent = e29a::RecurrenceKernel::persisten
 constexpr e29a::RecurrenceKernel kKernels[] = {kHybrid, kPersistent};
 
 // Whether the persistent kernels take the case on this GPU (N 64 at D 1024 does not: its tape;
-// the backward keeps two tapes on chip).
-bool persistent_forward_takes(const Case& c) {
-  return e29a::kernels::persistent_forward_refusal(static_cast<int>(c.dim), static_cast<int>(c.slots), c.batch).empty();
+// the backward keeps two tapes on chip), with `cluster` blocks a sequence (0: chosen).
+bool persistent_forward_takes(const Case& c, int cluster = 0) {
+  return e29a::kernels::persistent_forward_refusal(static_cast<int>(c.dim), static_cast<int>(c.slots), c.batch, cluster)
+      .empty();
 }
-bool persistent_backward_takes(const Case& c) {
-  return e29a::kernels::persistent_backward_refusal(static_cast<int>(c.dim), static_cast<int>(c.slots), c.batch)
+bool persistent_backward_takes(const Case& c, int cluster = 0) {
+  return e29a::kernels::persistent_backward_refusal(static_cast<int>(c.dim), static_cast<int>(c.slots), c.batch,
+                                                    cluster)
       .empty();
 }
 
 // `kernel` in both directions where the case allows it (else hybrid); nullopt when persistent
 // takes neither.
-std::optional<Kernels> both(e29a::RecurrenceKernel kernel, const Case& c) {
+std::optional<Kernels> both(e29a::RecurrenceKernel kernel, const Case& c, int cluster = 0) {
   if (kernel == kHybrid) return Kernels{};
-  Kernels k{persistent_forward_takes(c) ? kPersistent : kHybrid, persistent_backward_takes(c) ? kPersistent : kHybrid};
+  Kernels k{persistent_forward_takes(c, cluster) ? kPersistent : kHybrid,
+            persistent_backward_takes(c, cluster) ? kPersistent : kHybrid, cluster};
   if (k.forward == kHybrid && k.backward == kHybrid) return std::nullopt;
   return k;
 }
 
 std::string kernel_name(Kernels k) {
   auto name = [](e29a::RecurrenceKernel kernel) { return kernel == kPersistent ? "persistent" : "hybrid"; };
-  return std::string(name(k.forward)) + " forward, " + name(k.backward) + " backward";
+  const bool persistent = k.forward == kPersistent || k.backward == kPersistent;
+  return std::string(name(k.forward)) + " forward, " + name(k.backward) + " backward" +
+         (persistent ? ", cluster " + (k.cluster > 0 ? std::to_string(k.cluster) : std::string("chosen")) : "");
 }
+
+// The persistent kernels' blocks a sequence a test runs: the launch's choice, then each size.
+constexpr int kClusters[] = {0, 1, 2, 4};
 
 std::size_t gradient_count(const Case& c) {
   return static_cast<std::size_t>(4 * c.dim * c.dim + c.dim + c.slots * c.dim);
@@ -437,7 +449,7 @@ TEST(E29aGpu, MatchesReference) {
   const Case cases[] = {
       {8, 64, 1, 1},    {16, 72, 512, 3},  {32, 200, 7, 64},  {64, 64, 129, 64}, {8, 1024, 129, 3},
       {64, 1024, 7, 1}, {16, 200, 129, 3}, {32, 72, 512, 1},  {5, 72, 7, 3},     {40, 200, 7, 3},
-      {8, 5, 37, 2},    {16, 12, 7, 5},    {8, 1024, 16, 64},
+      {8, 5, 37, 2},    {16, 12, 7, 5},    {8, 1024, 16, 64}, {16, 800, 33, 5},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(describe(c));
@@ -448,11 +460,14 @@ TEST(E29aGpu, MatchesReference) {
     const Reference r = run_reference(c, w, u.values, dy.values);
     const double tol = fp32_tolerance(c, w, u.values, dy.values, r);
     for (const e29a::RecurrenceKernel kernel : kKernels) {
-      const std::optional<Kernels> k = both(kernel, c);
-      if (!k) continue;
-      SCOPED_TRACE(kernel_name(*k));
-      const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, *k);
-      compare(c, g, r, grad_init, tol);
+      for (const int cluster : kClusters) {
+        if (kernel == kHybrid && cluster != 0) continue;
+        const std::optional<Kernels> k = both(kernel, c, cluster);
+        if (!k) continue;
+        SCOPED_TRACE(kernel_name(*k));
+        const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, *k);
+        compare(c, g, r, grad_init, tol);
+      }
     }
   }
 }
@@ -764,10 +779,12 @@ TEST(E29aGpu, TrainedStateMatchesReferenceAndHybrid) {
               g_worst_bf16.name.c_str());
 }
 
-// A small layer on the persistent forward with a 50 ms deadline, its input and an output buffer.
+// A small layer on the persistent forward with a 50 ms deadline, its input and an output buffer;
+// `cluster` blocks a sequence (0: chosen).
 struct DeadlineCase {
-  static constexpr std::int64_t B = 4, T = 5, D = 64, N = 8;
+  static constexpr std::int64_t B = 4, T = 5, N = 8;
   static std::vector<float> zeros(std::int64_t n) { return std::vector<float>(static_cast<std::size_t>(n), 0.0f); }
+  std::int64_t D;
   std::mt19937_64 rng{test::fresh_seed()};
   core::DeviceContext context{core::Device::cuda()};
   Weights w = random_weights(rng, D, N);
@@ -777,7 +794,8 @@ struct DeadlineCase {
   e29a::LayerActivationsCuda acts;
   core::Buffer u_d = to_device(u.bits), y = poisoned(B * T * D * 2);
 
-  DeadlineCase() {
+  explicit DeadlineCase(std::int64_t dim = 64, int cluster = 0) : D(dim) {
+    cuda.set_persistent_cluster(cluster);
     cuda.set_forward_kernel(e29a::RecurrenceKernel::persistent);
     cuda.set_persistent_timeout(0.05);
     acts = cuda.make_activations();
@@ -788,13 +806,13 @@ struct DeadlineCase {
   }
 };
 
-// A block that never arrives: every block leaves at the deadline, check() says where, and the next
-// launch runs normally.
-TEST(E29aGpu, PersistentStallLeavesAtDeadline) {
-  REQUIRE_GPU();
-  DeadlineCase c;
-  constexpr std::int64_t B = DeadlineCase::B, T = DeadlineCase::T, D = DeadlineCase::D;
-  c.cuda.stall_block_for_tests(1);
+// Block `forward_block` never arrives at the forward's first barrier, then `backward_block` at the
+// backward's: every block leaves at the deadline, check() says where, and the next launch runs
+// normally.
+void stall_and_recover(DeadlineCase& c, int forward_block, int backward_block) {
+  constexpr std::int64_t B = DeadlineCase::B, T = DeadlineCase::T;
+  const std::int64_t D = c.D;
+  c.cuda.stall_block_for_tests(forward_block);
   c.forward();
   try {
     c.cuda.check();
@@ -812,7 +830,7 @@ TEST(E29aGpu, PersistentStallLeavesAtDeadline) {
   // The backward: the same deadline, its own message, and the next backward runs normally.
   core::Buffer dy_d = to_device(c.u.bits), du = poisoned(B * T * D * 2);
   c.cuda.set_backward_kernel(e29a::RecurrenceKernel::persistent);
-  c.cuda.stall_block_for_tests(2);
+  c.cuda.stall_block_for_tests(backward_block);
   c.cuda.backward(c.layer.weights(), c.u_d.as<__nv_bfloat16>(), dy_d.as<__nv_bfloat16>(), du.as<__nv_bfloat16>(),
                   c.layer.grads(), c.acts);
   try {
@@ -828,6 +846,22 @@ TEST(E29aGpu, PersistentStallLeavesAtDeadline) {
                   c.layer.grads(), c.acts);
   EXPECT_NO_THROW(c.cuda.check());
   for (const double v : bf16_values(from_device<std::uint16_t>(du.data(), B * T * D))) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST(E29aGpu, PersistentStallLeavesAtDeadline) {
+  REQUIRE_GPU();
+  DeadlineCase c;
+  stall_and_recover(c, 1, 2);
+}
+
+// The same with each sequence spread over a cluster of 2 blocks (D 512): the stalled block is
+// rank 1 of sequence 0's cluster in the forward and rank 0 of sequence 1's in the backward; its
+// peer goes on to their next exchange and the cluster leaves together.
+TEST(E29aGpu, PersistentClusterStallLeavesAtDeadline) {
+  REQUIRE_GPU();
+  DeadlineCase c(512, 2);
+  ASSERT_TRUE(c.cuda.persistent_refusal().empty()) << c.cuda.persistent_refusal();
+  stall_and_recover(c, 1, 2);
 }
 
 // The abort record is sticky: a stalled launch followed at once by a normal one (whose copy of the
@@ -896,6 +930,23 @@ TEST(E29aGpu, PersistentRefusesWhatDoesNotFit) {
   EXPECT_NE(clipped.persistent_backward_refusal().find("carry_grad_clip"), std::string::npos)
       << clipped.persistent_backward_refusal();
   EXPECT_TRUE(narrow.persistent_backward_refusal().empty()) << narrow.persistent_backward_refusal();
+  // Blocks a sequence: 1, 2 or 4, each with a 256-feature chunk of its own, within the SMs.
+  e29a::LayerCuda odd(context, 1024, 8, 4, 4);
+  odd.set_persistent_cluster(3);
+  EXPECT_NE(odd.persistent_refusal().find("must be 1, 2 or 4"), std::string::npos) << odd.persistent_refusal();
+  e29a::LayerCuda thin(context, 200, 8, 4, 4);
+  thin.set_persistent_cluster(2);
+  EXPECT_NE(thin.persistent_refusal().find("fewer than 2 chunks"), std::string::npos) << thin.persistent_refusal();
+  narrow.set_persistent_cluster(4);
+  EXPECT_NE(narrow.persistent_refusal().find("more than the"), std::string::npos) << narrow.persistent_refusal();
+  try {
+    narrow.set_forward_kernel(e29a::RecurrenceKernel::persistent);
+    ADD_FAILURE() << "64 sequences of 4 blocks should be refused";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cluster 4"), std::string::npos) << e.what();
+  }
+  narrow.set_persistent_cluster(0);
+  EXPECT_TRUE(narrow.persistent_refusal().empty()) << narrow.persistent_refusal();
 }
 
 TEST(E29aGpu, RejectsBadShapes) {
