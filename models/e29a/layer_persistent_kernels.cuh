@@ -11,12 +11,14 @@
 // with fewer sequence groups than warps the warps' ranges are summed in range order through
 // shared memory. A width that is not a multiple of 8 takes features l, l+32, ... instead.
 //
-// Sequence phase, per sequence and thread-owned features d = tid + 256 j (h_t and r_t stay with
-// the thread from one step to the next; x, z, w_t and W_h h_t arrive in one round of loads): the
-// write attention of t, the tape update (its read scores for t + 1 summed in the same pass), y_t,
-// then the read attention of t + 1 and h_{t+1}. Formulas are layer_step.cuh's (tape_update,
-// softmax_warp), per feature in the hybrid path's order; the slot sums over the block are
-// SeqShared's (lane folds, then the warps in order).
+// Sequence phase, per sequence and thread-owned features (h_t and r_t stay with the thread from
+// one step to the next; x, z, w_t and W_h h_t arrive in one round of loads): the write attention
+// of t, the tape update (its read scores for t + 1 summed in the same pass), y_t, then the read
+// attention of t + 1 and h_{t+1}. Formulas are layer_step.cuh's (tape_update, softmax_warp), per
+// feature in the hybrid path's order; the slot sums are SeqShared's (lane folds, then the warps in
+// order, then the cluster's blocks in rank order). A sequence takes one block, or a cluster of C
+// blocks each with a slice of the features (Slice) where blocks are to spare (the host chooses
+// C, a template parameter).
 //
 // Every phase is inlined into its kernel, so the launch's arguments are read from the constant
 // bank where they are used; as called functions they took them through a generic pointer, reloaded
@@ -335,7 +337,7 @@ struct Laps {
 // (Layout::cluster), rank r taking the 256-feature chunks r, r + C, ...; thread tid's j-th
 // feature is tid + (j C + r) 256 (C 1: tid + 256 j, the whole sequence), kFeaturesOf<C> of them.
 // C is a template parameter: with the strides and the feature count constants, the passes index
-// registers and shared memory by fixed offsets (with C a launch value they ran 10-60% slower).
+// registers and shared memory by fixed offsets (with C a launch value they ran up to 60% slower).
 template <int C>
 constexpr int kFeaturesOf = kMaxFeatures / C;
 
