@@ -598,9 +598,9 @@ __device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const
 //
 // Three passes over the tape: the write scores H_{t-1} . w_t; the update (with step t + 1's read
 // scores H_t . h_t summed from the updated values); r_{t+1}. The read scores are not taken from the
-// first pass by linearity ((1 - a_n) H_{t-1}[n] . h_t + a_n w_t . h_t): on a draw whose recurrence
-// amplifies rounding that form left the gradients 16x further from the reference than this order
-// (test_e29a_gpu, MatchesReference, N 8 D 1024 T 16 B 64: 8.7e-3 against 5.3e-4).
+// first pass by linearity ((1 - a_n) H_{t-1}[n] . h_t + a_n w_t . h_t, one pass and one exchange
+// fewer): measured 3% faster at B 16 and no faster at B 64, its errors like this order's on 16
+// draws but 16x further from the reference on a chaotic one (docs/e29a.md, Tried and not kept).
 template <int MaxN, int C>
 __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, const SeqShared<MaxN, C>& sh,
                                                 std::uint32_t H, std::int64_t b, std::int64_t t, Owned& own, bool& ok,
