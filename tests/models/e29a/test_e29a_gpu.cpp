@@ -2,12 +2,12 @@
 // one, layer_persistent.h; one backward) against the CPU reference
 // (layer.h, run in fp64 on the exact values of the same bf16 inputs and weights) on fresh random
 // inputs at the scales of the model's initialisation, over N in {8, 16, 32, 64} (and 5, 40: slot
-// counts below a kernel's capacity), D in {5, 12, 64, 72, 200, 800, 1024}, T in {1, 7, 33, 129, 512}
-// (129 and 512 end in a partial checkpoint segment), B in {1, 3, 5, 64}, the persistent kernels
-// with a sequence on one block and spread over clusters of 2 and 4 (D 800: the last block's
-// 256-feature chunk is partial); the zero-tape degeneracy on the GPU; bit-identical reruns and
-// independence from the checkpoint interval; state hand-over; the two forwards against each
-// other; a stalled persistent launch leaving at its deadline, on one block and in a cluster.
+// counts below a kernel's capacity), D in {5, 12, 64, 72, 200, 800, 900, 1024}, T in {1, 7, 9, 33,
+// 129, 512} (129 and 512 end in a partial checkpoint segment), B in {1, 3, 5, 7, 64}, the
+// persistent kernels with a sequence on one block and spread over clusters of 2 and 4 (D 800 and
+// 900: the last rank's 256-feature chunk is partial; 900 also takes the rows phase's scalar form); the zero-tape
+// degeneracy on the GPU; bit-identical reruns and independence from the checkpoint interval; state hand-over; the two
+// forwards against each other; a stalled persistent launch leaving at its deadline, on one block and in a cluster.
 //
 // Tolerances (normwise: ||gpu - ref|| <= tol ||ref||), from where the GPU path rounds:
 //  - fp32 paths (h, r, both attentions, the end tape, the score gradients, dL/db_h, dL/dH_0): the
@@ -460,7 +460,7 @@ TEST(E29aGpu, MatchesReference) {
   const Case cases[] = {
       {8, 64, 1, 1},    {16, 72, 512, 3},  {32, 200, 7, 64},  {64, 64, 129, 64}, {8, 1024, 129, 3},
       {64, 1024, 7, 1}, {16, 200, 129, 3}, {32, 72, 512, 1},  {5, 72, 7, 3},     {40, 200, 7, 3},
-      {8, 5, 37, 2},    {16, 12, 7, 5},    {8, 1024, 16, 64}, {16, 800, 33, 5},
+      {8, 5, 37, 2},    {16, 12, 7, 5},    {8, 1024, 16, 64}, {16, 800, 33, 5},  {8, 900, 9, 7},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(describe(c));
