@@ -523,33 +523,36 @@ TEST(E29aGpu, BackwardOptionsMatchReference) {
 }
 
 // The backward replays the tape from checkpoints with the forward's arithmetic, so every result is
-// bit-identical whatever the checkpoint interval, and run to run.
+// bit-identical whatever the checkpoint interval, and run to run; D 512 also with a sequence spread
+// over a cluster of 2 (each block replays its slice).
 TEST(E29aGpu, BitIdenticalAcrossRunsAndCheckpointIntervals) {
   REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
   core::DeviceContext context(core::Device::cuda());
-  const Case c{16, 200, 37, 5};
-  const Weights w = random_weights(rng, c.dim, c.slots);
-  const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
-  const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
-  const std::vector<float> grad_init = test::random_normal(rng, gradient_count(c), 0.5f);
-  for (const e29a::RecurrenceKernel kernel : kKernels) {
-    const Kernels k = *both(kernel, c);
-    SCOPED_TRACE(kernel_name(k));
-    const GpuResult base = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, k);
-    for (const std::int64_t interval :
-         {std::int64_t{0}, std::int64_t{1}, std::int64_t{5}, std::int64_t{36}, std::int64_t{37}, std::int64_t{1000}}) {
-      SCOPED_TRACE("interval " + std::to_string(interval));
-      const GpuResult again = run_gpu(context, c, w, u.bits, dy.bits, grad_init, interval, {}, k);
-      EXPECT_TRUE(bit_identical("y", again.y, base.y));
-      EXPECT_TRUE(bit_identical("du", again.du, base.du));
-      EXPECT_TRUE(bit_identical("dW_xz", again.g_xz, base.g_xz));
-      EXPECT_TRUE(bit_identical("dW_h", again.g_h, base.g_h));
-      EXPECT_TRUE(bit_identical("db_h", again.g_b, base.g_b));
-      EXPECT_TRUE(bit_identical("dW_write", again.g_write, base.g_write));
-      EXPECT_TRUE(bit_identical("dH_0", again.g_tape0, base.g_tape0));
-      EXPECT_TRUE(bit_identical("write score gradients", again.score_write, base.score_write));
-      EXPECT_TRUE(bit_identical("read score gradients", again.score_read, base.score_read));
+  for (const Case& c : {Case{16, 200, 37, 5}, Case{8, 512, 37, 5}}) {
+    SCOPED_TRACE(describe(c));
+    const Weights w = random_weights(rng, c.dim, c.slots);
+    const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
+    const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
+    const std::vector<float> grad_init = test::random_normal(rng, gradient_count(c), 0.5f);
+    for (const e29a::RecurrenceKernel kernel : kKernels) {
+      const Kernels k = *both(kernel, c, kernel == kPersistent && c.dim == 512 ? 2 : 0);
+      SCOPED_TRACE(kernel_name(k));
+      const GpuResult base = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, k);
+      for (const std::int64_t interval : {std::int64_t{0}, std::int64_t{1}, std::int64_t{5}, std::int64_t{36},
+                                          std::int64_t{37}, std::int64_t{1000}}) {
+        SCOPED_TRACE("interval " + std::to_string(interval));
+        const GpuResult again = run_gpu(context, c, w, u.bits, dy.bits, grad_init, interval, {}, k);
+        EXPECT_TRUE(bit_identical("y", again.y, base.y));
+        EXPECT_TRUE(bit_identical("du", again.du, base.du));
+        EXPECT_TRUE(bit_identical("dW_xz", again.g_xz, base.g_xz));
+        EXPECT_TRUE(bit_identical("dW_h", again.g_h, base.g_h));
+        EXPECT_TRUE(bit_identical("db_h", again.g_b, base.g_b));
+        EXPECT_TRUE(bit_identical("dW_write", again.g_write, base.g_write));
+        EXPECT_TRUE(bit_identical("dH_0", again.g_tape0, base.g_tape0));
+        EXPECT_TRUE(bit_identical("write score gradients", again.score_write, base.score_write));
+        EXPECT_TRUE(bit_identical("read score gradients", again.score_read, base.score_read));
+      }
     }
   }
 }
