@@ -4,10 +4,11 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
+#include "models/e29a/layer_kernels.h"
 #include "models/e29a/layer_persistent_launch.h"
-#include "models/e29a/layer_step.cuh"
 
 namespace models::e29a::kernels {
 namespace {
@@ -57,12 +58,14 @@ Geometry plain_geometry(Direction direction, const Device& dev, int dim, int slo
   return g;
 }
 
-int resident_clusters_by_slots(Direction direction, int dim, int slots, const Geometry& g) {
+// f(std::integral_constant<int, MaxN>) for the slot capacity that takes `slots`.
+template <typename F>
+decltype(auto) with_capacity(int slots, F f) {
   switch (slot_capacity(slots)) {
-    case 8: return resident_clusters<8>(direction, dim, g);
-    case 16: return resident_clusters<16>(direction, dim, g);
-    case 32: return resident_clusters<32>(direction, dim, g);
-    default: return resident_clusters<64>(direction, dim, g);
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    default: return f(std::integral_constant<int, 64>{});
   }
 }
 
@@ -91,9 +94,9 @@ std::string clustered_geometry(Direction direction, const Device& dev, int dim, 
            std::to_string(dev.sms) + " SMs";
   }
   Geometry candidate = plain_geometry(direction, dev, dim, slots, batch, static_cast<int>(blocks));
-  candidate.l.cluster = cluster;
-  if (candidate.grid != blocks) return c + "the grid is not whole clusters";
-  const int resident = resident_clusters_by_slots(direction, dim, slots, candidate);
+  candidate.l.cluster = cluster;  // its grid is `blocks`: at least the plain grid and within the SMs
+  const int resident = with_capacity(
+      slots, [&](auto max_n) { return resident_clusters<decltype(max_n)::value>(direction, dim, candidate); });
   if (resident * cluster < candidate.grid) {
     return c + std::to_string(candidate.grid / cluster) + " clusters are needed at once, " + std::to_string(resident) +
            " fit";
@@ -118,14 +121,12 @@ std::string geometry_for(Direction direction, const Device& dev, int dim, int sl
   return clustered_geometry(direction, dev, dim, slots, batch, 1, g);
 }
 
-template <typename Args>
-void launch_by_slots(const Args& args, const Device& dev, const Geometry& g, cudaStream_t stream) {
-  switch (slot_capacity(args.slots)) {
-    case 8: launch<8>(args, dev, g, stream); break;
-    case 16: launch<16>(args, dev, g, stream); break;
-    case 32: launch<32>(args, dev, g, stream); break;
-    default: launch<64>(args, dev, g, stream); break;
-  }
+// The geometry a launch takes, or core::Error saying why there is none.
+Geometry checked_geometry(Direction direction, const Device& dev, int dim, int slots, std::int64_t batch, int cluster) {
+  Geometry g;
+  const std::string why = geometry_for(direction, dev, dim, slots, batch, cluster, g);
+  if (!why.empty()) throw core::Error(std::string("e29a persistent ") + direction_name(direction) + ": " + why);
+  return g;
 }
 
 std::string refusal(Direction direction, int dim, int slots, std::int64_t max_batch, int cluster) {
@@ -151,8 +152,7 @@ std::string refusal(Direction direction, int dim, int slots, std::int64_t max_ba
            " available)";
   }
   Geometry clustered;
-  if (cluster > 0) return geometry_for(direction, dev, dim, slots, max_batch, cluster, clustered);
-  return "";
+  return cluster > 0 ? clustered_geometry(direction, dev, dim, slots, max_batch, cluster, clustered) : "";
 }
 
 template <typename Args>
@@ -161,10 +161,8 @@ void run(Direction direction, const Args& args, cudaStream_t stream) {
   CUDA_CHECK(cudaMemsetAsync(&args.sync->arrived, 0, sizeof(args.sync->arrived), stream));
   if (args.batch == 0 || args.steps == 0) return;
   const Device dev = current_device();
-  Geometry g;
-  const std::string why = geometry_for(direction, dev, args.dim, args.slots, args.batch, args.cluster, g);
-  if (!why.empty()) throw core::Error(std::string("e29a persistent ") + direction_name(direction) + ": " + why);
-  launch_by_slots(args, dev, g, stream);
+  const Geometry g = checked_geometry(direction, dev, args.dim, args.slots, args.batch, args.cluster);
+  with_capacity(args.slots, [&](auto max_n) { launch<decltype(max_n)::value>(args, dev, g, stream); });
   CUDA_CHECK_LAUNCH(direction == Direction::forward ? "e29a persistent forward" : "e29a persistent backward");
 }
 
@@ -179,11 +177,8 @@ std::string persistent_backward_refusal(int dim, int slots, std::int64_t max_bat
 }
 
 int persistent_cluster(bool backward, int dim, int slots, std::int64_t batch, int cluster) {
-  Geometry g;
   const Direction direction = backward ? Direction::backward : Direction::forward;
-  const std::string why = geometry_for(direction, current_device(), dim, slots, batch, cluster, g);
-  if (!why.empty()) throw core::Error(std::string("e29a persistent ") + direction_name(direction) + ": " + why);
-  return g.l.cluster;
+  return checked_geometry(direction, current_device(), dim, slots, batch, cluster).l.cluster;
 }
 
 void persistent_forward(const PersistentForwardArgs& args, cudaStream_t stream) {

@@ -449,24 +449,24 @@ struct SeqShared {
     static_assert(C == 1 || C == 2 || C == kMaxCluster);
     __syncthreads();
     const int count = kChunks * 32;
+    auto block_sum = [&](int q) {
+      float s = 0.0f;
+      for (int w = 0; w < kWarps; ++w) s += warp_part[w * kStride + q];
+      return s;
+    };
     auto store = [&](int q, float s) {
       const int c = q / 32, k = (q % 32) / kSlots, n = c * kSlots + q % kSlots;
       if (n < MaxN) sums[k * MaxN + n] = s;
     };
     if constexpr (C == 1) {
-      for (int q = threadIdx.x; q < count; q += kThreads) {
-        float s = 0.0f;
-        for (int w = 0; w < kWarps; ++w) s += warp_part[w * kStride + q];
-        store(q, s);
-      }
+      for (int q = threadIdx.x; q < count; q += kThreads) store(q, block_sum(q));
       __syncthreads();
     } else {
       cg::cluster_group cluster = cg::this_cluster();
       float* box = inbox + parity * kMaxCluster * kStride;
       int* votes = reinterpret_cast<int*>(verdicts) + parity * kMaxCluster;
       for (int q = threadIdx.x; q < count; q += kThreads) {
-        float s = 0.0f;
-        for (int w = 0; w < kWarps; ++w) s += warp_part[w * kStride + q];
+        const float s = block_sum(q);
         for (int r = 0; r < C; ++r) *cluster.map_shared_rank(box + slice.rank * kStride + q, r) = s;
       }
       if (threadIdx.x == 0) {
