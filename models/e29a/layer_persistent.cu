@@ -49,7 +49,7 @@ Geometry plain_geometry(Direction direction, const Device& dev, int dim, int slo
     g.l.rows_per_block = (2 * dim + g.grid - 1) / g.grid;
     g.l.tiles = (g.l.rows_per_block + kTileRows - 1) / kTileRows;
   }
-  g.l.ld = (dim + 7) / 8 * 8;
+  g.l.ld = (dim + kStep - 1) / kStep * kStep;
   g.l.weight_bytes = align16(static_cast<std::size_t>(g.l.tiles) * kTileRows * g.l.ld * sizeof(__nv_bfloat16));
   g.l.reduce_bytes = kWarps * kTileSums * sizeof(float);
   g.l.step_bytes = align16(seq_shared_floats(slot_capacity(slots)) * sizeof(float));

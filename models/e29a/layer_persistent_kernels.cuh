@@ -1,15 +1,18 @@
 // The persistent E29a kernels (layer_persistent.h), both directions: one cooperative grid of
 // 256-thread blocks, at most one per SM.
 //
-// Shared memory of a block: its rows of the stacked [W_h ; W_write] (bf16, 16-row tiles), the
-// cross-warp partial sums, the step scratch (slot sums, attentions) and its sequence's tape [N, D].
+// Shared memory of a block: its rows of the stacked [W_h ; W_write] (bf16, 16-row tiles in mma
+// fragment order), the cross-warp partial sums, the step scratch (slot sums, attentions) and its
+// sequence's tape [N, D].
 //
-// Rows phase (fp32 products on the FMA units: the same values as the hybrid path's fp32 products
-// up to summation order): a warp takes 16 rows x 4 sequences over a range of 256-feature blocks;
-// lane l accumulates features l*8 .. l*8+7 of each block (h through L2, the next block loading
-// while this one is multiplied), a butterfly over the lanes leaves two finished sums a lane, and
-// with fewer sequence groups than warps the warps' ranges are summed in range order through
-// shared memory. A width that is not a multiple of 8 takes features l, l+32, ... instead.
+// Rows phase on the tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): h is fp32,
+// so each value is split into three bf16 parts that sum to it exactly (split_pair); every product
+// of a bf16 weight and a part is exact in fp32, and only the sums' order and rounding differ from
+// the hybrid path's fp32 products. A warp takes one 16-row tile x 8 sequences over all of K, or
+// with fewer sequence groups than warps a range of it, the ranges summed in range order through
+// shared memory; h comes through L2, the next 8 k-steps loading while these are multiplied. (On
+// the FMA units, 16 rows x 4 sequences a warp with the bf16 weights unpacked, the phase took half
+// as long again: 10.6 against 6.8 us a step at B 64, D 1024.)
 //
 // Sequence phase, per sequence and thread-owned features (h_t and r_t stay with the thread from
 // one step to the next; x, z, w_t and W_h h_t arrive in one round of loads): the write attention
@@ -25,7 +28,7 @@
 // after every store that might alias them (those loads were among the sequence phase's top
 // stalls). Inlined, the kernels take minutes to compile: each slot capacity's are instantiated in a
 // file of their own (layer_persistent_n*.cu), so the four compile in parallel. (nvcc's
-// --split-compile left the rows phase's butterfly slower, 11.0 -> 18.9 us a step at B 64.)
+// --split-compile left the FMA rows phase's butterfly slower, 11.0 -> 18.9 us a step at B 64.)
 //
 // Barriers: one counter for the launch; every block release-adds 1 and acquires until it reaches
 // blocks x barriers passed; zeroed before the launch. Every wait has a deadline.
@@ -41,6 +44,7 @@
 #include "core/memory_order.cuh"
 #include "models/e29a/layer_persistent_launch.h"
 #include "models/e29a/layer_step.cuh"
+#include "models/ops/mma_bf16.cuh"
 
 namespace models::e29a::kernels::persistent {
 
@@ -109,15 +113,6 @@ __device__ inline bool grid_barrier(const GridSync& g, std::uint32_t& passed, in
   return *ok_flag != 0;
 }
 
-__device__ __forceinline__ void unpack8(const uint4& w, float (&v)[8]) {
-  const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    v[2 * k] = __uint_as_float(words[k] << 16);
-    v[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
-  }
-}
-
 // Shared-memory accesses by 32-bit shared addresses: the tape is reached through a pointer the
 // compiler cannot place in shared memory across calls (generic accesses). Volatile keeps them in
 // program order among themselves; without a memory clobber global loads may still move across
@@ -154,74 +149,82 @@ __device__ __forceinline__ void butterfly_step(float (&v)[Size], int lane) {
   }
 }
 
-// 16 rows x 4 sequences, lane partial sums over this warp's 256-feature blocks [j0, j1), reduced
-// across the lanes: lane l ends with sums q_base(l) and q_base(l) + 1 (q = row * 4 + item).
-// `hs[i]` points at sequence i's h (shared or global memory; nullptr: absent, zero).
+// h (fp32) as three bf16 parts for two features: hi + mid + lo = h exactly (each part takes the
+// next 8 bits of the 24-bit significand, the remainders exact in fp32), so W h is a sum of exact
+// bf16 products. Pairs as mma B operands (the first feature in the low half).
+struct SplitPair {
+  std::uint32_t hi, mid, lo;
+};
+__device__ __forceinline__ SplitPair split_pair(float x, float y) {
+  using ops::gpu::high_of;
+  using ops::gpu::low_of;
+  using ops::gpu::pack_bf16;
+  SplitPair s;
+  s.hi = pack_bf16(x, y);
+  const float rx = x - low_of(s.hi), ry = y - high_of(s.hi);
+  s.mid = pack_bf16(rx, ry);
+  s.lo = pack_bf16(rx - low_of(s.mid), ry - high_of(s.mid));
+  return s;
+}
+
+// One tile's 16 rows times 8 sequences over this warp's k-steps [s0, s1) (16 features each) on the
+// tensor cores: lane (g, c) = (lane / 4, lane % 4) loads features 4c .. 4c + 3 of each k-step of
+// sequence g (`h`; nullptr: absent, zero), the shared-memory weights are in fragment order
+// (load_rows), and the lane ends with C[g][2c, 2c + 1] and C[g + 8][2c, 2c + 1] (rows x sequences).
+// The hi, mid and lo parts' products go to three accumulators (so consecutive products do not wait
+// on each other), each batch of kAhead k-steps from zero and then added to its part's total in
+// fp32: the tensor cores' accumulation truncates, and in one chain over all of K the errors came
+// out up to 4x the FMA sums' on the same draws, batched like them; the parts are summed smallest
+// first at the end. h of the next batch
+// is loaded while this one is multiplied (a ring refilling one k-step at a time, and L1 prefetches
+// further ahead, were both slower).
 template <bool Vec>
-__device__ __forceinline__ void tile_product(const __nv_bfloat16* w_tile, int ld, int D,
-                                             const float* const (&hs)[kItems], int j0, int j1, float (&out)[2]) {
-  const int lane = threadIdx.x & 31;
-  float v[kTileRows * kItems];
+__device__ __forceinline__ void tile_product(const uint4* w_frag, const float* h, int D, int s0, int s1,
+                                             float (&out)[4]) {
+  constexpr int kAhead = 8;
+  const int lane = threadIdx.x & 31, c = lane & 3;
+  float acc[3][4] = {};
+  float4 next[kAhead];
+  auto load = [&](int first) {
 #pragma unroll
-  for (int q = 0; q < kTileRows * kItems; ++q) v[q] = 0.0f;
-  if constexpr (Vec) {
-    // h of the next 256-feature block is loaded while this one is multiplied.
-    float4 next[kItems][2];
-    auto load = [&](int j) {
-      const int k0 = j * 256 + lane * 8;
-#pragma unroll
-      for (int i = 0; i < kItems; ++i) {
-        const bool in = hs[i] != nullptr && j < j1 && k0 < D;
-        const auto* src = reinterpret_cast<const float4*>(hs[i] + (in ? k0 : 0));
-        next[i][0] = in ? __ldcg(src) : float4{0, 0, 0, 0};
-        next[i][1] = in ? __ldcg(src + 1) : float4{0, 0, 0, 0};
-      }
-    };
-    load(j0);
-    for (int j = j0; j < j1; ++j) {
-      const int k0 = j * 256 + lane * 8;
-      if (k0 >= D) break;
-      float hv[kItems][8];
-#pragma unroll
-      for (int i = 0; i < kItems; ++i) {
-        const float4 lo = next[i][0], hi = next[i][1];
-        hv[i][0] = lo.x, hv[i][1] = lo.y, hv[i][2] = lo.z, hv[i][3] = lo.w;
-        hv[i][4] = hi.x, hv[i][5] = hi.y, hv[i][6] = hi.z, hv[i][7] = hi.w;
-      }
-      load(j + 1);
-#pragma unroll
-      for (int r = 0; r < kTileRows; ++r) {
-        float wf[8];
-        unpack8(*reinterpret_cast<const uint4*>(w_tile + r * ld + k0), wf);
-        // Consecutive FMAs go to the 4 sequences' accumulators in turn: a warp issues in order, and
-        // 8 dependent FMAs on one accumulator would stall it on the FMA latency each time.
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-#pragma unroll
-          for (int i = 0; i < kItems; ++i) v[r * kItems + i] = fmaf(wf[e], hv[i][e], v[r * kItems + i]);
-        }
+    for (int u = 0; u < kAhead; ++u) {
+      const int s = first + u, k = s * kStep + 4 * c;
+      if constexpr (Vec) {
+        const bool in = h != nullptr && s < s1 && k < D;
+        next[u] = in ? __ldcg(reinterpret_cast<const float4*>(h + k)) : float4{0, 0, 0, 0};
+      } else {
+        const bool in = h != nullptr && s < s1;
+        next[u].x = in && k < D ? __ldcg(h + k) : 0.0f;
+        next[u].y = in && k + 1 < D ? __ldcg(h + k + 1) : 0.0f;
+        next[u].z = in && k + 2 < D ? __ldcg(h + k + 2) : 0.0f;
+        next[u].w = in && k + 3 < D ? __ldcg(h + k + 3) : 0.0f;
       }
     }
-  } else {
-    for (int k = j0 * 256 + lane; k < min(D, j1 * 256); k += 32) {
-      float hv[kItems];
+  };
+  load(s0);
+  for (int s = s0; s < s1; s += kAhead) {
+    float4 cur[kAhead];
 #pragma unroll
-      for (int i = 0; i < kItems; ++i) hv[i] = hs[i] ? __ldcg(hs[i] + k) : 0.0f;
+    for (int u = 0; u < kAhead; ++u) cur[u] = next[u];
+    load(s + kAhead);
+    float part[3][4] = {};
 #pragma unroll
-      for (int r = 0; r < kTileRows; ++r) {
-        const float wf = __bfloat162float(w_tile[r * ld + k]);
-#pragma unroll
-        for (int i = 0; i < kItems; ++i) v[r * kItems + i] = fmaf(wf, hv[i], v[r * kItems + i]);
-      }
+    for (int u = 0; u < kAhead; ++u) {
+      if (s + u >= s1) break;
+      const uint4 w = w_frag[(s + u) * 32 + lane];
+      const std::uint32_t a[4] = {w.x, w.y, w.z, w.w};
+      const SplitPair lo = split_pair(cur[u].x, cur[u].y), hi = split_pair(cur[u].z, cur[u].w);
+      ops::gpu::mma_bf16(part[0], a, lo.hi, hi.hi);
+      ops::gpu::mma_bf16(part[1], a, lo.mid, hi.mid);
+      ops::gpu::mma_bf16(part[2], a, lo.lo, hi.lo);
     }
+#pragma unroll
+    for (int p = 0; p < 3; ++p)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[p][e] += part[p][e];
   }
-  butterfly_step<32, 16>(v, lane);
-  butterfly_step<16, 8>(v, lane);
-  butterfly_step<8, 4>(v, lane);
-  butterfly_step<4, 2>(v, lane);
-  butterfly_step<2, 1>(v, lane);
-  out[0] = v[0];
-  out[1] = v[1];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) out[e] = acc[0][e] + (acc[1][e] + acc[2][e]);
 }
 
 // What one rows phase multiplies: rows below split times in_lo, rows from split times in_hi (both
@@ -236,17 +239,15 @@ struct RowsJob {
 };
 
 // Rows [row0, row0 + rows) of the block's stacked matrix times every sequence's input. A warp
-// takes 4 sequences (a group) over all of K, or, with fewer groups than warps, a part of K; parts
+// takes 8 sequences (a group) over all of K, or, with fewer groups than warps, a part of K; parts
 // are summed through shared memory in part order.
 template <bool Vec>
 __device__ __forceinline__ void rows_phase(const RowsJob& job, const Layout& l, const __nv_bfloat16* weights,
                                            float* reduce, int row0, int rows) {
   const int K = job.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int B = job.B;
-  const int blocks256 = (K + 255) / 256;
-  const int q_base =
-      ((lane >> 4) & 1) * 32 + ((lane >> 3) & 1) * 16 + ((lane >> 2) & 1) * 8 + ((lane >> 1) & 1) * 4 + (lane & 1) * 2;
-  const int groups = (B + kItems - 1) / kItems;
+  const int steps = l.ld / kStep;
+  const int groups = (B + kGroup - 1) / kGroup;
   const int kparts = max(1, kWarps / groups);
   auto put = [&](int row, int b, float value) {
     if (row < job.split) {
@@ -255,44 +256,44 @@ __device__ __forceinline__ void rows_phase(const RowsJob& job, const Layout& l, 
       job.out_hi[static_cast<std::size_t>(b) * job.out_dim + (row - job.split)] = value;
     }
   };
+  // Sum e of lane q's fragment: row offset and sequence offset within the tile and group.
+  auto row_of = [](int q, int e) { return (q >> 2) + 8 * (e >> 1); };
+  auto seq_of = [](int q, int e) { return 2 * (q & 3) + (e & 1); };
   for (int tile = 0; tile < l.tiles; ++tile) {
     const int first = row0 + tile * kTileRows, last = row0 + min(rows, (tile + 1) * kTileRows);
     if (first >= last || !((job.out_lo && first < job.split) || (job.out_hi && last > job.split))) continue;
-    const __nv_bfloat16* w_tile = weights + static_cast<std::size_t>(tile) * kTileRows * l.ld;
+    const uint4* w_frag = reinterpret_cast<const uint4*>(weights) + static_cast<std::size_t>(tile) * steps * 32;
     const float* in = first < job.split ? job.in_lo : job.in_hi;
     // Warp w: group w (every kWarps-th when there are more groups than warps), or group
     // w % groups and K-part w / groups.
     for (int task = warp; task < max(groups, kWarps); task += kWarps) {
       const int g = groups >= kWarps ? task : task % groups, part = groups >= kWarps ? 0 : task / groups;
       const bool active = g < groups && part < kparts;
-      float sums[2] = {0.0f, 0.0f};
+      float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (active) {
-        const float* hs[kItems];
-#pragma unroll
-        for (int i = 0; i < kItems; ++i) {
-          const int b = g * kItems + i;
-          hs[i] = b < B ? in + static_cast<std::size_t>(b) * K : nullptr;
-        }
-        tile_product<Vec>(w_tile, l.ld, K, hs, part * blocks256 / kparts, (part + 1) * blocks256 / kparts, sums);
+        const int b = g * kGroup + (lane >> 2);
+        tile_product<Vec>(w_frag, b < B ? in + static_cast<std::size_t>(b) * K : nullptr, K, part * steps / kparts,
+                          (part + 1) * steps / kparts, sums);
       }
       if (kparts == 1) {
         if (!active) continue;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int q = q_base + e, row = first + q / kItems, b = g * kItems + q % kItems;
+        for (int e = 0; e < 4; ++e) {
+          const int row = first + row_of(lane, e), b = g * kGroup + seq_of(lane, e);
           if (row < last && b < B) put(row, b, sums[e]);
         }
       } else {
         if (active) {
-          reduce[(part * groups + g) * kTileSums + q_base] = sums[0];
-          reduce[(part * groups + g) * kTileSums + q_base + 1] = sums[1];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) reduce[(part * groups + g) * kTileSums + lane * 4 + e] = sums[e];
         }
         __syncthreads();
         for (int t = threadIdx.x; t < groups * kTileSums; t += kThreads) {
-          const int gg = t / kTileSums, q = t % kTileSums, row = first + q / kItems, b = gg * kItems + q % kItems;
+          const int gg = t / kTileSums, q = (t % kTileSums) / 4, e = t % 4;
+          const int row = first + row_of(q, e), b = gg * kGroup + seq_of(q, e);
           if (row >= last || b >= B) continue;
           float s = 0.0f;
-          for (int pp = 0; pp < kparts; ++pp) s += reduce[(pp * groups + gg) * kTileSums + q];
+          for (int pp = 0; pp < kparts; ++pp) s += reduce[(pp * groups + gg) * kTileSums + t % kTileSums];
           put(row, b, s);
         }
         __syncthreads();
@@ -501,12 +502,18 @@ struct BlockShared {
         tapes(reinterpret_cast<float*>(at + l.weight_bytes + l.reduce_bytes + l.step_bytes)) {}
 };
 
-// Rows [row0, row0 + rows) of the block's stacked matrix into `weights` (whole tiles of ld
-// columns; padding rows and columns zero): value(row, k) for row < rows and k < D.
+// Rows [row0, row0 + rows) of the block's stacked matrix into `weights` in mma fragment order
+// (tile_product): tile t, k-step s, lane (g, c) holds the uint4 {W[g][k, k + 1], W[g + 8][k, k + 1],
+// W[g][k + 2, k + 3], W[g + 8][k + 2, k + 3]} with k = 16 s + 4 c, so a warp takes its A operand
+// with one conflict-free 16-byte load a lane (rows of the tile; padding rows and columns zero):
+// value(row, k) for row < rows and k < D.
 template <typename Value>
 __device__ __forceinline__ void load_rows(__nv_bfloat16* weights, const Layout& l, int rows, int D, Value value) {
+  const int steps = l.ld / kStep;
   for (int i = threadIdx.x; i < l.tiles * kTileRows * l.ld; i += kThreads) {
-    const int r = i / l.ld, k = i % l.ld;
+    const int e = i % 8, lane = (i / 8) % 32, s = (i / 256) % steps, tile = i / (256 * steps);
+    const int r = tile * kTileRows + (lane >> 2) + 8 * ((e >> 1) & 1),
+              k = s * kStep + 4 * (lane & 3) + 2 * (e >> 2) + (e & 1);
     weights[i] = r < rows && k < D ? value(r, k) : __float2bfloat16_rn(0.0f);
   }
 }

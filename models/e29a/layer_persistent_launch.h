@@ -14,9 +14,10 @@ namespace models::e29a::kernels::persistent {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileRows = 16;                  // rows of a warp pass
-constexpr int kItems = 4;                      // sequences of a warp pass
-constexpr int kTileSums = kTileRows * kItems;  // sums a warp pass finishes (the rows phase's reduce slots)
+constexpr int kTileRows = 16;                  // rows of a warp pass (an mma's 16 rows)
+constexpr int kGroup = 8;                      // sequences of a warp pass (an mma's 8 columns)
+constexpr int kStep = 16;                      // features of an mma k-step
+constexpr int kTileSums = kTileRows * kGroup;  // sums a warp pass finishes (the rows phase's reduce slots)
 constexpr int kMaxTiles = 8;                   // at most 128 rows a block
 constexpr int kMaxFeatures = 4;                // features a thread owns in the sequence phase: D <= 1024
 constexpr int kMaxCluster = 4;                 // blocks one sequence spreads over (a thread-block cluster)

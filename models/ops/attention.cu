@@ -35,10 +35,14 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "models/ops/mma_bf16.cuh"
 #include "models/ops/op_checks.h"
 
 namespace models::ops {
 namespace {
+
+using gpu::mma_bf16;
+using gpu::pack_bf16;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -85,26 +89,10 @@ __device__ __forceinline__ void load_matrix_x4_transposed(std::uint32_t (&r)[4],
                : "r"(address));
 }
 
-// c += a b for one 16x8x16 tile: a is 16x16 bf16 (4 registers), b 16x8 bf16 (2 registers), c fp32.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                         std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-// Two floats as a bf16 pair (the first in the low half, as mma operands expect).
-__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&pair);
 }
 
 // Accumulator tiles c[2t], c[2t+1] (16 rows x 16 columns of one 16x16 block) as an A operand:
