@@ -148,9 +148,10 @@ struct Worst {
 };
 Worst g_worst_fp32, g_worst_bf16;
 
-// ||actual - expected|| <= rtol ||expected|| and every element finite.
+// ||actual - expected|| <= rtol ||expected|| and every element finite. The error counts in
+// `worst`'s class (default: bf16 at kBf16Tolerance, fp32 otherwise).
 ::testing::AssertionResult normwise_close(std::string_view name, const std::vector<double>& actual,
-                                          const std::vector<double>& expected, double rtol) {
+                                          const std::vector<double>& expected, double rtol, Worst* worst_of = nullptr) {
   if (actual.size() != expected.size()) {
     return ::testing::AssertionFailure() << name << ": size " << actual.size() << " != " << expected.size();
   }
@@ -162,7 +163,7 @@ Worst g_worst_fp32, g_worst_bf16;
     norm += expected[i] * expected[i];
   }
   const double relative = norm > 0.0 ? std::sqrt(diff / norm) : (diff > 0.0 ? INFINITY : 0.0);
-  Worst& worst = rtol == kBf16Tolerance ? g_worst_bf16 : g_worst_fp32;
+  Worst& worst = worst_of != nullptr ? *worst_of : rtol == kBf16Tolerance ? g_worst_bf16 : g_worst_fp32;
   if (relative > worst.error) worst = {relative, std::string(name)};
   if (std::sqrt(diff) <= rtol * std::sqrt(norm)) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << name << ": relative normwise error " << std::sqrt(diff / norm) << " > "
@@ -691,17 +692,20 @@ TEST(E29aGpu, StateCarriesAcrossCalls) {
 // products' summation order, fp32 rounding that the recurrence carries and may amplify (on a
 // D 1024, B 64 draw the fp32 CPU reference itself is up to 1e-4 from fp64; see MatchesReference,
 // which holds both to the reference), so fp32 paths are compared normwise at 10x the fp32 floor
-// and bf16 outputs and products at the bf16 tolerance; a wrong row, slot or step moves them by
-// 1e-2 or more.
+// and bf16 outputs and products at the bf16 tolerance, each at least the draw's fp32 tolerance
+// (fp32_tolerance): on a chaotic draw (N 16 D 1024 T 33 B 16, H100) both the FMA and the
+// tensor-core rows phase ended 2.5-3.5e-2 from the hybrid path in every gradient, with the forward
+// 5-7e-4 apart. A wrong row, slot or step moves them by 1e-2 or more on the other draws.
 TEST(E29aGpu, PersistentKernelsMatchHybrid) {
   REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
   core::DeviceContext context(core::Device::cuda());
-  const double fp32_tol = 10 * kFp32Tolerance;
   for (const Case c : {Case{8, 1024, 64, 64}, Case{16, 1024, 33, 16}, Case{64, 200, 19, 7}, Case{5, 24, 9, 120}}) {
     const Weights w = random_weights(rng, c.dim, c.slots);
     const std::size_t tokens = static_cast<std::size_t>(c.batch * c.steps * c.dim);
     const Bf16Data u = normal_bf16(rng, tokens, 1.0f), dy = normal_bf16(rng, tokens, 1.0f);
+    const double draw_tol = fp32_tolerance(c, w, u.values, dy.values, run_reference(c, w, u.values, dy.values));
+    const double fp32_tol = std::max(10 * kFp32Tolerance, draw_tol), bf16_tol = std::max(kBf16Tolerance, draw_tol);
     const std::vector<float> grad_init(gradient_count(c), 0.0f);
     const GpuResult hybrid = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, {});
     for (const Kernels k :
@@ -711,25 +715,26 @@ TEST(E29aGpu, PersistentKernelsMatchHybrid) {
       const GpuResult persistent = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, k);
       g_worst_fp32 = {};
       g_worst_bf16 = {};
-      EXPECT_TRUE(normwise_close("y", bf16_values(persistent.y), bf16_values(hybrid.y), kBf16Tolerance));
+      EXPECT_TRUE(normwise_close("y", bf16_values(persistent.y), bf16_values(hybrid.y), bf16_tol, &g_worst_bf16));
       EXPECT_TRUE(normwise_close("h", widen(persistent.h), widen(hybrid.h), fp32_tol));
       EXPECT_TRUE(normwise_close("read attention", widen(persistent.read_attn), widen(hybrid.read_attn), fp32_tol));
       EXPECT_TRUE(normwise_close("write attention", widen(persistent.write_attn), widen(hybrid.write_attn), fp32_tol));
       EXPECT_TRUE(normwise_close("end h", widen(persistent.end_h), widen(hybrid.end_h), fp32_tol));
       EXPECT_TRUE(normwise_close("end tape", widen(persistent.end_tape), widen(hybrid.end_tape), fp32_tol));
       EXPECT_TRUE(normwise_close("read score gradients", widen(persistent.score_read), widen(hybrid.score_read),
-                                 kBf16Tolerance));
+                                 bf16_tol, &g_worst_bf16));
       EXPECT_TRUE(normwise_close("write score gradients", widen(persistent.score_write), widen(hybrid.score_write),
-                                 kBf16Tolerance));
-      EXPECT_TRUE(normwise_close("dL/dH_0", widen(persistent.g_tape0), widen(hybrid.g_tape0), kBf16Tolerance));
-      EXPECT_TRUE(normwise_close("dL/db_h", widen(persistent.g_b), widen(hybrid.g_b), kBf16Tolerance));
-      EXPECT_TRUE(normwise_close("dL/dW_h", widen(persistent.g_h), widen(hybrid.g_h), kBf16Tolerance));
-      EXPECT_TRUE(normwise_close("dL/dW_write", widen(persistent.g_write), widen(hybrid.g_write), kBf16Tolerance));
-      EXPECT_TRUE(normwise_close("dL/dW_xz", widen(persistent.g_xz), widen(hybrid.g_xz), kBf16Tolerance));
-      EXPECT_TRUE(normwise_close("du", bf16_values(persistent.du), bf16_values(hybrid.du), kBf16Tolerance));
-      std::printf("[ errors   ] %s, %s: against hybrid worst fp32 %.3g (%s), bf16 %.3g (%s)\n", describe(c).c_str(),
-                  kernel_name(k).c_str(), g_worst_fp32.error, g_worst_fp32.name.c_str(), g_worst_bf16.error,
-                  g_worst_bf16.name.c_str());
+                                 bf16_tol, &g_worst_bf16));
+      EXPECT_TRUE(normwise_close("dL/dH_0", widen(persistent.g_tape0), widen(hybrid.g_tape0), bf16_tol, &g_worst_bf16));
+      EXPECT_TRUE(normwise_close("dL/db_h", widen(persistent.g_b), widen(hybrid.g_b), bf16_tol, &g_worst_bf16));
+      EXPECT_TRUE(normwise_close("dL/dW_h", widen(persistent.g_h), widen(hybrid.g_h), bf16_tol, &g_worst_bf16));
+      EXPECT_TRUE(
+          normwise_close("dL/dW_write", widen(persistent.g_write), widen(hybrid.g_write), bf16_tol, &g_worst_bf16));
+      EXPECT_TRUE(normwise_close("dL/dW_xz", widen(persistent.g_xz), widen(hybrid.g_xz), bf16_tol, &g_worst_bf16));
+      EXPECT_TRUE(normwise_close("du", bf16_values(persistent.du), bf16_values(hybrid.du), bf16_tol, &g_worst_bf16));
+      std::printf("[ errors   ] %s, %s: against hybrid worst fp32 %.3g (%s), bf16 %.3g (%s); tolerances %.3g, %.3g\n",
+                  describe(c).c_str(), kernel_name(k).c_str(), g_worst_fp32.error, g_worst_fp32.name.c_str(),
+                  g_worst_bf16.error, g_worst_bf16.name.c_str(), fp32_tol, bf16_tol);
     }
   }
 }
