@@ -35,7 +35,7 @@ constexpr std::size_t seq_shared_floats(int max_n) {
 
 // A block's rows of the stacked matrix it keeps in shared memory: rows [0, split) take the first
 // input vector, rows from split the second (split = D forward; the backward pads it to whole
-// tiles so no tile takes both).
+// tiles so no tile takes both); a row holds ld columns, D rounded up to whole mma k-steps.
 //
 // A sequence's features are split over `cluster` blocks (a thread-block cluster; 1: one block),
 // which exchange their slot sums through distributed shared memory.
