@@ -175,9 +175,8 @@ __device__ __forceinline__ SplitPair split_pair(float x, float y) {
 // on each other), each batch of kAhead k-steps from zero and then added to its part's total in
 // fp32: the tensor cores' accumulation truncates, and in one chain over all of K the errors came
 // out up to 4x the FMA sums' on the same draws, batched like them; the parts are summed smallest
-// first at the end. h of the next batch
-// is loaded while this one is multiplied (a ring refilling one k-step at a time, and L1 prefetches
-// further ahead, were both slower).
+// first at the end. h of the next batch is loaded while this one is multiplied (a ring refilling
+// one k-step at a time, and L1 prefetches further ahead, were both slower).
 template <bool Vec>
 __device__ __forceinline__ void tile_product(const uint4* w_frag, const float* h, int D, int s0, int s1,
                                              float (&out)[4]) {

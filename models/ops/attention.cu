@@ -863,7 +863,7 @@ __device__ __forceinline__ void backward_key_pairs_block(const BackwardArgs& arg
             for (int half = 0; half < 2; ++half) {
               const std::uint32_t word =
                   slice_exchange[(mt * 16 + quad_row + 8 * half) * kExchangeWordsPerRow + nt * 4 + lane % 4];
-              const float p_lo = __uint_as_float(word << 16), p_hi = __uint_as_float(word & 0xffff0000u);
+              const float p_lo = gpu::low_of(word), p_hi = gpu::high_of(word);
               s[mt][nt][2 * half] = p_lo * (s[mt][nt][2 * half] - delta2.x);
               s[mt][nt][2 * half + 1] = p_hi * (s[mt][nt][2 * half + 1] - delta2.y);
             }
