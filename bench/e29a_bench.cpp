@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   CLI::App app{"E29a layer forward + backward benchmark"};
   std::int64_t batch = 64, steps = 512, dim = 1024, slots = 8, interval = 0;
   std::string forward = "automatic", backward = "automatic";
-  int warmup = 3, iterations = 10, cluster = 0;
+  int warmup = 3, iterations = 10, cluster = 0, batch_parts = 0;
   app.add_option("--batch", batch);
   app.add_option("--steps", steps);
   app.add_option("--dim", dim);
@@ -66,6 +66,8 @@ int main(int argc, char** argv) {
   app.add_option("--backward", backward, "automatic (persistent where it fits), hybrid or persistent")
       ->check(CLI::IsMember({"automatic", "hybrid", "persistent"}));
   app.add_option("--cluster", cluster, "persistent kernels: blocks a sequence spreads over (1, 2, 4; 0: chosen)");
+  app.add_option("--batch-parts", batch_parts,
+                 "persistent kernels: blocks a row block's rows phase spreads the batch over (1, 2; 0: chosen)");
   bool profile = false;
   app.add_flag("--profile", profile, "persistent kernels: us per step in each phase kind (block 0, last block)");
   app.add_option("--warmup", warmup);
@@ -96,6 +98,7 @@ int main(int argc, char** argv) {
 
     models::e29a::LayerCuda layer(ctx, dim, slots, batch, steps, interval);
     layer.set_persistent_cluster(cluster);
+    layer.set_persistent_batch_parts(batch_parts);
     auto kernel = [](const std::string& name) {
       return name == "hybrid"       ? models::e29a::RecurrenceKernel::hybrid
              : name == "persistent" ? models::e29a::RecurrenceKernel::persistent
@@ -136,13 +139,13 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaEventDestroy(stop));
 
     const double ms = median(total);
-    // Blocks a sequence of each persistent kernel (0: the hybrid path ran).
-    auto clusters = [&](bool backward) {
+    // Blocks a sequence and batch parts of each persistent kernel (0 and 0: the hybrid path ran).
+    auto shape = [&](bool backward) {
       const bool persistent = (backward ? layer.last_backward_kernel() : layer.last_forward_kernel()) ==
                               models::e29a::RecurrenceKernel::persistent;
-      return persistent ? models::e29a::kernels::persistent_cluster(backward, static_cast<int>(dim),
-                                                                    static_cast<int>(slots), batch, cluster)
-                        : 0;
+      return persistent ? models::e29a::kernels::persistent_shape(backward, static_cast<int>(dim),
+                                                                  static_cast<int>(slots), batch, cluster, batch_parts)
+                        : models::e29a::kernels::PersistentShape{0, 0};
     };
     // Matrix-product FLOPs per token: forward 8 D^2 (the projection 4 D^2, W_h h and W_write h
     // 2 D^2 each), backward twice that (input and weight gradients of each product).
@@ -165,8 +168,10 @@ int main(int argc, char** argv) {
         {"dim", dim},
         {"slots", slots},
         {"checkpoint_interval", layer.checkpoint_interval()},
-        {"cluster_forward", clusters(false)},
-        {"cluster_backward", clusters(true)},
+        {"cluster_forward", shape(false).cluster},
+        {"cluster_backward", shape(true).cluster},
+        {"batch_parts_forward", shape(false).batch_parts},
+        {"batch_parts_backward", shape(true).batch_parts},
         {"activation_mib", static_cast<double>(layer.activation_bytes()) / (1 << 20)},
         {"iterations", iterations},
     };

@@ -138,8 +138,8 @@ struct LayerCuda::Plan {
   PersistentLaunch forward_launch, backward_launch;
   // fp32 copies of the recurrent weights (the per-step products run in fp32).
   std::size_t w_h = 0, w_write = 0;
-  // Forward: the running tape [B, N, D], W_h h_{t-1} and w_t staging [B, D].
-  std::size_t tape = 0, recurrent = 0;
+  // Forward: the running tape [B, N, D], W_h h_{t-1} and w_t staging [B, D], h_t for the rows phase.
+  std::size_t tape = 0, recurrent = 0, h_frag = 0;
   // Backward: carried dL/dH and dL/dh, per-step vectors, replayed tapes of one segment,
   // the bf16 operands of the weight-gradient products over all rows.
   std::size_t d_tape = 0, dh_next = 0, dh_local = 0, d_gate = 0, d_write = 0, dh_write = 0, d_pre = 0, d_bias = 0;
@@ -190,13 +190,15 @@ LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::
   p.w_write = c.take(d * d * sizeof(float));
   p.tape = c.take(b * n * d * sizeof(float));
   p.recurrent = c.take(b * d * sizeof(float));
+  const std::size_t operand = std::max(b * d, kernels::persistent_fragment_floats(max_batch, static_cast<int>(dim)));
+  p.h_frag = c.take(operand * sizeof(float));
   p.d_tape = c.take(b * n * d * sizeof(float));
   p.dh_next = c.take(b * d * sizeof(float));
   p.dh_local = c.take(b * d * sizeof(float));
   p.d_gate = c.take(b * d * sizeof(float));
-  p.d_write = c.take(b * d * sizeof(float));
+  p.d_write = c.take(operand * sizeof(float));
   p.dh_write = c.take(b * d * sizeof(float));
-  p.d_pre = c.take(b * d * sizeof(float));
+  p.d_pre = c.take(operand * sizeof(float));
   p.d_bias = c.take(b * d * sizeof(float));
   p.segment = c.take(k * b * n * d * sizeof(float));
   p.d_pre_all = c.take(t * b * d * sizeof(bf16));
@@ -209,11 +211,20 @@ LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::
 
 void LayerCuda::set_persistent_cluster(int blocks) {
   cluster_ = blocks;
+  update_refusals();
+}
+
+void LayerCuda::set_persistent_batch_parts(int parts) {
+  batch_parts_ = parts;
+  update_refusals();
+}
+
+void LayerCuda::update_refusals() {
   const int dim = static_cast<int>(dim_), slots = static_cast<int>(slots_);
-  persistent_refusal_ = kernels::persistent_forward_refusal(dim, slots, max_batch_, blocks);
+  persistent_refusal_ = kernels::persistent_forward_refusal(dim, slots, max_batch_, cluster_, batch_parts_);
   backward_refusal_ = options_.carry_clip > 0
                           ? "carry_grad_clip needs the carried gradients' whole norm before each step"
-                          : kernels::persistent_backward_refusal(dim, slots, max_batch_, blocks);
+                          : kernels::persistent_backward_refusal(dim, slots, max_batch_, cluster_, batch_parts_);
 }
 
 void LayerCuda::set_forward_kernel(RecurrenceKernel kernel) {
@@ -269,6 +280,7 @@ void LayerCuda::fill_persistent_args(Args& a, const LayerWeightsCuda& weights,
   a.timeout_seconds = timeout_seconds_;
   a.stall_block = stall_block_;
   a.cluster = cluster_;
+  a.batch_parts = batch_parts_;
 }
 
 void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int64_t batch, std::int64_t steps, bf16* y,
@@ -338,6 +350,7 @@ void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int
     a.h_bf16 = saved.h_bf16_;
     a.tape = tape;
     a.recurrent = recurrent;
+    a.h_frag = reinterpret_cast<float*>(scr + p.h_frag);
     a.y = y;
     a.sync = p.forward_launch.words();
     a.profile = profile_;

@@ -132,6 +132,8 @@ class LayerCuda {
   // Blocks a sequence spreads over in the persistent kernels (1, 2 or 4; 0, the default: chosen at
   // each launch). Tests and benchmarks; the refusals above then say whether it can be.
   void set_persistent_cluster(int blocks);
+  // Blocks a row block's rows phase spreads its batch over (1 or 2; 0, the default: chosen).
+  void set_persistent_batch_parts(int parts);
   // Benchmarks: device arrays of 11 (forward) and 12 (backward) uint64 that receive ns per phase
   // kind (layer_persistent.h).
   void set_persistent_profile(std::uint64_t* device_ns) { profile_ = device_ns; }
@@ -159,6 +161,7 @@ class LayerCuda {
   template <typename Args>
   void fill_persistent_args(Args& a, const LayerWeightsCuda& weights, const LayerActivationsCuda& saved) const;
   // The backward's recurrence as launches per step (writes the same operands as the persistent one).
+  void update_refusals();
   void hybrid_backward(const LayerWeightsCuda& weights, const __nv_bfloat16* dy, const LayerActivationsCuda& saved,
                        const ScoreGradientsCuda* scores);
   const core::DeviceContext* context_;
@@ -171,7 +174,7 @@ class LayerCuda {
   std::string persistent_refusal_, backward_refusal_;
   double timeout_seconds_ = 5.0;
   int stall_block_ = -1;
-  int cluster_ = 0;
+  int cluster_ = 0, batch_parts_ = 0;
   std::uint64_t* profile_ = nullptr;
   std::uint64_t* backward_profile_ = nullptr;
   core::Buffer scratch_;

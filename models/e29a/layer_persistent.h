@@ -58,11 +58,13 @@ struct PersistentForwardArgs {
   float* checkpoints = nullptr;            // H before every step t with t % interval == 0
   std::int64_t interval = 1;
   float* recurrent = nullptr;  // scratch [batch, D]
+  float* h_frag = nullptr;     // scratch: h_t for the rows phase, persistent_fragment_floats
   __nv_bfloat16* y = nullptr;  // [batch, steps, D]
   PersistentSync* sync = nullptr;
   double timeout_seconds = 5.0;
   int stall_block = -1;  // tests: this block never arrives at the first barrier
   int cluster = 0;       // blocks a sequence spreads over (1, 2 or 4); 0: the launch chooses
+  int batch_parts = 0;   // the rows phase's batch split over blocks (1 or 2); 0: the launch chooses
   // Optional [12]: ns in rows, wait, sequences, wait (block 0, then the last block); block 0's
   // sequence phases split: loads + write-score pass, write softmax + update pass (read scores) +
   // read softmax, read pass (r_{t+1}), outputs.
@@ -94,8 +96,8 @@ struct PersistentBackwardArgs {
   float* read_scores = nullptr;           // optional [steps, batch, N]
   float* write_scores = nullptr;          // optional [steps, batch, N]
   bool detach_read = false, detach_write = false;
-  // Scratch: the rows phase's operands and results [batch, D], the replayed segment
-  // [interval, batch, N, D].
+  // Scratch: the rows phase's operands (persistent_fragment_floats each) and results [batch, D],
+  // the replayed segment [interval, batch, N, D].
   float* d_pre = nullptr;
   float* d_write = nullptr;
   float* recurrent = nullptr;  // W_h^T dL/dpre_{t+1}
@@ -105,6 +107,7 @@ struct PersistentBackwardArgs {
   double timeout_seconds = 5.0;
   int stall_block = -1;
   int cluster = 0;
+  int batch_parts = 0;
   // Optional [12]: ns in rows, wait, sequences, wait (block 0, then the last block); block 0's
   // sequence phases split: replay, loads + score pass, block sums + both softmaxes' backward,
   // dL/dH and dL/dh_{t-1} pass.
@@ -113,16 +116,23 @@ struct PersistentBackwardArgs {
 
 // Why the persistent forward cannot take this shape on the current device ("" when it can): it
 // needs a block per sequence and room in shared memory for the block's weight rows and its tape.
-// `cluster` > 0 asks for that many blocks a sequence (else chosen at each launch).
-std::string persistent_forward_refusal(int dim, int slots, std::int64_t max_batch, int cluster = 0);
+// `cluster` > 0 asks for that many blocks a sequence, `parts` > 0 for the batch in that many parts
+// in the rows phase (else chosen at each launch).
+std::string persistent_forward_refusal(int dim, int slots, std::int64_t max_batch, int cluster = 0, int parts = 0);
 // The same for the backward, which keeps two tapes on chip (dL/dH and the replay's).
-std::string persistent_backward_refusal(int dim, int slots, std::int64_t max_batch, int cluster = 0);
-// The blocks a sequence the launch takes for this shape (`cluster` as PersistentForwardArgs's; the
-// caller checked the refusal).
-int persistent_cluster(bool backward, int dim, int slots, std::int64_t batch, int cluster = 0);
+std::string persistent_backward_refusal(int dim, int slots, std::int64_t max_batch, int cluster = 0, int parts = 0);
+// The blocks a sequence and the batch parts the launch takes for this shape (`cluster` and `parts`
+// as PersistentForwardArgs's; the caller checked the refusal).
+struct PersistentShape {
+  int cluster = 1, batch_parts = 1;
+};
+PersistentShape persistent_shape(bool backward, int dim, int slots, std::int64_t batch, int cluster = 0, int parts = 0);
 // Launch them (the caller checked the refusal). Zero args.sync first.
 void persistent_forward(const PersistentForwardArgs& args, cudaStream_t stream);
 void persistent_backward(const PersistentBackwardArgs& args, cudaStream_t stream);
+// Floats of a rows-phase operand: [batch, D] in the kernels' fragment order, the batch rounded up
+// to groups of 8 and D to k-steps of 16.
+std::size_t persistent_fragment_floats(std::int64_t batch, int dim);
 // The message of an aborted launch's record.
 std::string persistent_abort_message(const PersistentSync& record, double timeout_seconds, bool backward);
 

@@ -8,11 +8,14 @@
 // Rows phase on the tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): h is fp32,
 // so each value is split into three bf16 parts that sum to it exactly (split_pair); every product
 // of a bf16 weight and a part is exact in fp32, and only the sums' order and rounding differ from
-// the hybrid path's fp32 products. A warp takes one 16-row tile x 8 sequences over all of K, or
-// with fewer sequence groups than warps a range of it, the ranges summed in range order through
-// shared memory; h comes through L2, the next 8 k-steps loading while these are multiplied. (On
-// the FMA units, 16 rows x 4 sequences a warp with the bf16 weights unpacked, the phase took half
-// as long again: 10.6 against 6.8 us a step at B 64, D 1024.)
+// the hybrid path's fp32 products. A block takes a row block of the stacked matrix times its part
+// of the batch (RowsShare: with the batch in two parts, twice the rows and half of h a step, each
+// h value split once for two tiles). A warp takes one or two 16-row tiles x 8 sequences over all
+// of K, or with fewer tasks than warps a range of it, the ranges summed in range order by the
+// first range's warp; h comes through L2 in fragment order (frag_at), the next 8 k-steps loading
+// while these are multiplied. (On the FMA units, 16 rows x 4 sequences a warp with the bf16
+// weights unpacked, the phase took 10.6 us a step at B 64, D 1024; on the tensor cores with the
+// batch in one part, 6.8.)
 //
 // Sequence phase, per sequence and thread-owned features (h_t and r_t stay with the thread from
 // one step to the next; x, z, w_t and W_h h_t arrive in one round of loads): the write attention
@@ -167,22 +170,24 @@ __device__ __forceinline__ SplitPair split_pair(float x, float y) {
   return s;
 }
 
-// One tile's 16 rows times 8 sequences over this warp's k-steps [s0, s1) (16 features each) on the
-// tensor cores: lane (g, c) = (lane / 4, lane % 4) loads features 4c .. 4c + 3 of each k-step of
-// sequence g (`h`; nullptr: absent, zero), the shared-memory weights are in fragment order
-// (load_rows), and the lane ends with C[g][2c, 2c + 1] and C[g + 8][2c, 2c + 1] (rows x sequences).
-// The hi, mid and lo parts' products go to three accumulators (so consecutive products do not wait
-// on each other), each batch of kAhead k-steps from zero and then added to its part's total in
-// fp32: the tensor cores' accumulation truncates, and in one chain over all of K the errors came
-// out up to 4x the FMA sums' on the same draws, batched like them; the parts are summed smallest
-// first at the end. h of the next batch is loaded while this one is multiplied (a ring refilling
-// one k-step at a time, and L1 prefetches further ahead, were both slower).
-template <bool Vec>
-__device__ __forceinline__ void tile_product(const uint4* w_frag, const float* h, int D, int s0, int s1,
-                                             float (&out)[4]) {
+// NT tiles' 16 rows each times 8 sequences over this warp's k-steps [s0, s1) (16 features each)
+// on the tensor cores: lane (g, c) = (lane / 4, lane % 4) loads features 4c .. 4c + 3 of k-step s
+// of sequence g at h + s * stride (nullptr: absent, zero; RowsJob says where they lie), splits
+// them once for all NT tiles (tile t's weights at w_frag + t * tile_stride, in fragment order:
+// load_rows), and ends with out[t] = C_t[g][2c, 2c + 1] and C_t[g + 8][2c, 2c + 1] (rows x
+// sequences).
+// The hi, mid and lo parts' products go to three accumulators a tile (so consecutive products do
+// not wait on each other), each batch of kAhead k-steps from zero and then added to its part's
+// total in fp32: the tensor cores' accumulation truncates, and in one chain over all of K the
+// errors came out up to 4x the FMA sums' on the same draws, batched like them; the parts are
+// summed smallest first at the end. h of the next batch is loaded while this one is multiplied (a
+// ring refilling one k-step at a time, and L1 prefetches further ahead, were both slower).
+template <bool Vec, int NT>
+__device__ __forceinline__ void tile_product(const uint4* w_frag, int tile_stride, const float* h, int stride, int D,
+                                             int s0, int s1, float (&out)[NT][4]) {
   constexpr int kAhead = 8;
   const int lane = threadIdx.x & 31, c = lane & 3;
-  float acc[3][4] = {};
+  float acc[NT][3][4] = {};
   float4 next[kAhead];
   auto load = [&](int first) {
 #pragma unroll
@@ -190,13 +195,14 @@ __device__ __forceinline__ void tile_product(const uint4* w_frag, const float* h
       const int s = first + u, k = s * kStep + 4 * c;
       if constexpr (Vec) {
         const bool in = h != nullptr && s < s1 && k < D;
-        next[u] = in ? __ldcg(reinterpret_cast<const float4*>(h + k)) : float4{0, 0, 0, 0};
+        next[u] = in ? __ldcg(reinterpret_cast<const float4*>(h + s * stride)) : float4{0, 0, 0, 0};
       } else {
         const bool in = h != nullptr && s < s1;
-        next[u].x = in && k < D ? __ldcg(h + k) : 0.0f;
-        next[u].y = in && k + 1 < D ? __ldcg(h + k + 1) : 0.0f;
-        next[u].z = in && k + 2 < D ? __ldcg(h + k + 2) : 0.0f;
-        next[u].w = in && k + 3 < D ? __ldcg(h + k + 3) : 0.0f;
+        const float* at = h + s * stride;
+        next[u].x = in && k < D ? __ldcg(at) : 0.0f;
+        next[u].y = in && k + 1 < D ? __ldcg(at + 1) : 0.0f;
+        next[u].z = in && k + 2 < D ? __ldcg(at + 2) : 0.0f;
+        next[u].w = in && k + 3 < D ? __ldcg(at + 3) : 0.0f;
       }
     }
   };
@@ -206,24 +212,31 @@ __device__ __forceinline__ void tile_product(const uint4* w_frag, const float* h
 #pragma unroll
     for (int u = 0; u < kAhead; ++u) cur[u] = next[u];
     load(s + kAhead);
-    float part[3][4] = {};
+    float part[NT][3][4] = {};
 #pragma unroll
     for (int u = 0; u < kAhead; ++u) {
       if (s + u >= s1) break;
-      const uint4 w = w_frag[(s + u) * 32 + lane];
-      const std::uint32_t a[4] = {w.x, w.y, w.z, w.w};
       const SplitPair lo = split_pair(cur[u].x, cur[u].y), hi = split_pair(cur[u].z, cur[u].w);
-      ops::gpu::mma_bf16(part[0], a, lo.hi, hi.hi);
-      ops::gpu::mma_bf16(part[1], a, lo.mid, hi.mid);
-      ops::gpu::mma_bf16(part[2], a, lo.lo, hi.lo);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const uint4 w = w_frag[t * tile_stride + (s + u) * 32 + lane];
+        const std::uint32_t a[4] = {w.x, w.y, w.z, w.w};
+        ops::gpu::mma_bf16(part[t][0], a, lo.hi, hi.hi);
+        ops::gpu::mma_bf16(part[t][1], a, lo.mid, hi.mid);
+        ops::gpu::mma_bf16(part[t][2], a, lo.lo, hi.lo);
+      }
     }
 #pragma unroll
-    for (int p = 0; p < 3; ++p)
+    for (int t = 0; t < NT; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[p][e] += part[p][e];
+      for (int p = 0; p < 3; ++p)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][p][e] += part[t][p][e];
   }
 #pragma unroll
-  for (int e = 0; e < 4; ++e) out[e] = acc[0][e] + (acc[1][e] + acc[2][e]);
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[t][e] = acc[t][0][e] + (acc[t][1][e] + acc[t][2][e]);
 }
 
 // What one rows phase multiplies: rows below split times in_lo, rows from split times in_hi (both
@@ -231,23 +244,54 @@ __device__ __forceinline__ void tile_product(const uint4* w_frag, const float* h
 // index in their half is out_dim or more are padding; a null output is not wanted).
 struct RowsJob {
   int K = 0, B = 0, split = 0, out_dim = 0;
+  bool frag = false;  // inputs in fragment order (frag_at), else [B, K]
   const float* in_lo = nullptr;
   const float* in_hi = nullptr;
   float* out_lo = nullptr;
   float* out_hi = nullptr;
 };
 
-// Rows [row0, row0 + rows) of the block's stacked matrix times every sequence's input. A warp
-// takes 8 sequences (a group) over all of K, or, with fewer groups than warps, a part of K; parts
-// are summed through shared memory in part order.
+// Where feature d of sequence b lies in fragment order: [b / 8][d / 16][lane][4] with lane =
+// 4 (b % 8) + (d % 16) / 4, D rounded up to whole k-steps (ld). A warp's loads of a k-step then take
+// 512 contiguous bytes (four whole lines) where [B, D] rows gave 64 bytes from each of eight: the
+// rows phase's reads of h came in at about half the rate (H100).
+__device__ __forceinline__ std::size_t frag_at(std::int64_t b, int d, int D) {
+  const int ld = (D + kStep - 1) / kStep * kStep;
+  return ((static_cast<std::size_t>(b / kGroup) * (ld / kStep) + d / kStep) * 32 + (b % kGroup) * 4 + (d % kStep) / 4) *
+             4 +
+         d % 4;
+}
+
+// What a block multiplies in every rows phase: rows [row0, row0 + rows) of the stacked matrix
+// (Layout::rows_per_block a row block) times the sequence groups of its part of the batch (part
+// p of Layout::batch_parts takes groups [p G / parts, (p + 1) G / parts) of G = ceil(B / 8)).
+// Block i is row block i / parts, batch part i % parts; blocks past the row blocks have none.
+struct RowsShare {
+  int row0 = 0, rows = 0, part = 0;
+};
+__device__ __forceinline__ RowsShare rows_share(const Layout& l, int total_rows) {
+  RowsShare r;
+  const int block = static_cast<int>(blockIdx.x), row_block = block / l.batch_parts;
+  r.part = block % l.batch_parts;
+  r.row0 = row_block * l.rows_per_block;
+  r.rows = row_block < l.row_blocks ? max(0, min(l.rows_per_block, total_rows - r.row0)) : 0;
+  return r;
+}
+
+// The block's share of one rows phase. Its tiles go in units: two adjacent tiles that take the
+// same input and are both wanted share a unit, so each h value is split once for both (a unit of
+// one otherwise). A warp takes one unit x 8 sequences (a group) over all of K, or, with fewer
+// tasks than warps, a part of K; parts are summed through shared memory in part order.
 template <bool Vec>
 __device__ __forceinline__ void rows_phase(const RowsJob& job, const Layout& l, const __nv_bfloat16* weights,
-                                           float* reduce, int row0, int rows) {
+                                           float* reduce, const RowsShare& share) {
   const int K = job.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int B = job.B;
-  const int steps = l.ld / kStep;
-  const int groups = (B + kGroup - 1) / kGroup;
-  const int kparts = max(1, kWarps / groups);
+  const int steps = l.ld / kStep, tile_stride = steps * 32;
+  const int all_groups = (B + kGroup - 1) / kGroup;
+  const int g0 = share.part * all_groups / l.batch_parts;
+  const int groups = (share.part + 1) * all_groups / l.batch_parts - g0;
+  if (share.rows == 0 || groups <= 0) return;
   auto put = [&](int row, int b, float value) {
     if (row < job.split) {
       if (job.out_lo && row < job.out_dim) job.out_lo[static_cast<std::size_t>(b) * job.out_dim + row] = value;
@@ -255,49 +299,82 @@ __device__ __forceinline__ void rows_phase(const RowsJob& job, const Layout& l, 
       job.out_hi[static_cast<std::size_t>(b) * job.out_dim + (row - job.split)] = value;
     }
   };
-  // Sum e of lane q's fragment: row offset and sequence offset within the tile and group.
+  // Tile t's rows [first, last) of the stacked matrix, whether any is wanted, and its input.
+  auto first_of = [&](int t) { return share.row0 + t * kTileRows; };
+  auto last_of = [&](int t) { return share.row0 + min(share.rows, (t + 1) * kTileRows); };
+  auto wanted = [&](int t) {
+    const int first = first_of(t), last = last_of(t);
+    return first < last && ((job.out_lo && first < job.split) || (job.out_hi && last > job.split));
+  };
+  auto input_of = [&](int t) { return first_of(t) < job.split ? job.in_lo : job.in_hi; };
+  // Sum e of lane q's fragment: row offset and sequence offset within the tile and group. (K-parts:
+  // part 0's warps store; summing through a generic loop over the block's sums, 2 block barriers
+  // and sums strided over the threads, took 1.5 us a step more at B 64, H100.)
   auto row_of = [](int q, int e) { return (q >> 2) + 8 * (e >> 1); };
   auto seq_of = [](int q, int e) { return 2 * (q & 3) + (e & 1); };
-  for (int tile = 0; tile < l.tiles; ++tile) {
-    const int first = row0 + tile * kTileRows, last = row0 + min(rows, (tile + 1) * kTileRows);
-    if (first >= last || !((job.out_lo && first < job.split) || (job.out_hi && last > job.split))) continue;
-    const uint4* w_frag = reinterpret_cast<const uint4*>(weights) + static_cast<std::size_t>(tile) * steps * 32;
-    const float* in = first < job.split ? job.in_lo : job.in_hi;
+  for (int tile = 0; tile < l.tiles;) {
+    if (!wanted(tile)) {
+      ++tile;
+      continue;
+    }
+    const int width = tile + 1 < l.tiles && wanted(tile + 1) && input_of(tile + 1) == input_of(tile) ? 2 : 1;
+    const uint4* w_frag = reinterpret_cast<const uint4*>(weights) + static_cast<std::size_t>(tile) * tile_stride;
+    const float* in = input_of(tile);
+    const int kparts = max(1, kWarps / groups);
     // Warp w: group w (every kWarps-th when there are more groups than warps), or group
     // w % groups and K-part w / groups.
     for (int task = warp; task < max(groups, kWarps); task += kWarps) {
       const int g = groups >= kWarps ? task : task % groups, part = groups >= kWarps ? 0 : task / groups;
       const bool active = g < groups && part < kparts;
-      float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float sums[2][4] = {};
       if (active) {
-        const int b = g * kGroup + (lane >> 2);
-        tile_product<Vec>(w_frag, b < B ? in + static_cast<std::size_t>(b) * K : nullptr, K, part * steps / kparts,
-                          (part + 1) * steps / kparts, sums);
-      }
-      if (kparts == 1) {
-        if (!active) continue;
+        const int b = (g0 + g) * kGroup + (lane >> 2);
+        const float* h = b >= B     ? nullptr
+                         : job.frag ? in + static_cast<std::size_t>(g0 + g) * steps * kTileSums + 4 * lane
+                                    : in + static_cast<std::size_t>(b) * K + 4 * (lane & 3);
+        const int stride = job.frag ? kTileSums : kStep;
+        const int s0 = part * steps / kparts, s1 = (part + 1) * steps / kparts;
+        if (width == 2) {
+          tile_product<Vec, 2>(w_frag, tile_stride, h, stride, K, s0, s1, sums);
+        } else {
+          float one[1][4];
+          tile_product<Vec, 1>(w_frag, tile_stride, h, stride, K, s0, s1, one);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = first + row_of(lane, e), b = g * kGroup + seq_of(lane, e);
-          if (row < last && b < B) put(row, b, sums[e]);
+          for (int e = 0; e < 4; ++e) sums[0][e] = one[0][e];
         }
-      } else {
-        if (active) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) reduce[(part * groups + g) * kTileSums + lane * 4 + e] = sums[e];
+      }
+      if (kparts > 1) {
+        // K-parts 1.. leave their fragments in shared memory; part 0's warp adds them in part order.
+        float4* slots = reinterpret_cast<float4*>(reduce);
+        if (active && part > 0) {
+          for (int t = 0; t < width; ++t)
+            slots[((part - 1) * groups + g) * 64 + t * 32 + lane] = {sums[t][0], sums[t][1], sums[t][2], sums[t][3]};
         }
         __syncthreads();
-        for (int t = threadIdx.x; t < groups * kTileSums; t += kThreads) {
-          const int gg = t / kTileSums, q = (t % kTileSums) / 4, e = t % 4;
-          const int row = first + row_of(q, e), b = gg * kGroup + seq_of(q, e);
-          if (row >= last || b >= B) continue;
-          float s = 0.0f;
-          for (int pp = 0; pp < kparts; ++pp) s += reduce[(pp * groups + gg) * kTileSums + t % kTileSums];
-          put(row, b, s);
+        if (active && part == 0) {
+          for (int pp = 1; pp < kparts; ++pp) {
+            for (int t = 0; t < width; ++t) {
+              const float4 v = slots[((pp - 1) * groups + g) * 64 + t * 32 + lane];
+              sums[t][0] += v.x;
+              sums[t][1] += v.y;
+              sums[t][2] += v.z;
+              sums[t][3] += v.w;
+            }
+          }
         }
-        __syncthreads();
       }
+      if (active && part == 0) {
+        for (int t = 0; t < width; ++t) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = first_of(tile + t) + row_of(lane, e), b = (g0 + g) * kGroup + seq_of(lane, e);
+            if (row < last_of(tile + t) && b < B) put(row, b, sums[t][e]);
+          }
+        }
+      }
+      if (kparts > 1) __syncthreads();  // the slots are taken again by the next unit
     }
+    tile += width;
   }
 }
 
@@ -592,6 +669,7 @@ __device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const
     const float pre = ((x[j] + rec[j]) + r) + own.bias[j];
     const float h = tanhf(pre);
     h_out[d] = h;
+    a.h_frag[frag_at(b, d, D)] = h;
     h_bf16[d] = __float2bfloat16_rn(h);
     read[d] = r;
     own.h[j] = h;
@@ -703,6 +781,7 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
       const float pre = ((x[j] + rec[j]) + r[j]) + own.bias[j];
       const float h = tanhf(pre);
       h_out[d] = h;
+      a.h_frag[frag_at(b, d, D)] = h;
       h_bf16[d] = __float2bfloat16_rn(h);
       read[d] = r[j];
       own.h[j] = h;
@@ -743,10 +822,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* chip_tape = block.tapes;
 
   // This block's rows of [W_h ; W_write].
-  const int row0 = static_cast<int>(blockIdx.x) * p.l.rows_per_block;
-  const int rows = max(0, min(p.l.rows_per_block, 2 * D - row0));
-  load_rows(block.weights, p.l, rows, D, [&](int r, int k) {
-    const int row = row0 + r;
+  const RowsShare share = rows_share(p.l, 2 * D);
+  load_rows(block.weights, p.l, share.rows, D, [&](int r, int k) {
+    const int row = share.row0 + r;
     return row < D ? a.w_h[static_cast<std::size_t>(row) * D + k]
                    : a.w_write[static_cast<std::size_t>(row - D) * D + k];
   });
@@ -773,7 +851,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto& phases = profile.phases;
   auto& sub = profile.sub;
   std::uint32_t passed = 0;
-  rows_phase<Vec>(forward_rows(a, a.h, true, nullptr), p.l, block.weights, block.reduce, row0, rows);  // W_h h_{-1}
+  rows_phase<Vec>(forward_rows(a, a.h, true, nullptr), p.l, block.weights, block.reduce, share);  // W_h h_{-1}
   phases.lap(0);
   bool ok = grid_barrier(p.grid, passed, &ok_flag);
   phases.lap(1);
@@ -787,8 +865,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     phases.lap(3);
     // w_t = W_write h_t and, unless last, W_h h_t.
     if (ok) {
-      rows_phase<Vec>(forward_rows(a, a.h + (t + 1) * B * D, t + 1 < T, a.write + t * B * D), p.l, block.weights,
-                      block.reduce, row0, rows);
+      RowsJob job = forward_rows(a, a.h_frag, t + 1 < T, a.write + t * B * D);  // h_{t+1}
+      job.frag = true;
+      rows_phase<Vec>(job, p.l, block.weights, block.reduce, share);
     }
     phases.lap(0);
     ok = ok && grid_barrier(p.grid, passed, &ok_flag);
@@ -987,7 +1066,7 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
     const int d = sh.slice.feature(j);
     if (d >= D) break;
     dxz[D + d] = __float2bfloat16_rn(dg[j]);
-    a.d_pre[b * D + d] = dp[j];
+    a.d_pre[frag_at(b, d, D)] = dp[j];
     a.d_pre_bf16[row * D + d] = __float2bfloat16_rn(dp[j]);
     dxz[d] = __float2bfloat16_rn(dp[j]);
   }
@@ -1077,7 +1156,7 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
     if (d >= D) break;
     own.dh_read[j] = a.scale * dh_prev[j];
     if (write) {
-      a.d_write[b * D + d] = dw[j];
+      a.d_write[frag_at(b, d, D)] = dw[j];
       a.d_write_bf16[prev * D + d] = __float2bfloat16_rn(dw[j]);
     }
   }
@@ -1101,10 +1180,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::uint32_t tape = core::smem_addr(chip_d_tape + (per_tape + 3) / 4 * 4);
 
   // This block's rows of [W_h^T ; W_write^T] (rows of the second from split), zero-padded.
-  const int row0 = static_cast<int>(blockIdx.x) * p.l.rows_per_block;
-  const int rows = max(0, min(p.l.rows_per_block, 2 * p.l.split - row0));
-  load_rows(block.weights, p.l, rows, D, [&](int r, int k) {
-    const int row = row0 + r;
+  const RowsShare share = rows_share(p.l, 2 * p.l.split);
+  load_rows(block.weights, p.l, share.rows, D, [&](int r, int k) {
+    const int row = share.row0 + r;
     if (row < D) return a.w_h[static_cast<std::size_t>(k) * D + row];
     if (row >= p.l.split && row - p.l.split < D) return a.w_write[static_cast<std::size_t>(k) * D + (row - p.l.split)];
     return __float2bfloat16_rn(0.0f);
@@ -1148,6 +1226,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   job.out_dim = D;
   job.in_lo = a.d_pre;
   job.in_hi = a.d_write;
+  job.frag = true;
   job.out_lo = a.recurrent;
   job.out_hi = a.dh_write;
   std::uint32_t passed = 0;
@@ -1155,7 +1234,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ok = grid_barrier(p.grid, passed, &ok_flag);
     if (!goes_on(ok, exchanges)) break;
     phases.lap(3);
-    if (ok) rows_phase<Vec>(job, p.l, block.weights, block.reduce, row0, rows);  // W_h^T dp_{t+1}, W_write^T dw_t
+    if (ok) rows_phase<Vec>(job, p.l, block.weights, block.reduce, share);  // W_h^T dp_{t+1}, W_write^T dw_t
     phases.lap(0);
     ok = ok && grid_barrier(p.grid, passed, &ok_flag);
     if (!goes_on(ok, exchanges)) break;

@@ -21,6 +21,7 @@ constexpr int kTileSums = kTileRows * kGroup;  // sums a warp pass finishes (the
 constexpr int kMaxTiles = 8;                   // at most 128 rows a block
 constexpr int kMaxFeatures = 4;                // features a thread owns in the sequence phase: D <= 1024
 constexpr int kMaxCluster = 4;                 // blocks one sequence spreads over (a thread-block cluster)
+constexpr int kMaxBatchParts = 2;              // blocks a row block's rows phase spreads over
 
 // The sequence phase's shared scratch (SeqShared in layer_persistent_kernels.cuh), in floats: every
 // warp's lane sums of up to 4 x max_n values (max_n is 8 at least, so one whole chunk of 32), their
@@ -37,10 +38,14 @@ constexpr std::size_t seq_shared_floats(int max_n) {
 // input vector, rows from split the second (split = D forward; the backward pads it to whole
 // tiles so no tile takes both); a row holds ld columns, D rounded up to whole mma k-steps.
 //
+// The rows phase's work is split over row blocks of rows_per_block rows and, within a row block,
+// over `batch_parts` blocks, each multiplying the rows by its part of the batch: with 2 parts a
+// block keeps twice the rows and reads half of the state a step (the grid's reads from L2 halve).
+//
 // A sequence's features are split over `cluster` blocks (a thread-block cluster; 1: one block),
 // which exchange their slot sums through distributed shared memory.
 struct Layout {
-  int rows_per_block = 0, tiles = 0, ld = 0, split = 0, cluster = 1;
+  int rows_per_block = 0, tiles = 0, ld = 0, split = 0, cluster = 1, batch_parts = 1, row_blocks = 0;
   std::size_t weight_bytes = 0, reduce_bytes = 0, step_bytes = 0;
 };
 

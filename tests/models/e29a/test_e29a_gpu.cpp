@@ -3,9 +3,10 @@
 // (layer.h, run in fp64 on the exact values of the same bf16 inputs and weights) on fresh random
 // inputs at the scales of the model's initialisation, over N in {8, 16, 32, 64} (and 5, 40: slot
 // counts below a kernel's capacity), D in {5, 12, 64, 72, 200, 800, 900, 1024}, T in {1, 7, 9, 33,
-// 129, 512} (129 and 512 end in a partial checkpoint segment), B in {1, 3, 5, 7, 64}, the
+// 129, 512} (129 and 512 end in a partial checkpoint segment), B in {1, 3, 5, 7, 11, 13, 64}, the
 // persistent kernels with a sequence on one block and spread over clusters of 2 and 4 (D 800 and
-// 900: the last rank's 256-feature chunk is partial; 900 also takes the rows phase's scalar form); the zero-tape
+// 900: the last rank's 256-feature chunk is partial; 900 also takes the rows phase's scalar form),
+// and with the rows phase's batch in one part and in two (B 11 and 13: a partial group); the zero-tape
 // degeneracy on the GPU; bit-identical reruns and independence from the checkpoint interval; state hand-over; the two
 // forwards against each other; a stalled persistent launch leaving at its deadline, on one block and in a cluster.
 //
@@ -251,10 +252,11 @@ struct GpuResult {
   std::vector<float> h, read_attn, write_attn, score_read, score_write, end_h, end_tape;
 };
 
-// Which kernel each direction runs, and the persistent kernels' blocks a sequence (0: chosen).
+// Which kernel each direction runs, and the persistent kernels' blocks a sequence and batch parts
+// of the rows phase (0: chosen).
 struct Kernels {
   e29a::RecurrenceKernel forward = e29a::RecurrenceKernel::hybrid, backward = e29a::RecurrenceKernel::hybrid;
-  int cluster = 0;
+  int cluster = 0, batch_parts = 0;
 };
 
 GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weights& w, const Bits& u, const Bits& dy,
@@ -269,6 +271,7 @@ GpuResult run_gpu(const core::DeviceContext& context, const Case& c, const Weigh
                     slice(4 * dd + D, N * D));
   e29a::LayerCuda cuda(context, D, N, B, T, interval, options);
   cuda.set_persistent_cluster(kernels.cluster);
+  cuda.set_persistent_batch_parts(kernels.batch_parts);
   cuda.set_forward_kernel(kernels.forward);
   cuda.set_backward_kernel(kernels.backward);
   auto acts = cuda.make_activations();
@@ -417,36 +420,43 @@ constexpr e29a::RecurrenceKernel kPersistent = e29a::RecurrenceKernel::persisten
 constexpr e29a::RecurrenceKernel kKernels[] = {kHybrid, kPersistent};
 
 // Whether the persistent kernels take the case on this GPU (N 64 at D 1024 does not: its tape;
-// the backward keeps two tapes on chip), with `cluster` blocks a sequence (0: chosen).
-bool persistent_forward_takes(const Case& c, int cluster = 0) {
-  return e29a::kernels::persistent_forward_refusal(static_cast<int>(c.dim), static_cast<int>(c.slots), c.batch, cluster)
+// the backward keeps two tapes on chip), with `cluster` blocks a sequence and the batch in `parts`
+// (0: chosen).
+bool persistent_forward_takes(const Case& c, int cluster = 0, int parts = 0) {
+  return e29a::kernels::persistent_forward_refusal(static_cast<int>(c.dim), static_cast<int>(c.slots), c.batch, cluster,
+                                                   parts)
       .empty();
 }
-bool persistent_backward_takes(const Case& c, int cluster = 0) {
+bool persistent_backward_takes(const Case& c, int cluster = 0, int parts = 0) {
   return e29a::kernels::persistent_backward_refusal(static_cast<int>(c.dim), static_cast<int>(c.slots), c.batch,
-                                                    cluster)
+                                                    cluster, parts)
       .empty();
 }
 
 // `kernel` in both directions where the case allows it (else hybrid); nullopt when persistent
 // takes neither.
-std::optional<Kernels> both(e29a::RecurrenceKernel kernel, const Case& c, int cluster = 0) {
+std::optional<Kernels> both(e29a::RecurrenceKernel kernel, const Case& c, int cluster = 0, int parts = 0) {
   if (kernel == kHybrid) return Kernels{};
-  Kernels k{persistent_forward_takes(c, cluster) ? kPersistent : kHybrid,
-            persistent_backward_takes(c, cluster) ? kPersistent : kHybrid, cluster};
+  Kernels k{persistent_forward_takes(c, cluster, parts) ? kPersistent : kHybrid,
+            persistent_backward_takes(c, cluster, parts) ? kPersistent : kHybrid, cluster, parts};
   if (k.forward == kHybrid && k.backward == kHybrid) return std::nullopt;
   return k;
 }
 
 std::string kernel_name(Kernels k) {
   auto name = [](e29a::RecurrenceKernel kernel) { return kernel == kPersistent ? "persistent" : "hybrid"; };
+  auto chosen = [](int v) { return v > 0 ? std::to_string(v) : std::string("chosen"); };
   const bool persistent = k.forward == kPersistent || k.backward == kPersistent;
   return std::string(name(k.forward)) + " forward, " + name(k.backward) + " backward" +
-         (persistent ? ", cluster " + (k.cluster > 0 ? std::to_string(k.cluster) : std::string("chosen")) : "");
+         (persistent ? ", cluster " + chosen(k.cluster) + ", batch parts " + chosen(k.batch_parts) : "");
 }
 
-// The persistent kernels' blocks a sequence a test runs: the launch's choice, then each size.
-constexpr int kClusters[] = {0, 1, 2, 4};
+// The persistent kernels' shapes a test runs: the launch's choice, then each cluster size, then the
+// rows phase's batch in one part and in two (a block multiplying twice the rows by half the batch).
+struct Shape {
+  int cluster, parts;
+};
+constexpr Shape kShapes[] = {{0, 0}, {1, 0}, {2, 0}, {4, 0}, {0, 1}, {0, 2}};
 
 std::size_t gradient_count(const Case& c) {
   return static_cast<std::size_t>(4 * c.dim * c.dim + c.dim + c.slots * c.dim);
@@ -459,9 +469,9 @@ TEST(E29aGpu, MatchesReference) {
   // Each value of N, D, T and B appears at least once; the CPU reference's cost (B T D (D + N))
   // keeps D = 1024 to short or narrow runs.
   const Case cases[] = {
-      {8, 64, 1, 1},    {16, 72, 512, 3},  {32, 200, 7, 64},  {64, 64, 129, 64}, {8, 1024, 129, 3},
-      {64, 1024, 7, 1}, {16, 200, 129, 3}, {32, 72, 512, 1},  {5, 72, 7, 3},     {40, 200, 7, 3},
-      {8, 5, 37, 2},    {16, 12, 7, 5},    {8, 1024, 16, 64}, {16, 800, 33, 5},  {8, 900, 9, 7},
+      {8, 64, 1, 1},     {16, 72, 512, 3}, {32, 200, 7, 64}, {64, 64, 129, 64}, {8, 1024, 129, 3}, {64, 1024, 7, 1},
+      {16, 200, 129, 3}, {32, 72, 512, 1}, {5, 72, 7, 3},    {40, 200, 7, 3},   {8, 5, 37, 2},     {16, 12, 7, 5},
+      {8, 1024, 16, 64}, {16, 800, 33, 5}, {8, 900, 9, 7},   {16, 200, 9, 13},  {8, 900, 5, 11},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(describe(c));
@@ -472,9 +482,9 @@ TEST(E29aGpu, MatchesReference) {
     const Reference r = run_reference(c, w, u.values, dy.values);
     const double tol = fp32_tolerance(c, w, u.values, dy.values, r);
     for (const e29a::RecurrenceKernel kernel : kKernels) {
-      for (const int cluster : kClusters) {
-        if (kernel == kHybrid && cluster != 0) continue;
-        const std::optional<Kernels> k = both(kernel, c, cluster);
+      for (const Shape shape : kShapes) {
+        if (kernel == kHybrid && (shape.cluster != 0 || shape.parts != 0)) continue;
+        const std::optional<Kernels> k = both(kernel, c, shape.cluster, shape.parts);
         if (!k) continue;
         SCOPED_TRACE(kernel_name(*k));
         const GpuResult g = run_gpu(context, c, w, u.bits, dy.bits, grad_init, 0, {}, *k);
@@ -971,6 +981,20 @@ TEST(E29aGpu, PersistentRefusesWhatDoesNotFit) {
   }
   narrow.set_persistent_cluster(0);
   EXPECT_TRUE(narrow.persistent_refusal().empty()) << narrow.persistent_refusal();
+  // Batch parts of the rows phase: 1 or 2, each part at least one group of 8 sequences.
+  odd.set_persistent_cluster(0);
+  odd.set_persistent_batch_parts(3);
+  EXPECT_NE(odd.persistent_refusal().find("batch parts 3: must be 1 or 2"), std::string::npos)
+      << odd.persistent_refusal();
+  odd.set_persistent_batch_parts(2);
+  EXPECT_NE(odd.persistent_refusal().find("batch 4 has fewer than 2 groups"), std::string::npos)
+      << odd.persistent_refusal();
+  EXPECT_NE(odd.persistent_backward_refusal().find("batch 4 has fewer than 2 groups"), std::string::npos)
+      << odd.persistent_backward_refusal();
+  e29a::LayerCuda halves(context, 1024, 8, 16, 4);
+  halves.set_persistent_batch_parts(2);
+  EXPECT_TRUE(halves.persistent_refusal().empty()) << halves.persistent_refusal();
+  EXPECT_TRUE(halves.persistent_backward_refusal().empty()) << halves.persistent_backward_refusal();
 }
 
 TEST(E29aGpu, RejectsBadShapes) {
