@@ -117,7 +117,13 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&mid));
     CUDA_CHECK(cudaEventCreate(&stop));
-    std::vector<double> fwd, bwd, total;
+    // The recurrence alone (the persistent launches or the hybrid steps), without the products
+    // over all tokens: what the hand-off floor (bench/handoff_bench) bounds.
+    models::e29a::LayerCuda::RecurrenceEvents rec;
+    for (cudaEvent_t* e : {&rec.forward_start, &rec.forward_end, &rec.backward_start, &rec.backward_end})
+      CUDA_CHECK(cudaEventCreate(e));
+    layer.set_recurrence_events(rec);
+    std::vector<double> fwd, bwd, total, rec_fwd, rec_bwd, rec_total;
     for (int i = 0; i < warmup + iterations; ++i) {
       CUDA_CHECK(cudaEventRecord(start, stream));
       layer.forward(weights, u.as<__nv_bfloat16>(), batch, steps, y.as<__nv_bfloat16>(), acts);
@@ -132,11 +138,20 @@ int main(int argc, char** argv) {
       fwd.push_back(f);
       bwd.push_back(b);
       total.push_back(static_cast<double>(f) + b);
+      float rf = 0, rb = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&rf, rec.forward_start, rec.forward_end));
+      CUDA_CHECK(cudaEventElapsedTime(&rb, rec.backward_start, rec.backward_end));
+      rec_fwd.push_back(rf);
+      rec_bwd.push_back(rb);
+      rec_total.push_back(static_cast<double>(rf) + rb);
     }
     layer.check();
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(mid));
     CUDA_CHECK(cudaEventDestroy(stop));
+    layer.set_recurrence_events({});
+    for (cudaEvent_t e : {rec.forward_start, rec.forward_end, rec.backward_start, rec.backward_end})
+      CUDA_CHECK(cudaEventDestroy(e));
 
     const double ms = median(total);
     // Blocks a sequence and batch parts of each persistent kernel (0 and 0: the hybrid path ran).
@@ -161,6 +176,9 @@ int main(int argc, char** argv) {
         {"ours_ms", ms},
         {"fwd_ms", median(fwd)},
         {"bwd_ms", median(bwd)},
+        {"recurrence_ms", median(rec_total)},
+        {"recurrence_fwd_ms", median(rec_fwd)},
+        {"recurrence_bwd_ms", median(rec_bwd)},
         {"tok_s", static_cast<double>(batch * steps) / (ms * 1e-3)},
         {"tflops", flops / (ms * 1e-3) / 1e12},
         {"batch", batch},

@@ -20,6 +20,10 @@ using bf16 = __nv_bfloat16;
 
 std::size_t align_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+void record(cudaEvent_t event, cudaStream_t stream) {
+  if (event) CUDA_CHECK(cudaEventRecord(event, stream));
+}
+
 // Offsets of named regions inside one allocation.
 class Carver {
  public:
@@ -342,6 +346,7 @@ void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int
   const bool persistent = forward_kernel_ == RecurrenceKernel::persistent ||
                           (forward_kernel_ == RecurrenceKernel::automatic && persistent_refusal_.empty());
   last_forward_ = persistent ? RecurrenceKernel::persistent : RecurrenceKernel::hybrid;
+  record(events_.forward_start, stream);
   if (persistent && T > 0) {
     p.forward_launch.check_if_landed(timeout_seconds_);
     kernels::PersistentForwardArgs a;
@@ -401,6 +406,7 @@ void LayerCuda::forward(const LayerWeightsCuda& weights, const bf16* u, std::int
     w.y_stride = T * D;
     kernels::write_step(w, stream);
   }
+  record(events_.forward_end, stream);
 
   if (end) {
     CUDA_CHECK(cudaMemcpyAsync(end->h, saved.h_ + T * B * D, h_bytes, cudaMemcpyDeviceToDevice, stream));
@@ -507,6 +513,7 @@ void LayerCuda::backward(const LayerWeightsCuda& weights, const bf16* u, const b
   const bool persistent = backward_kernel_ == RecurrenceKernel::persistent ||
                           (backward_kernel_ == RecurrenceKernel::automatic && backward_refusal_.empty());
   last_backward_ = persistent ? RecurrenceKernel::persistent : RecurrenceKernel::hybrid;
+  record(events_.backward_start, stream);
   if (persistent) {
     p.backward_launch.check_if_landed(timeout_seconds_);
     kernels::PersistentBackwardArgs a;
@@ -533,6 +540,7 @@ void LayerCuda::backward(const LayerWeightsCuda& weights, const bf16* u, const b
   } else {
     hybrid_backward(weights, dy, saved, scores);
   }
+  record(events_.backward_end, stream);
 
   // Weight gradients over all T*B rows (time-major for the recurrent ones, token order for W_xz).
   const std::int64_t rows = T * B;

@@ -31,6 +31,7 @@
 #include <string>
 
 #include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
 
 #include "core/buffer.h"
 #include "core/device.h"
@@ -138,6 +139,13 @@ class LayerCuda {
   // kind (layer_persistent.h).
   void set_persistent_profile(std::uint64_t* device_ns) { profile_ = device_ns; }
   void set_persistent_backward_profile(std::uint64_t* device_ns) { backward_profile_ = device_ns; }
+  // Benchmarks: events recorded on the layer's stream before and after each direction's
+  // recurrence (the persistent launch or the hybrid steps), so it is timed apart from the layer's
+  // products over all tokens. Null events are not recorded.
+  struct RecurrenceEvents {
+    cudaEvent_t forward_start = nullptr, forward_end = nullptr, backward_start = nullptr, backward_end = nullptr;
+  };
+  void set_recurrence_events(const RecurrenceEvents& events) { events_ = events; }
   // Device bytes of one LayerActivationsCuda, and of this object's own scratch.
   std::size_t activation_bytes() const;
   std::size_t scratch_bytes() const { return scratch_.bytes() + workspace_.bytes(); }
@@ -177,6 +185,7 @@ class LayerCuda {
   int cluster_ = 0, batch_parts_ = 0;
   std::uint64_t* profile_ = nullptr;
   std::uint64_t* backward_profile_ = nullptr;
+  RecurrenceEvents events_;
   core::Buffer scratch_;
   core::Buffer workspace_;
   std::unique_ptr<Plan> plan_;

@@ -142,6 +142,9 @@ std::string clustered_geometry(Direction direction, const Device& dev, int dim, 
 // `parts` > 0: the batch in that many parts; 0: 2 where it can be, else 1.
 std::string geometry_for(Direction direction, const Device& dev, int dim, int slots, std::int64_t batch, int cluster,
                          int parts, Geometry& g) {
+  if (parts < 0 || parts > kMaxBatchParts) {
+    return "batch parts " + std::to_string(parts) + ": must be 1 or " + std::to_string(kMaxBatchParts);
+  }
   std::string why;
   for (const int p : {kMaxBatchParts, 1}) {
     if (parts > 0 && p != parts) continue;
