@@ -11,7 +11,10 @@
 //  - slot sums (E29a's attention over N slots with a sequence spread over a cluster): every block
 //    sends its n partial sums to every block, each sums the cluster's in rank order; once with a
 //    cluster barrier, once with a flag a sender stores (release) into each receiver's shared
-//    memory and the receiver waits for (acquire, with a deadline), so no cluster barrier.
+//    memory and the receiver waits for (acquire, with a deadline), so no cluster barrier; once with
+//    st.async, each value stored into the receiver's shared memory completing 4 bytes of the
+//    transaction count of the receiver's mbarrier, which the receiver arms and waits for (a
+//    deadline too): one-way signalling with the data, no barrier and no flag.
 // Every step depends on the one before (the values carry the previous sum), rounds form a chain,
 // and every block checks the exact expected sum every round.
 // usage: cluster_bench [rounds] [shared KB per block]
@@ -35,14 +38,23 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxVec = 2048;  // floats of one exchanged vector, at most
 
-enum Mode { barrier_only = 0, allgather = 1, grid_partials = 2, skeleton = 3, sums_barrier = 4, sums_flags = 5 };
+enum Mode {
+  barrier_only = 0,
+  allgather = 1,
+  grid_partials = 2,
+  skeleton = 3,
+  sums_barrier = 4,
+  sums_flags = 5,
+  sums_async = 6
+};
 const char* kModeNames[] = {"cluster barrier",
                             "cluster all-gather",
                             "grid hand-off of K partials",
                             "layer skeleton (2 grid + 3 cluster)",
                             "slot sums, cluster barrier",
-                            "slot sums, flags"};
-constexpr int kModes = 6;
+                            "slot sums, flags",
+                            "slot sums, st.async + mbarrier"};
+constexpr int kModes = 7;
 constexpr int kMaxCluster = 16;
 constexpr int kMaxSlots = 64;
 
@@ -165,16 +177,66 @@ __device__ float slot_sums(cg::cluster_group& cluster, float (&buf)[2][kMaxClust
   return block_sum(s, red);
 }
 
+// The same exchange by st.async: every value goes into slot [rank] of each receiver's buffer and
+// completes 4 bytes of the receiver's mbarrier of that parity; each block's thread 0 arms its own
+// mbarrier for the n * c bytes of the round (a sender's bytes may land before, the count then goes
+// below zero until the arming), every thread waits for the phase (acquire at cluster scope; a
+// deadline of 1 s counts an error). Mbarrier p serves rounds p, p + 2, ...: phase parity (round / 2) & 1.
+__device__ float slot_sums_async(cg::cluster_group& cluster, float (&buf)[2][kMaxCluster][kMaxSlots],
+                                 std::uint64_t* bars, int round, int n, float value, float* red, int* errors) {
+  const int c = static_cast<int>(cluster.num_blocks()), r = static_cast<int>(cluster.block_rank());
+  float(*mine)[kMaxSlots] = buf[round & 1];
+  std::uint64_t* bar = bars + (round & 1);
+  if (threadIdx.x == 0) core::mbar_arrive_expect_tx(bar, static_cast<std::uint32_t>(n * c * 4));
+  for (int i = threadIdx.x; i < n * c; i += kThreads) {
+    const auto peer = static_cast<std::uint32_t>(i / n);
+    std::uint32_t dst, remote_bar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(core::smem_addr(&mine[r][i % n])), "r"(peer));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(core::smem_addr(bar)), "r"(peer));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(dst),
+                 "r"(__float_as_uint(value)), "r"(remote_bar)
+                 : "memory");
+  }
+  const std::uint32_t parity = static_cast<std::uint32_t>(round >> 1) & 1u;
+  const std::uint64_t start = core::globaltimer();
+  for (;;) {
+    std::uint32_t done;
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(core::smem_addr(bar)), "r"(parity)
+        : "memory");
+    if (done) break;
+    if (core::globaltimer() - start > 1000000000ull) {
+      if (threadIdx.x == 0) atomicAdd(errors, 1);
+      break;
+    }
+  }
+  float s = 0.0f;
+  if (threadIdx.x < n) {
+    for (int k = 0; k < c; ++k) s += mine[k][threadIdx.x];
+  }
+  return block_sum(s, red);
+}
+
 template <int M>
 __global__ void __launch_bounds__(kThreads, 1) exchange(Args a) {
   __shared__ float red[kThreads / 32];
   __shared__ __align__(16) float buf[2][kMaxVec];
   __shared__ float sums[2][kMaxCluster][kMaxSlots];
   __shared__ std::uint32_t flags[kMaxCluster];
+  __shared__ std::uint64_t bars[2];
   cg::cluster_group cluster = cg::this_cluster();
   if constexpr (M == sums_flags) {
     if (threadIdx.x < kMaxCluster) flags[threadIdx.x] = 0;
     cluster.sync();  // every block's flags are zero before any peer stores one
+  }
+  if constexpr (M == sums_async) {
+    if (threadIdx.x < 2) core::mbar_init(&bars[threadIdx.x], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    cluster.sync();  // every block's mbarriers exist before any peer completes bytes on them
   }
   const int clusters = static_cast<int>(gridDim.x / cluster.num_blocks());
   float sum = 0.0f;
@@ -205,18 +267,22 @@ __global__ void __launch_bounds__(kThreads, 1) exchange(Args a) {
       sum = cluster_allgather(cluster, buf[0] + kMaxVec / 2, a.n * 3 / 4, v4, red);
       want = value * static_cast<float>(a.n * 3 / 4);
       cluster.sync();  // buf[0] is rewritten next round
+    } else if constexpr (M == sums_async) {
+      sum = slot_sums_async(cluster, sums, bars, r, a.n, value, red, a.errors);
+      want = value * static_cast<float>(a.n) * static_cast<float>(cluster.num_blocks());
     } else {
       sum = slot_sums<M == sums_flags>(cluster, sums, flags, r, a.n, value, red, a.errors);
       want = value * static_cast<float>(a.n) * static_cast<float>(cluster.num_blocks());
     }
     if (threadIdx.x == 0 && sum != want) atomicAdd(a.errors, 1);
   }
-  if constexpr (M == sums_flags) cluster.sync();  // no block leaves while a peer may still store into it
+  if constexpr (M == sums_flags || M == sums_async)
+    cluster.sync();  // no block leaves while a peer may still store into it
 }
 
 using Kernel = void (*)(Args);
-const Kernel kKernels[] = {exchange<barrier_only>, exchange<allgather>,    exchange<grid_partials>,
-                           exchange<skeleton>,     exchange<sums_barrier>, exchange<sums_flags>};
+const Kernel kKernels[] = {exchange<barrier_only>, exchange<allgather>,  exchange<grid_partials>, exchange<skeleton>,
+                           exchange<sums_barrier>, exchange<sums_flags>, exchange<sums_async>};
 
 cudaLaunchConfig_t config_for(int blocks, int cluster, int smem, cudaLaunchAttribute* attrs, bool cooperative) {
   cudaLaunchConfig_t cfg = {};
@@ -303,7 +369,7 @@ int bench_main(int argc, char** argv) {
       if (s.cluster > kMaxCluster) continue;
       const int sizes_allgather[] = {256, 512, 1024, 2048};
       const int sizes_slots[] = {8, 16, 64};
-      const bool slots = mode == sums_barrier || mode == sums_flags;
+      const bool slots = mode == sums_barrier || mode == sums_flags || mode == sums_async;
       const int* sizes = mode == allgather ? sizes_allgather : slots ? sizes_slots : nullptr;
       const int nsizes = mode == allgather ? 4 : slots ? 3 : 1;
       for (int i = 0; i < nsizes; ++i) {

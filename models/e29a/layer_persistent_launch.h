@@ -23,14 +23,15 @@ constexpr int kMaxFeatures = 4;                // features a thread owns in the 
 constexpr int kMaxCluster = 4;                 // blocks one sequence spreads over (a thread-block cluster)
 constexpr int kMaxBatchParts = 2;              // blocks a row block's rows phase spreads over
 
-// The sequence phase's shared scratch (SeqShared in layer_persistent_kernels.cuh), in floats: every
-// warp's lane sums of up to 4 x max_n values (max_n is 8 at least, so one whole chunk of 32), their
-// block sums [4][max_n], two attentions' weights and score gradients [2][max_n] each, and the
-// cluster exchange's two alternating inboxes: every rank's block sums [kMaxCluster][4 max_n] and
-// its verdict [kMaxCluster].
+// The sequence phase's shared scratch (SeqShared in layer_persistent_kernels.cuh), in floats: the
+// cluster exchange's two mbarriers (kExchangeWords), every warp's lane sums of up to 4 x max_n
+// values (max_n is 8 at least, so one whole chunk of 32), their block sums [4][max_n], two
+// attentions' weights and score gradients [2][max_n] each, and the exchange's two alternating
+// inboxes: every rank's block sums [kMaxCluster][4 max_n] and its verdict [kMaxCluster].
+constexpr int kExchangeWords = 4;
 constexpr int seq_warp_stride(int max_n) { return 4 * max_n; }
 constexpr std::size_t seq_shared_floats(int max_n) {
-  return static_cast<std::size_t>(kWarps * seq_warp_stride(max_n) + 8 * max_n +
+  return static_cast<std::size_t>(kExchangeWords + kWarps * seq_warp_stride(max_n) + 8 * max_n +
                                   2 * kMaxCluster * (seq_warp_stride(max_n) + 1));
 }
 
