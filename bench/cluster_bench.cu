@@ -188,27 +188,12 @@ __device__ float slot_sums_async(cg::cluster_group& cluster, float (&buf)[2][kMa
   float(*mine)[kMaxSlots] = buf[round & 1];
   std::uint64_t* bar = bars + (round & 1);
   if (threadIdx.x == 0) core::mbar_arrive_expect_tx(bar, static_cast<std::uint32_t>(n * c * 4));
-  for (int i = threadIdx.x; i < n * c; i += kThreads) {
-    const auto peer = static_cast<std::uint32_t>(i / n);
-    std::uint32_t dst, remote_bar;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(core::smem_addr(&mine[r][i % n])), "r"(peer));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(core::smem_addr(bar)), "r"(peer));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(dst),
-                 "r"(__float_as_uint(value)), "r"(remote_bar)
-                 : "memory");
-  }
+  for (int i = threadIdx.x; i < n * c; i += kThreads)
+    core::st_async_cluster(&mine[r][i % n], __float_as_uint(value), bar, static_cast<std::uint32_t>(i / n));
   const std::uint32_t parity = static_cast<std::uint32_t>(round >> 1) & 1u;
   const std::uint64_t start = core::globaltimer();
   for (;;) {
-    std::uint32_t done;
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(core::smem_addr(bar)), "r"(parity)
-        : "memory");
-    if (done) break;
+    if (core::mbar_test_cluster(bar, parity)) break;
     if (core::globaltimer() - start > 1000000000ull) {
       if (threadIdx.x == 0) atomicAdd(errors, 1);
       break;

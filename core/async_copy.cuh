@@ -1,8 +1,9 @@
 // Shared-memory transfers by the copy engine and the barriers that track them (PTX wrappers, sm_90
-// and later): mbarriers with transaction counts, bulk global -> shared copies, the L2 evict-first
-// policy, and the nanosecond timer that deadlines read. One definition for the persistent kernels:
-// the Qwen3 decode megakernel streams its weights with them; the E29a persistent forward's
-// deadlines read the same timer.
+// and later): mbarriers with transaction counts, bulk global -> shared copies, stores into another
+// block of the cluster that complete its mbarrier's bytes, the L2 evict-first policy, and the
+// nanosecond timer that deadlines read. One definition for the persistent kernels: the Qwen3
+// decode megakernel streams its weights with them; the E29a persistent kernels' cluster exchanges
+// signal with them and their deadlines read the same timer.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,32 @@ __device__ __forceinline__ bool mbar_test(std::uint64_t* bar, std::uint32_t pari
       : "r"(smem_addr(bar)), "r"(parity)
       : "memory");
   return done != 0;
+}
+
+// The same at cluster scope: stores other blocks of the cluster made into this block's shared
+// memory, completing the phase (st_async_cluster), are seen after it.
+__device__ __forceinline__ bool mbar_test_cluster(std::uint64_t* bar, std::uint32_t parity) {
+  std::uint32_t done;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+      "selp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Stores 32 bits at `at` in block `rank` of the cluster, completing 4 bytes of that block's `bar`
+// (both given by this block's addresses of them: every block lays out its shared memory alike).
+__device__ __forceinline__ void st_async_cluster(const void* at, std::uint32_t bits, std::uint64_t* bar,
+                                                 std::uint32_t rank) {
+  std::uint32_t dst, remote_bar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(smem_addr(at)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(smem_addr(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(dst), "r"(bits),
+               "r"(remote_bar)
+               : "memory");
 }
 
 __device__ __forceinline__ std::uint64_t evict_first_policy() {

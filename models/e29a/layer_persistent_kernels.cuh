@@ -548,8 +548,9 @@ struct SeqShared {
   // After every fold: sums[k][n] for the Q quantities (chunk c: slots c * 32 / Q + i, value
   // k * 32 / Q + i). Barriers on both sides. In a cluster (every block of it calls this at the
   // same point) `ok` goes in as this block's verdict and comes out as the cluster's: a block whose
-  // grid barrier failed still reaches the exchange, so the cluster leaves together (a cluster
-  // barrier has no deadline, and no block may leave while a peer can still send to it).
+  // grid barrier failed still reaches the exchange, so the cluster leaves together (no block may
+  // leave while a peer can still send to it; a wait past the deadline means a peer never came,
+  // and the block leaves as aborted).
   template <int Q>
   __device__ __forceinline__ void finish(bool& ok) const {
     constexpr int kSlots = 32 / Q, kChunks = chunks<Q>();
@@ -576,10 +577,10 @@ struct SeqShared {
       if (threadIdx.x == 0) core::mbar_arrive_expect_tx(bar, static_cast<std::uint32_t>(C * (count + 1) * 4));
       for (int q = threadIdx.x; q < count; q += kThreads) {
         const float s = block_sum(q);
-        for (int r = 0; r < C; ++r) send(box + slice.rank * kStride + q, __float_as_uint(s), bar, r);
+        for (int r = 0; r < C; ++r) core::st_async_cluster(box + slice.rank * kStride + q, __float_as_uint(s), bar, r);
       }
       if (threadIdx.x == 0) {
-        for (int r = 0; r < C; ++r) send(votes + slice.rank, ok ? 1u : 0u, bar, r);
+        for (int r = 0; r < C; ++r) core::st_async_cluster(votes + slice.rank, ok ? 1u : 0u, bar, r);
       }
       const bool late = !wait(bar, static_cast<std::uint32_t>(phases >> parity) & 1u);
       phases ^= 1 << parity;
@@ -598,31 +599,12 @@ struct SeqShared {
     }
   }
 
-  // Stores `bits` at `at` in block `rank` of the cluster, completing 4 bytes of that block's `bar`
-  // (both given as this block's addresses).
-  __device__ __forceinline__ static void send(const void* at, std::uint32_t bits, std::uint64_t* bar, int rank) {
-    std::uint32_t dst, remote_bar;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(core::smem_addr(at)), "r"(rank));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(core::smem_addr(bar)), "r"(rank));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(dst), "r"(bits),
-                 "r"(remote_bar)
-                 : "memory");
-  }
-
   // Waits for the phase of `bar` with this parity (acquire at cluster scope: the peers' stores are
   // seen); false past the launch's deadline.
   __device__ __forceinline__ bool wait(std::uint64_t* bar, std::uint32_t phase) const {
     std::uint64_t start = 0;
     for (std::uint32_t spins = 1;; ++spins) {
-      std::uint32_t done;
-      asm volatile(
-          "{\n\t.reg .pred p;\n\t"
-          "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-          "selp.u32 %0, 1, 0, p;\n\t}"
-          : "=r"(done)
-          : "r"(core::smem_addr(bar)), "r"(phase)
-          : "memory");
-      if (done) return true;
+      if (core::mbar_test_cluster(bar, phase)) return true;
       if ((spins & 63) == 0) {
         const std::uint64_t now = core::globaltimer();
         if (start == 0) {
