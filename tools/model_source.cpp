@@ -35,7 +35,8 @@ std::unique_ptr<text::Tokenizer> pick_tokenizer(const std::string& requested, co
                                                 const std::string& path) {
   if (!requested.empty()) return text::make_tokenizer(requested);
   if (recorded.empty() || recorded == "byte") return std::make_unique<text::ByteTokenizer>();
-  if (!fs::is_regular_file(recorded)) {
+  std::error_code ec;
+  if (!fs::is_regular_file(recorded, ec)) {
     throw core::InputError(path + ": its tokenizer " + recorded +
                            " is not there (paths are relative to the directory "
                            "the run started in); give one with --tokenizer PATH/tokenizer.json or --tokenizer byte");

@@ -282,10 +282,15 @@ class Section {
   bool present_;
 };
 
+// The non-throwing checks: a path the system cannot look up (too long, a loop of links) is a bad
+// value like a missing one, named with the reason.
 void require_existing_path(const Section& section, const std::string& key, const std::string& value,
                            const std::string& what) {
-  if (section.check_paths() && !std::filesystem::exists(value))
-    section.fail(key, what + " '" + value + "' does not exist");
+  if (!section.check_paths()) return;
+  std::error_code ec;
+  if (!std::filesystem::exists(value, ec)) {
+    section.fail(key, what + " '" + value + "' " + (ec ? "cannot be looked up: " + ec.message() : "does not exist"));
+  }
 }
 
 // Token shards are read by size and offset: a FIFO, device or directory would block or mislead.
@@ -799,8 +804,11 @@ const std::vector<SectionSchema>& schema() {
                if (!item.IsScalar() || item.Scalar().empty()) {
                  s.fail("tasks", "expected task file paths, got " + describe(item));
                }
-               if (s.check_paths() && !std::filesystem::is_regular_file(item.Scalar())) {
-                 s.fail("tasks", "task file '" + item.Scalar() + "' does not exist");
+               std::error_code ec;  // exists() leaves it clear for a path that is not there
+               if (s.check_paths() && !(std::filesystem::exists(item.Scalar(), ec) &&
+                                        std::filesystem::is_regular_file(item.Scalar(), ec))) {
+                 s.fail("tasks", "task file '" + item.Scalar() + "' " +
+                                     (ec ? "cannot be looked up: " + ec.message() : "does not exist"));
                }
                c.eval.tasks.push_back(item.Scalar());
              }

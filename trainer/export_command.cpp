@@ -34,13 +34,15 @@ int export_hf_main(int argc, char** argv) {
   }
   namespace fs = std::filesystem;
   try {
-    if (!fs::is_directory(checkpoint_dir)) throw core::InputError(checkpoint_dir + ": no such directory");
+    std::error_code ec;
+    if (!fs::is_directory(checkpoint_dir, ec)) {
+      throw core::InputError(checkpoint_dir + (ec ? ": cannot be looked up: " + ec.message() : ": no such directory"));
+    }
     if (!is_checkpoint_path(checkpoint_dir)) {
       throw core::InputError(checkpoint_dir +
                              ": neither a checkpoint step directory (manifest.json) nor a run "
                              "directory (checkpoints/)");
     }
-    std::error_code ec;
     if (fs::exists(output, ec) && !fs::is_directory(output, ec)) {
       throw core::InputError(output + ": exists and is not a folder");
     }
@@ -52,7 +54,7 @@ int export_hf_main(int argc, char** argv) {
     std::filesystem::path tokenizer;
     if (!weights.tokenizer.empty() && weights.tokenizer != "byte") {
       tokenizer = weights.tokenizer;
-      if (!std::filesystem::is_regular_file(tokenizer)) {
+      if (!std::filesystem::is_regular_file(tokenizer, ec)) {
         std::fprintf(stderr, "export_hf: warning: the run's tokenizer %s is gone; the folder has no tokenizer.json\n",
                      weights.tokenizer.c_str());
         tokenizer.clear();

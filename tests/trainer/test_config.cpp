@@ -311,6 +311,13 @@ TEST_F(ConfigFiles, RejectsBadConfigsNamingFileLineKeyAndExpectation) {
        {"data.tokenizer=@/missing.json"},
        "data.tokenizer: tokenizer (byte or a tokenizer.json path) '@/missing.json'"},
       {b, {"model.init_from=@/no_model"}, "model.init_from: model folder or checkpoint '@/no_model' does not exist"},
+      // A path the system cannot look up (a name past 255 bytes) is refused like a missing one.
+      {b,
+       {"data.val=@/" + std::string(300, 'x') + ".bin"},
+       "data.val: validation data '@/" + std::string(300, 'x') + ".bin' cannot be looked up: File name too long"},
+      {b + "eval:\n  tasks: [" + std::string(300, 'y') + ".jsonl]\n",
+       {},
+       "eval.tasks: task file '" + std::string(300, 'y') + ".jsonl' cannot be looked up: File name too long"},
       {b + "checkpoint:\n  resume: @/checkpoints/step_00000200\n",
        {},
        "run.yaml:10: checkpoint.resume: checkpoint (resume: auto, never or a path) '@/checkpoints/step_00000200' does "
