@@ -34,8 +34,8 @@ int export_hf_main(int argc, char** argv) {
   }
   namespace fs = std::filesystem;
   try {
-    std::error_code ec;
-    if (!fs::is_directory(checkpoint_dir, ec)) {
+    std::error_code ec;  // exists() leaves it clear for a path that is not there
+    if (!(fs::exists(checkpoint_dir, ec) && fs::is_directory(checkpoint_dir, ec))) {
       throw core::InputError(checkpoint_dir + (ec ? ": cannot be looked up: " + ec.message() : ": no such directory"));
     }
     if (!is_checkpoint_path(checkpoint_dir)) {
