@@ -162,6 +162,7 @@ int main(int argc, char** argv) {
                                                                   static_cast<int>(slots), batch, cluster, batch_parts)
                         : models::e29a::kernels::PersistentShape{0, 0};
     };
+    const models::e29a::kernels::PersistentShape shape_forward = shape(false), shape_backward = shape(true);
     // Matrix-product FLOPs per token: forward 8 D^2 (the projection 4 D^2, W_h h and W_write h
     // 2 D^2 each), backward twice that (input and weight gradients of each product).
     const double flops = 24.0 * static_cast<double>(batch * steps) * static_cast<double>(dim * dim);
@@ -186,10 +187,10 @@ int main(int argc, char** argv) {
         {"dim", dim},
         {"slots", slots},
         {"checkpoint_interval", layer.checkpoint_interval()},
-        {"cluster_forward", shape(false).cluster},
-        {"cluster_backward", shape(true).cluster},
-        {"batch_parts_forward", shape(false).batch_parts},
-        {"batch_parts_backward", shape(true).batch_parts},
+        {"cluster_forward", shape_forward.cluster},
+        {"cluster_backward", shape_backward.cluster},
+        {"batch_parts_forward", shape_forward.batch_parts},
+        {"batch_parts_backward", shape_backward.batch_parts},
         {"activation_mib", static_cast<double>(layer.activation_bytes()) / (1 << 20)},
         {"iterations", iterations},
     };

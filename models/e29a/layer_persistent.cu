@@ -145,25 +145,20 @@ std::string geometry_for(Direction direction, const Device& dev, int dim, int sl
   if (parts < 0 || parts > kMaxBatchParts) {
     return "batch parts " + std::to_string(parts) + ": must be 1 or " + std::to_string(kMaxBatchParts);
   }
+  // The batch in p parts: the asked-for cluster, else the most blocks a sequence that fit.
+  auto with_parts = [&](int p) {
+    if (cluster > 0) return clustered_geometry(direction, dev, dim, slots, batch, cluster, p, g);
+    const int plain_grid = plain_geometry(direction, dev, dim, slots, batch, 1, 1).grid;
+    for (const int c : {kMaxCluster, 2}) {
+      if (direction == Direction::forward && 2 * batch * c > plain_grid) continue;
+      if (clustered_geometry(direction, dev, dim, slots, batch, c, p, g).empty()) return std::string();
+    }
+    return clustered_geometry(direction, dev, dim, slots, batch, 1, p, g);
+  };
   std::string why;
   for (const int p : {kMaxBatchParts, 1}) {
     if (parts > 0 && p != parts) continue;
-    if (cluster > 0) {
-      why = clustered_geometry(direction, dev, dim, slots, batch, cluster, p, g);
-      if (why.empty()) return "";
-      continue;
-    }
-    const int plain_grid = plain_geometry(direction, dev, dim, slots, batch, 1, 1).grid;
-    bool found = false;
-    for (const int c : {kMaxCluster, 2}) {
-      if (direction == Direction::forward && 2 * batch * c > plain_grid) continue;
-      if (clustered_geometry(direction, dev, dim, slots, batch, c, p, g).empty()) {
-        found = true;
-        break;
-      }
-    }
-    if (found) return "";
-    why = clustered_geometry(direction, dev, dim, slots, batch, 1, p, g);
+    why = with_parts(p);
     if (why.empty()) return "";
   }
   return why;

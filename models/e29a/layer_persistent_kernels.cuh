@@ -313,6 +313,8 @@ __device__ __forceinline__ void rows_phase(const RowsJob& job, const Layout& l, 
   // and sums strided over the threads, took 1.5 us a step more at B 64, H100.)
   auto row_of = [](int q, int e) { return (q >> 2) + 8 * (e >> 1); };
   auto seq_of = [](int q, int e) { return 2 * (q & 3) + (e & 1); };
+  // A K-part's fragments in shared memory: up to two tiles of 32 lanes' float4 a group.
+  constexpr int kPartSlots = 2 * 32;
   for (int tile = 0; tile < l.tiles;) {
     if (!wanted(tile)) {
       ++tile;
@@ -349,13 +351,14 @@ __device__ __forceinline__ void rows_phase(const RowsJob& job, const Layout& l, 
         float4* slots = reinterpret_cast<float4*>(reduce);
         if (active && part > 0) {
           for (int t = 0; t < width; ++t)
-            slots[((part - 1) * groups + g) * 64 + t * 32 + lane] = {sums[t][0], sums[t][1], sums[t][2], sums[t][3]};
+            slots[((part - 1) * groups + g) * kPartSlots + t * 32 + lane] = {sums[t][0], sums[t][1], sums[t][2],
+                                                                             sums[t][3]};
         }
         __syncthreads();
         if (active && part == 0) {
           for (int pp = 1; pp < kparts; ++pp) {
             for (int t = 0; t < width; ++t) {
-              const float4 v = slots[((pp - 1) * groups + g) * 64 + t * 32 + lane];
+              const float4 v = slots[((pp - 1) * groups + g) * kPartSlots + t * 32 + lane];
               sums[t][0] += v.x;
               sums[t][1] += v.y;
               sums[t][2] += v.z;
