@@ -144,7 +144,7 @@ struct LayerCuda::Plan {
   std::size_t w_h = 0, w_write = 0;
   // Forward: the running tape [B, N, D], W_h h_{t-1} and w_t staging [B, D], h_t for the rows phase.
   std::size_t tape = 0, recurrent = 0, h_frag = 0;
-  // Backward: carried dL/dH and dL/dh, per-step vectors, replayed tapes of one segment,
+  // Backward: carried dL/dH and dL/dh, per-step vectors, replayed tapes of two segments,
   // the bf16 operands of the weight-gradient products over all rows.
   std::size_t d_tape = 0, dh_next = 0, dh_local = 0, d_gate = 0, d_write = 0, dh_write = 0, d_pre = 0, d_bias = 0;
   std::size_t segment = 0, d_pre_all = 0, d_write_all = 0, dxz = 0;
@@ -204,7 +204,7 @@ LayerCuda::LayerCuda(const core::DeviceContext& context, std::int64_t dim, std::
   p.dh_write = c.take(b * d * sizeof(float));
   p.d_pre = c.take(operand * sizeof(float));
   p.d_bias = c.take(b * d * sizeof(float));
-  p.segment = c.take(k * b * n * d * sizeof(float));
+  p.segment = c.take(2 * k * b * n * d * sizeof(float));  // the persistent backward's two buffers
   p.d_pre_all = c.take(t * b * d * sizeof(bf16));
   p.d_write_all = c.take(t * b * d * sizeof(bf16));
   p.dxz = c.take(b * t * 2 * d * sizeof(bf16));

@@ -97,7 +97,8 @@ struct PersistentBackwardArgs {
   float* write_scores = nullptr;          // optional [steps, batch, N]
   bool detach_read = false, detach_write = false;
   // Scratch: the rows phase's operands (persistent_fragment_floats each) and results [batch, D],
-  // the replayed segment [interval, batch, N, D].
+  // two buffers for replayed segments [2, interval, batch, N, D] (the second taken when blocks
+  // without a sequence replay ahead).
   float* d_pre = nullptr;
   float* d_write = nullptr;
   float* recurrent = nullptr;  // W_h^T dL/dpre_{t+1}

@@ -964,11 +964,20 @@ struct BackOwned {
   float d_bias[kMaxFeatures];   // dL/db_h of the sequence, summed over the steps walked
 };
 
-// The tape before step t of sequence b in the replayed segment starting at s0 ([K, B, N, D]).
-__device__ __forceinline__ const float* segment_tape(const PersistentBackwardArgs& a, std::int64_t b, std::int64_t t,
-                                                     std::int64_t s0) {
-  return a.segment + ((t - s0) * a.batch + b) * a.slots * a.dim;
-}
+// The replayed segment the owners read: its first step s0 and its buffer in the scratch (the
+// first of two, or with the replay ahead (ReplayAhead) alternating by segment), tracked together
+// so no step divides to find the buffer.
+struct Segment {
+  std::int64_t s0 = 0;
+  int buffer = 0;
+  __device__ float* base(const PersistentBackwardArgs& a) const {
+    return a.segment + buffer * a.interval * a.batch * a.slots * a.dim;
+  }
+  // The tape before step t of sequence b.
+  __device__ const float* tape(const PersistentBackwardArgs& a, std::int64_t b, std::int64_t t) const {
+    return base(a) + ((t - s0) * a.batch + b) * a.slots * a.dim;
+  }
+};
 
 // The tapes before steps s0 .. s0 + count - 1 of sequence b (the thread's features, every slot),
 // from the checkpoint and the saved writes, into the segment. Eight slots at a time with their
@@ -976,12 +985,12 @@ __device__ __forceinline__ const float* segment_tape(const PersistentBackwardArg
 // one the current step reads, stays as it is.
 template <int MaxN, int C>
 __device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, const Slice<C>& slice, std::int64_t b,
-                                               std::int64_t s0) {
+                                               const Segment& segment) {
   const int D = a.dim, N = a.slots;
-  const std::int64_t B = a.batch, per_tape = static_cast<std::int64_t>(N) * D;
+  const std::int64_t B = a.batch, per_tape = static_cast<std::int64_t>(N) * D, s0 = segment.s0;
   const std::int64_t count = min(a.steps, s0 + a.interval) - s0;
   const float* checkpoint = a.checkpoints + ((s0 / a.interval) * B + b) * per_tape;
-  float* seg = a.segment + b * per_tape;
+  float* seg = segment.base(a) + b * per_tape;
   constexpr int kChunk = 8;
   for (int n0 = 0; n0 < N; n0 += kChunk) {
     float v[kChunk][kMaxFeatures];
@@ -1030,6 +1039,75 @@ __device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, 
   }
 }
 
+// The replay ahead. The blocks past the sequences' (blockIdx.x >= B C: none at B 64 with C 2 on
+// 128 blocks, 96 at B 16) have nothing to do in the sequence phase, so they replay the segment
+// before the one the owners read, a step of it each backward step, into the other of two segment
+// buffers; the owners then replay only the segments the helpers cannot have reached (those the
+// launch starts in). At B 16 the owners' replay took 1.4 us of a 13.4 us step (H100). Taken where
+// the helpers have at most kAheadElements elements of a replayed tape each; otherwise the owners
+// replay as they go, in one buffer.
+struct ReplayAhead {
+  static constexpr int kAheadElements = 64;
+  static constexpr int kBatch = 8;  // elements a thread loads before it stores any
+  bool on = false;
+  std::int64_t first = 0;        // the segments starting below it are the helpers'
+  int helper = -1, helpers = 0;  // this thread's index among the helpers' threads, their count
+
+  __device__ ReplayAhead(const PersistentBackwardArgs& a, int C) {
+    const std::int64_t B = a.batch, T = a.steps, owners = B * C;
+    helpers = static_cast<int>((gridDim.x - owners) * kThreads);
+    on = helpers > 0 && B * a.slots * a.dim <= static_cast<std::int64_t>(kAheadElements) * helpers && T >= 3;
+    if (!on) return;
+    first = (T - 3) / a.interval * a.interval;  // the segment the loop's first step (T - 2) reads
+    if (blockIdx.x >= owners) helper = static_cast<int>((blockIdx.x - owners) * kThreads + threadIdx.x);
+  }
+
+  // Where the owners' replay starts: the segment holding step T - 1.
+  __device__ Segment last(const PersistentBackwardArgs& a) const {
+    Segment s;
+    s.s0 = (a.steps - 1) / a.interval * a.interval;
+    s.buffer = on ? static_cast<int>(s.s0 / a.interval % 2) : 0;
+    return s;
+  }
+
+  // Loop step t (t <= T - 2): the owners read the segment S holding step t - 1; a helper replays
+  // step S + K - t of segment S - K (from 0 at the loop's first step, which may start mid-segment),
+  // so it is whole when step S reads it. The owners' replay arithmetic, element by element, every
+  // load of a batch before its stores (a load after a store through another pointer waits for it).
+  __device__ void step(const PersistentBackwardArgs& a, std::int64_t t) const {
+    if (!on || helper < 0 || t < 1) return;
+    const std::int64_t K = a.interval, S = (t - 1) / K * K;
+    if (S < K) return;
+    const std::int64_t P = S - K, hi = S + K - t, lo = t == a.steps - 2 ? 0 : hi;
+    const int N = a.slots, D = a.dim, per_step = static_cast<int>(a.batch) * N * D;
+    Segment seg;
+    seg.s0 = P;
+    seg.buffer = static_cast<int>(P / K % 2);
+    float* base = seg.base(a);
+    const float* checkpoint = a.checkpoints + (P / K) * per_step;
+    for (std::int64_t k = lo; k <= hi; ++k) {
+      float* out = base + k * per_step;
+      const float* attn = a.write_attn + (P + k - 1) * a.batch * N;  // step P + k - 1's write, when k > 0
+      const float* write = a.write + (P + k - 1) * a.batch * D;
+      for (int e0 = helper; e0 < per_step; e0 += kBatch * helpers) {
+        float v[kBatch], at[kBatch], w[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int e = min(e0 + i * helpers, per_step - 1), bn = e / D;
+          v[i] = k == 0 ? __ldcg(checkpoint + e) : __ldcg(out - per_step + e);
+          at[i] = k == 0 ? 0.0f : attn[bn];
+          w[i] = k == 0 ? 0.0f : write[bn / N * D + (e - bn * D)];
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int e = e0 + i * helpers;
+          if (e < per_step) out[e] = k == 0 ? v[i] : step::tape_update(v[i], at[i], w[i]);
+        }
+      }
+    }
+  }
+};
+
 // Sequence phase of step t (see above). `products`: this step's rows phase ran (not the last step).
 // `s0`: the first step of the segment in the scratch, moved back when step t - 1 needs the one before.
 //
@@ -1042,19 +1120,21 @@ __device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, 
 template <int MaxN, int C>
 __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, const SeqShared<MaxN, C>& sh,
                                               std::uint32_t dH, std::uint32_t tape, std::int64_t b, std::int64_t t,
-                                              bool products, std::int64_t& s0, BackOwned& own, bool& ok, Laps<4>& sub) {
+                                              bool products, Segment& segment, const ReplayAhead& ahead, BackOwned& own,
+                                              bool& ok, Laps<4>& sub) {
   sub.start();
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps, row = t * B + b, prev = row - B;
   const bool write = t > 0;  // the write attention of step t - 1
   // `tape` (shared) holds H_{t-1} on entry and H_{t-2} on return; H_{t-2} comes from the replayed
   // segment in global memory (replayed first when step t - 1 starts the segment before).
-  if (write && t - 1 < s0) {
-    s0 -= a.interval;
-    replay_segment<MaxN, C>(a, sh.slice, b, s0);
+  if (write && t - 1 < segment.s0) {
+    segment.s0 -= a.interval;
+    if (ahead.on) segment.buffer ^= 1;
+    if (!ahead.on || segment.s0 >= ahead.first) replay_segment<MaxN, C>(a, sh.slice, b, segment);
   }
   sub.lap(0);
-  const float* h2 = segment_tape(a, b, write ? t - 1 : t, s0);  // t = 0: read and unused
+  const float* h2 = segment.tape(a, b, write ? t - 1 : t);  // t = 0: read and unused
   const float* xz = a.xz + (b * T + t) * 2 * D;
   const __nv_bfloat16* dy = a.dy + (b * T + t) * D;
   // Every feature's loads first, unconditionally (features past D read feature D - 1, a step
@@ -1064,6 +1144,18 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   // pointer cannot be moved above it: they might alias).
   float h[kMaxFeatures], hp[kMaxFeatures], w[kMaxFeatures], rec[kMaxFeatures], dhw[kMaxFeatures];
   float z[kMaxFeatures], r[kMaxFeatures], dout[kMaxFeatures];
+  constexpr bool kHeld = MaxN * kFeaturesOf<C> <= 32;
+  float h2held[kHeld ? MaxN : 1][kMaxFeatures];
+  if constexpr (kHeld) {
+#pragma unroll
+    for (int n = 0; n < MaxN; ++n) {
+#pragma unroll
+      for (int j = 0; j < kFeaturesOf<C>; ++j) {
+        const int nn = min(n, N - 1), d = min(sh.slice.feature(j), D - 1);
+        h2held[n][j] = h2[nn * D + d];
+      }
+    }
+  }
   const float* w_row = a.write + (write ? prev : row) * D;
 #pragma unroll
   for (int j = 0; j < kFeaturesOf<C>; ++j) {
@@ -1101,15 +1193,22 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   // Scores: chunks of 8 slots, values i (dr . H_{t-1}), 8 + i (G . (w - H_{t-2})), 16 + i
   // (dr . (w - H_{t-2})), 24 + i (h_{t-1} . (w - H_{t-2})).
   // A chunk's H_{t-2} (8 slots) is loaded before its first term: behind the features' loop exits
-  // each feature's loads would wait a round trip to L2 of their own.
+  // each feature's loads would wait a round trip to L2 of their own. Where a thread's H_{t-2}
+  // (every slot) takes at most 32 registers, it was loaded with the step's other operands and is
+  // kept for the dL/dH pass too (kHeld: one round trip to L2 for both passes, where the chunks and
+  // the dL/dH pass's groups of four slots each waited one).
   float h2c[8][kMaxFeatures];
   auto load_chunk = [&](int c) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
 #pragma unroll
       for (int j = 0; j < kFeaturesOf<C>; ++j) {
-        const int n = min(c * 8 + i, N - 1), d = min(sh.slice.feature(j), D - 1);
-        h2c[i][j] = h2[n * D + d];
+        if constexpr (kHeld) {
+          h2c[i][j] = h2held[min(c * 8 + i, MaxN - 1)][j];
+        } else {
+          const int n = min(c * 8 + i, N - 1), d = min(sh.slice.feature(j), D - 1);
+          h2c[i][j] = h2[n * D + d];
+        }
       }
     }
   };
@@ -1162,9 +1261,9 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   float dh_prev[kMaxFeatures], dw[kMaxFeatures];
 #pragma unroll
   for (int j = 0; j < kFeaturesOf<C>; ++j) dh_prev[j] = dw[j] = 0.0f;
-  // H_{t-2} (from L2) four slots at a time, the next four loaded while these are used: each slot's
-  // stores depend on its loads, and a load placed after a store waits for it, so loaded a slot at
-  // a time the pass would wait a round trip to L2 per slot.
+  // H_{t-2} (kHeld: from registers; else from L2) four slots at a time, the next four loaded while
+  // these are used: each slot's stores depend on its loads, and a load placed after a store waits
+  // for it, so loaded a slot at a time the pass would wait a round trip to L2 per slot.
   constexpr int kGroup = 4;
   float next[kGroup][kMaxFeatures];
   auto load_group = [&](int n0) {
@@ -1173,7 +1272,11 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
 #pragma unroll
       for (int j = 0; j < kFeaturesOf<C>; ++j) {
         const int n = n0 + g, d = sh.slice.feature(j);
-        next[g][j] = n < N && d < D ? h2[n * D + d] : 0.0f;
+        if constexpr (kHeld) {
+          next[g][j] = h2held[min(n, MaxN - 1)][j];
+        } else {
+          next[g][j] = n < N && d < D ? h2[n * D + d] : 0.0f;
+        }
       }
     }
   };
@@ -1253,7 +1356,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   BackOwned own;
 #pragma unroll
   for (int j = 0; j < kFeaturesOf<C>; ++j) own.dh_read[j] = own.d_bias[j] = 0.0f;
-  std::int64_t s0 = (T - 1) / a.interval * a.interval;
   if (owner) {
     for_owned(slice, N, D, [&](int n, int d) { chip_d_tape[n * D + d] = 0.0f; });
     // dL/dH_{T-1} is zero, so the write attention of the last step has no gradient.
@@ -1272,12 +1374,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto& phases = profile.phases;
   auto& sub = profile.sub;
   bool ok = true;
+  const ReplayAhead ahead(a, C);
+  Segment segment = ahead.last(a);
   if (owner) {
-    replay_segment<MaxN, C>(a, slice, b, s0);
+    replay_segment<MaxN, C>(a, slice, b, segment);
     // H_{T-2} on chip: the tape before step T - 1.
-    const float* last = segment_tape(a, b, T - 1, s0);
+    const float* last = segment.tape(a, b, T - 1);
     for_owned(slice, N, D, [&](int n, int d) { sts(at_nd(tape, n, d, D), last[n * D + d]); });
-    backward_step<MaxN, C>(a, sh, d_tape, tape, b, T - 1, false, s0, own, ok, sub);
+    backward_step<MaxN, C>(a, sh, d_tape, tape, b, T - 1, false, segment, ahead, own, ok, sub);
   }
   phases.lap(2);
   RowsJob job;
@@ -1300,7 +1404,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     ok = ok && grid_barrier(p.grid, passed, &ok_flag);
     if (!goes_on(ok, exchanges)) break;
     phases.lap(1);
-    if (owner) backward_step<MaxN, C>(a, sh, d_tape, tape, b, t, true, s0, own, ok, sub);
+    if (owner) backward_step<MaxN, C>(a, sh, d_tape, tape, b, t, true, segment, ahead, own, ok, sub);
+    ahead.step(a, t);
     phases.lap(2);
   }
   __syncthreads();
