@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
                   {"loads_and_write_scores", "update_and_read_scores", "read_pass", "outputs"});
       if (layer.last_backward_kernel() == models::e29a::RecurrenceKernel::persistent) {
         put_profile("backward_profile_us_per_step", backward_profile_ns,
-                    {"replay", "loads_and_score_pass", "sums_and_softmaxes", "gradient_pass"});
+                    {"replay_and_early_loads", "loads_and_score_pass", "sums_and_softmaxes", "gradient_pass"});
       }
     }
     std::printf("%s\n", out.dump().c_str());

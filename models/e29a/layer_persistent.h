@@ -110,8 +110,9 @@ struct PersistentBackwardArgs {
   int cluster = 0;
   int batch_parts = 0;
   // Optional [12]: ns in rows, wait, sequences, wait (block 0, then the last block); block 0's
-  // sequence phases split: replay, loads + score pass, block sums + both softmaxes' backward,
-  // dL/dH and dL/dh_{t-1} pass.
+  // sequence phases split: replay and the early loads (after the block's arrival at the grid
+  // barrier: also in the wait), loads + score pass, block sums + both softmaxes' backward, dL/dH
+  // and dL/dh_{t-1} pass.
   std::uint64_t* profile = nullptr;
 };
 

@@ -81,14 +81,23 @@ __device__ inline void record_abort(const GridSync& g, std::uint32_t barrier, st
   }
 }
 
-// A grid-wide barrier with a deadline. Returns false when the launch aborted (here or elsewhere).
-__device__ inline bool grid_barrier(const GridSync& g, std::uint32_t& passed, int* ok_flag) {
+// A grid-wide barrier with a deadline, in two halves: the block's arrival (its earlier writes
+// released), then the wait for every block's (acquired). What a block does between them overlaps
+// the others' arrivals: it must not write what another block reads after the barrier, nor read
+// what another writes before it.
+__device__ inline void grid_arrive(const GridSync& g, std::uint32_t& passed) {
   ++passed;
   __syncthreads();
   if (threadIdx.x == 0) {
-    PersistentSync* s = g.sync;
     const bool stall = g.stall_block == static_cast<int>(blockIdx.x) && passed == 1;
-    if (!stall) core::red_add_release(&s->arrived, 1);
+    if (!stall) core::red_add_release(&g.sync->arrived, 1);
+  }
+}
+
+// Returns false when the launch aborted (here or elsewhere).
+__device__ inline bool grid_wait(const GridSync& g, std::uint32_t passed, int* ok_flag) {
+  if (threadIdx.x == 0) {
+    PersistentSync* s = g.sync;
     const std::uint32_t want = passed * gridDim.x;
     bool ok = true;
     std::uint64_t start = 0;
@@ -114,6 +123,11 @@ __device__ inline bool grid_barrier(const GridSync& g, std::uint32_t& passed, in
   }
   __syncthreads();
   return *ok_flag != 0;
+}
+
+__device__ inline bool grid_barrier(const GridSync& g, std::uint32_t& passed, int* ok_flag) {
+  grid_arrive(g, passed);
+  return grid_wait(g, passed, ok_flag);
 }
 
 // Shared-memory accesses by 32-bit shared addresses: the tape is reached through a pointer the
@@ -1108,8 +1122,78 @@ struct ReplayAhead {
   }
 };
 
-// Sequence phase of step t (see above). `products`: this step's rows phase ran (not the last step).
-// `s0`: the first step of the segment in the scratch, moved back when step t - 1 needs the one before.
+// What step t's sequence phase reads that the rows phase before it does not write: loaded by
+// prepare_step after the block's rows and before the grid barrier, so the round trip to L2 overlaps
+// the barrier's wait (only W_h^T dp_{t+1} and W_write^T dw_t are loaded after it).
+template <int MaxN, int C>
+struct BackInputs {
+  static constexpr bool kHeld = MaxN * kFeaturesOf<C> <= 32;
+  // As loaded (features past D hold feature D - 1's values): nothing here waits for the loads.
+  float h[kMaxFeatures], hp[kMaxFeatures], w[kMaxFeatures], z[kMaxFeatures], r[kMaxFeatures];
+  __nv_bfloat16 dout[kMaxFeatures];
+  float h2held[kHeld ? MaxN : 1][kMaxFeatures];
+  const float* h2 = nullptr;                  // H_{t-2} of the thread's sequence in the replayed segment
+  float read_attn = 0.0f, write_attn = 0.0f;  // threads n < N: slot n's weights (read of t, write of t - 1)
+};
+
+// Step t's replay (when step t - 1 starts the segment before) and its inputs' loads, issued between
+// the block's arrival at the grid barrier and its wait. Every feature's loads unconditionally
+// (features past D read feature D - 1, a step without a write reads valid memory; backward_step
+// selects zero what is not wanted): a load behind a branch or a loop exit cannot be issued before
+// it is decided, and a select here would wait for its load.
+template <int MaxN, int C>
+__device__ __forceinline__ BackInputs<MaxN, C> prepare_step(const PersistentBackwardArgs& a, const Slice<C>& slice,
+                                                            std::int64_t b, std::int64_t t, Segment& segment,
+                                                            const ReplayAhead& ahead, Laps<4>& sub) {
+  sub.start();
+  const int D = a.dim, N = a.slots;
+  const std::int64_t B = a.batch, T = a.steps, row = t * B + b, prev = row - B;
+  const bool write = t > 0;  // the write attention of step t - 1
+  // H_{t-2} comes from the replayed segment in global memory (replayed first when step t - 1
+  // starts the segment before).
+  if (write && t - 1 < segment.s0) {
+    segment.s0 -= a.interval;
+    if (ahead.on) segment.buffer ^= 1;
+    if (!ahead.on || segment.s0 >= ahead.first) replay_segment<MaxN, C>(a, slice, b, segment);
+  }
+  BackInputs<MaxN, C> in;
+  in.h2 = segment.tape(a, b, write ? t - 1 : t);  // t = 0: read and unused
+  const float* xz = a.xz + (b * T + t) * 2 * D;
+  const __nv_bfloat16* dy = a.dy + (b * T + t) * D;
+  // Where a thread's H_{t-2} (every slot) takes at most 32 registers it is kept for both passes
+  // (kHeld: one round trip to L2 for both, where the score pass's chunks and the dL/dH pass's groups
+  // of four slots each waited one).
+  if constexpr (BackInputs<MaxN, C>::kHeld) {
+#pragma unroll
+    for (int n = 0; n < MaxN; ++n) {
+#pragma unroll
+      for (int j = 0; j < kFeaturesOf<C>; ++j) {
+        const int nn = min(n, N - 1), d = min(slice.feature(j), D - 1);
+        in.h2held[n][j] = in.h2[nn * D + d];
+      }
+    }
+  }
+  const float* w_row = a.write + (write ? prev : row) * D;
+#pragma unroll
+  for (int j = 0; j < kFeaturesOf<C>; ++j) {
+    const int d = min(slice.feature(j), D - 1);
+    in.h[j] = a.h[(row + B) * D + d];
+    in.hp[j] = a.h[row * D + d];
+    in.w[j] = w_row[d];
+    in.z[j] = xz[D + d];
+    in.r[j] = a.read[row * D + d];
+    in.dout[j] = dy[d];
+  }
+  if (threadIdx.x < N) {
+    in.read_attn = a.read_attn[row * N + threadIdx.x];
+    if (write) in.write_attn = a.write_attn[prev * N + threadIdx.x];
+  }
+  sub.lap(0);
+  return in;
+}
+
+// Sequence phase of step t (see above) from its prepared inputs. `products`: this step's rows
+// phase ran (not the last step).
 //
 // Both attentions' backward from one pass over the tapes and one block sum: the write attention
 // of t - 1 needs dL/dH_{t-1} . (w_{t-1} - H_{t-2}) per slot, and dL/dH_{t-1} is the carried
@@ -1120,63 +1204,34 @@ struct ReplayAhead {
 template <int MaxN, int C>
 __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, const SeqShared<MaxN, C>& sh,
                                               std::uint32_t dH, std::uint32_t tape, std::int64_t b, std::int64_t t,
-                                              bool products, Segment& segment, const ReplayAhead& ahead, BackOwned& own,
-                                              bool& ok, Laps<4>& sub) {
+                                              bool products, const BackInputs<MaxN, C>& in, BackOwned& own, bool& ok,
+                                              Laps<4>& sub) {
   sub.start();
   const int D = a.dim, N = a.slots;
   const std::int64_t B = a.batch, T = a.steps, row = t * B + b, prev = row - B;
   const bool write = t > 0;  // the write attention of step t - 1
-  // `tape` (shared) holds H_{t-1} on entry and H_{t-2} on return; H_{t-2} comes from the replayed
-  // segment in global memory (replayed first when step t - 1 starts the segment before).
-  if (write && t - 1 < segment.s0) {
-    segment.s0 -= a.interval;
-    if (ahead.on) segment.buffer ^= 1;
-    if (!ahead.on || segment.s0 >= ahead.first) replay_segment<MaxN, C>(a, sh.slice, b, segment);
-  }
-  sub.lap(0);
-  const float* h2 = segment.tape(a, b, write ? t - 1 : t);  // t = 0: read and unused
-  const float* xz = a.xz + (b * T + t) * 2 * D;
-  const __nv_bfloat16* dy = a.dy + (b * T + t) * D;
-  // Every feature's loads first, unconditionally (features past D read feature D - 1, a step
-  // without a write or products reads valid memory, and selects zero what is not wanted): a load
-  // behind a branch or a loop exit cannot be issued before it is decided, and each feature would
-  // wait a round trip. Then the arithmetic, stores last (a load after a store through another
-  // pointer cannot be moved above it: they might alias).
+  constexpr bool kHeld = BackInputs<MaxN, C>::kHeld;
+  const float* h2 = in.h2;
+  const auto& h2held = in.h2held;
+  // `tape` (shared) holds H_{t-1} on entry and H_{t-2} on return. The rows phase's products (the
+  // loads after the grid barrier), zero selected where not wanted, then the arithmetic, stores
+  // last (a load after a store through another pointer cannot be moved above it: they might alias).
   float h[kMaxFeatures], hp[kMaxFeatures], w[kMaxFeatures], rec[kMaxFeatures], dhw[kMaxFeatures];
   float z[kMaxFeatures], r[kMaxFeatures], dout[kMaxFeatures];
-  constexpr bool kHeld = MaxN * kFeaturesOf<C> <= 32;
-  float h2held[kHeld ? MaxN : 1][kMaxFeatures];
-  if constexpr (kHeld) {
-#pragma unroll
-    for (int n = 0; n < MaxN; ++n) {
-#pragma unroll
-      for (int j = 0; j < kFeaturesOf<C>; ++j) {
-        const int nn = min(n, N - 1), d = min(sh.slice.feature(j), D - 1);
-        h2held[n][j] = h2[nn * D + d];
-      }
-    }
-  }
-  const float* w_row = a.write + (write ? prev : row) * D;
 #pragma unroll
   for (int j = 0; j < kFeaturesOf<C>; ++j) {
-    const bool in = sh.slice.feature(j) < D;
+    const bool inside = sh.slice.feature(j) < D;
     const int d = min(sh.slice.feature(j), D - 1);
-    h[j] = a.h[(row + B) * D + d];
-    hp[j] = a.h[row * D + d];
-    w[j] = w_row[d];
     rec[j] = __ldcg(a.recurrent + b * D + d);
     dhw[j] = __ldcg(a.dh_write + b * D + d);
-    z[j] = xz[D + d];
-    r[j] = a.read[row * D + d];
-    dout[j] = __bfloat162float(dy[d]);
-    h[j] = in ? h[j] : 0.0f;
-    hp[j] = in ? hp[j] : 0.0f;
-    w[j] = in && write ? w[j] : 0.0f;
-    rec[j] = in && products ? rec[j] : 0.0f;
-    dhw[j] = in && products ? dhw[j] : 0.0f;
-    z[j] = in ? z[j] : 0.0f;
-    r[j] = in ? r[j] : 0.0f;
-    dout[j] = in ? dout[j] : 0.0f;
+    rec[j] = inside && products ? rec[j] : 0.0f;
+    dhw[j] = inside && products ? dhw[j] : 0.0f;
+    h[j] = inside ? in.h[j] : 0.0f;
+    hp[j] = inside ? in.hp[j] : 0.0f;
+    w[j] = inside && write ? in.w[j] : 0.0f;
+    z[j] = inside ? in.z[j] : 0.0f;
+    r[j] = inside ? in.r[j] : 0.0f;
+    dout[j] = inside ? __bfloat162float(in.dout[j]) : 0.0f;
   }
   float dg[kMaxFeatures], dp[kMaxFeatures], dr[kMaxFeatures];
 #pragma unroll
@@ -1231,8 +1286,8 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   }
   sub.lap(1);
   if (threadIdx.x < N) {
-    sh.attn[threadIdx.x] = a.read_attn[row * N + threadIdx.x];
-    if (write) sh.attn[MaxN + threadIdx.x] = a.write_attn[prev * N + threadIdx.x];
+    sh.attn[threadIdx.x] = in.read_attn;
+    if (write) sh.attn[MaxN + threadIdx.x] = in.write_attn;
   }
   sh.template finish<4>(ok);
   if (threadIdx.x < 32) {
@@ -1381,7 +1436,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // H_{T-2} on chip: the tape before step T - 1.
     const float* last = segment.tape(a, b, T - 1);
     for_owned(slice, N, D, [&](int n, int d) { sts(at_nd(tape, n, d, D), last[n * D + d]); });
-    backward_step<MaxN, C>(a, sh, d_tape, tape, b, T - 1, false, segment, ahead, own, ok, sub);
+    const BackInputs<MaxN, C> in = prepare_step<MaxN, C>(a, slice, b, T - 1, segment, ahead, sub);
+    backward_step<MaxN, C>(a, sh, d_tape, tape, b, T - 1, false, in, own, ok, sub);
   }
   phases.lap(2);
   RowsJob job;
@@ -1401,10 +1457,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     phases.lap(3);
     if (ok) rows_phase<Vec>(job, p.l, block.weights, block.reduce, share);  // W_h^T dp_{t+1}, W_write^T dw_t
     phases.lap(0);
-    ok = ok && grid_barrier(p.grid, passed, &ok_flag);
+    const bool meet = ok;
+    if (meet) grid_arrive(p.grid, passed);
+    BackInputs<MaxN, C> in;
+    if (owner) in = prepare_step<MaxN, C>(a, slice, b, t, segment, ahead, sub);  // its loads in flight
+    ok = meet && grid_wait(p.grid, passed, &ok_flag);
     if (!goes_on(ok, exchanges)) break;
     phases.lap(1);
-    if (owner) backward_step<MaxN, C>(a, sh, d_tape, tape, b, t, true, segment, ahead, own, ok, sub);
+    if (owner) backward_step<MaxN, C>(a, sh, d_tape, tape, b, t, true, in, own, ok, sub);
     ahead.step(a, t);
     phases.lap(2);
   }
