@@ -984,6 +984,13 @@ struct BackOwned {
 struct Segment {
   std::int64_t s0 = 0;
   int buffer = 0;
+  // The segment starting at s0, in the buffer its index gives (the replay ahead) or the first.
+  __device__ static Segment starting(const PersistentBackwardArgs& a, std::int64_t s0, bool alternate) {
+    Segment s;
+    s.s0 = s0;
+    s.buffer = alternate ? static_cast<int>(s0 / a.interval % 2) : 0;
+    return s;
+  }
   __device__ float* base(const PersistentBackwardArgs& a) const {
     return a.segment + buffer * a.interval * a.batch * a.slots * a.dim;
   }
@@ -1079,10 +1086,7 @@ struct ReplayAhead {
 
   // Where the owners' replay starts: the segment holding step T - 1.
   __device__ Segment last(const PersistentBackwardArgs& a) const {
-    Segment s;
-    s.s0 = (a.steps - 1) / a.interval * a.interval;
-    s.buffer = on ? static_cast<int>(s.s0 / a.interval % 2) : 0;
-    return s;
+    return Segment::starting(a, (a.steps - 1) / a.interval * a.interval, on);
   }
 
   // Loop step t (t <= T - 2): the owners read the segment S holding step t - 1; a helper replays
@@ -1095,10 +1099,7 @@ struct ReplayAhead {
     if (S < K) return;
     const std::int64_t P = S - K, hi = S + K - t, lo = t == a.steps - 2 ? 0 : hi;
     const int N = a.slots, D = a.dim, per_step = static_cast<int>(a.batch) * N * D;
-    Segment seg;
-    seg.s0 = P;
-    seg.buffer = static_cast<int>(P / K % 2);
-    float* base = seg.base(a);
+    float* base = Segment::starting(a, P, true).base(a);
     const float* checkpoint = a.checkpoints + (P / K) * per_step;
     for (std::int64_t k = lo; k <= hi; ++k) {
       float* out = base + k * per_step;
@@ -1249,10 +1250,8 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   // Scores: chunks of 8 slots, values i (dr . H_{t-1}), 8 + i (G . (w - H_{t-2})), 16 + i
   // (dr . (w - H_{t-2})), 24 + i (h_{t-1} . (w - H_{t-2})).
   // A chunk's H_{t-2} (8 slots) is loaded before its first term: behind the features' loop exits
-  // each feature's loads would wait a round trip to L2 of their own. Where a thread's H_{t-2}
-  // (every slot) takes at most 32 registers, it was loaded with the step's other operands and is
-  // kept for the dL/dH pass too (kHeld: one round trip to L2 for both passes, where the chunks and
-  // the dL/dH pass's groups of four slots each waited one).
+  // each feature's loads would wait a round trip to L2 of their own (kHeld: from the registers
+  // prepare_step filled).
   float h2c[8][kMaxFeatures];
   auto load_chunk = [&](int c) {
 #pragma unroll
