@@ -125,7 +125,7 @@ std::string clustered_geometry(Direction direction, const Device& dev, int dim, 
   Geometry candidate = plain_geometry(direction, dev, dim, slots, batch, static_cast<int>(blocks), parts);
   candidate.l.cluster = cluster;  // its grid is `blocks`: at least the plain grid and within the SMs
   const int resident = with_capacity(
-      slots, [&](auto max_n) { return resident_clusters<decltype(max_n)::value>(direction, dim, candidate); });
+      slots, [&](auto max_n) { return resident_clusters<decltype(max_n)::value>(direction, dim, slots, candidate); });
   if (resident * cluster < candidate.grid) {
     return c + std::to_string(candidate.grid / cluster) + " clusters are needed at once, " + std::to_string(resident) +
            " fit";

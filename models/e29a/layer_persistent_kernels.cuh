@@ -32,6 +32,9 @@
 // stalls). Inlined, the kernels take minutes to compile: each slot capacity's are instantiated in a
 // file of their own (layer_persistent_n*.cu), so the four compile in parallel. (nvcc's
 // --split-compile left the FMA rows phase's butterfly slower, 11.0 -> 18.9 us a step at B 64.)
+// Each kernel has three variants (Variant): D 1024 with N the capacity as constants (`full`: the
+// sequence phase's passes without loop exits, Slice), else D and N from the launch with h loaded
+// 16 bytes at a time (D % 8 == 0) or one float at a time.
 //
 // Barriers: one counter for the launch; every block release-adds 1 and acquires until it reaches
 // blocks x barriers passed; zeroed before the launch. Every wait has a deadline.
@@ -436,12 +439,31 @@ struct Laps {
 template <int C>
 constexpr int kFeaturesOf = kMaxFeatures / C;
 
-template <int C>
+// Full (Variant::full: D 1024 and N the slot capacity) makes D and N constants (dim_of, slots_of)
+// and the index says that every feature is below D (the thread and the rank masked to their
+// ranges), so the passes' tests `d < D` and `n < N` fold away and a pass is straight-line code.
+// With the tests, a pass over the on-chip tape loaded one slot at a time: a load behind a loop exit
+// cannot move above it (layer 12.0 -> 10.2 ms at B 16, 14.3 -> 12.6 at B 64; H200).
+template <int C, bool Full>
 struct Slice {
   static constexpr int size = C;
   int rank = 0;
-  __device__ int feature(int j) const { return static_cast<int>(threadIdx.x) + (j * C + rank) * kThreads; }
+  __device__ int feature(int j) const {
+    const int tid = static_cast<int>(threadIdx.x);
+    if constexpr (Full) return (tid & (kThreads - 1)) + (j * C + (rank & (C - 1))) * kThreads;
+    return tid + (j * C + rank) * kThreads;
+  }
 };
+
+// D and N of a launch, constants in the full variant.
+template <bool Full, typename Args>
+__device__ __forceinline__ int dim_of(const Args& a) {
+  return Full ? kMaxFeatures * kThreads : a.dim;
+}
+template <int MaxN, bool Full, typename Args>
+__device__ __forceinline__ int slots_of(const Args& a) {
+  return Full ? MaxN : a.slots;
+}
 
 // The sequence phase's shared scratch (layout: seq_shared_floats). A phase's slot sums are summed
 // once for the block however many it needs: a thread's partials in chunks of 32 values, each chunk
@@ -455,7 +477,7 @@ struct Slice {
 // exchange's bytes and waits for the phase (a sender's bytes may land before the arming: the count
 // goes below zero until then). No cluster barrier: in bench/cluster_bench's exchange of 16 sums
 // between 2 blocks, 0.52 us instead of 0.98 (H100).
-template <int MaxN, int C>
+template <int MaxN, int C, bool Full>
 struct SeqShared {
   static constexpr int kStride = seq_warp_stride(MaxN);
   std::uint64_t* bars;  // [2]: the inboxes' mbarriers
@@ -465,7 +487,7 @@ struct SeqShared {
   float* ds;            // [2][MaxN]: and their score gradients
   float* inbox;         // [2][kMaxCluster][kStride]: the cluster's block sums, by rank
   float* verdicts;      // [2][kMaxCluster]: and whether each rank's launch still stands (1) or aborted (0)
-  Slice<C> slice;
+  Slice<C, Full> slice;
   // Which inbox the next exchange fills: a block may send exchange k + 1 while a peer still reads
   // exchange k, never k + 2 (it would have to receive k + 1 first, which that peer sends after
   // reading k). phases: bit p, the phase parity inbox p's mbarrier waits for next.
@@ -475,7 +497,7 @@ struct SeqShared {
   mutable bool stuck = false;
   std::uint64_t timeout_ns = 0;
 
-  __device__ SeqShared(float* base, Slice<C> s, std::uint64_t timeout)
+  __device__ SeqShared(float* base, Slice<C, Full> s, std::uint64_t timeout)
       : bars(reinterpret_cast<std::uint64_t*>(base)),
         warp_part(base + kExchangeWords),
         sums(warp_part + kWarps * kStride),
@@ -636,14 +658,14 @@ struct SeqShared {
 
 // A block's shared memory (the layout the host sized): its weight rows, the rows phase's reduce
 // slots, the sequence phase's scratch, then the on-chip tapes.
-template <int MaxN, int C>
+template <int MaxN, int C, bool Full>
 struct BlockShared {
   __nv_bfloat16* weights;
   float* reduce;
-  SeqShared<MaxN, C> seq;
+  SeqShared<MaxN, C, Full> seq;
   float* tapes;
 
-  __device__ BlockShared(unsigned char* at, const Layout& l, Slice<C> slice, std::uint64_t timeout_ns)
+  __device__ BlockShared(unsigned char* at, const Layout& l, Slice<C, Full> slice, std::uint64_t timeout_ns)
       : weights(reinterpret_cast<__nv_bfloat16*>(at)),
         reduce(reinterpret_cast<float*>(at + l.weight_bytes)),
         seq(reinterpret_cast<float*>(at + l.weight_bytes + l.reduce_bytes), slice, timeout_ns),
@@ -694,23 +716,24 @@ struct Owned {
 };
 
 // x_t (or z_t) of sequence b for the thread's features.
-template <int C>
-__device__ __forceinline__ void load_xz(const PersistentForwardArgs& a, const Slice<C>& slice, std::int64_t b,
+template <int C, bool Full>
+__device__ __forceinline__ void load_xz(const PersistentForwardArgs& a, const Slice<C, Full>& slice, std::int64_t b,
                                         std::int64_t t, int half, float (&out)[kMaxFeatures]) {
-  const float* src = a.xz + (b * a.steps + t) * 2 * a.dim + half * a.dim;
+  const int D = dim_of<Full>(a);
+  const float* src = a.xz + (b * a.steps + t) * 2 * D + half * D;
 #pragma unroll
   for (int j = 0; j < kFeaturesOf<C>; ++j) {
     const int d = slice.feature(j);
-    out[j] = d < a.dim ? src[d] : 0.0f;
+    out[j] = d < D ? src[d] : 0.0f;
   }
 }
 
 // Step 0's read: the attention over H_0 with the start state h_{-1} (the read passes of the later
 // steps' order: scores, cluster sums, softmax), r_0 and h_0 = tanh(x_0 + W_h h_{-1} + r_0 + b_h).
-template <int MaxN, int C>
-__device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const SeqShared<MaxN, C>& sh,
+template <int MaxN, int C, bool Full>
+__device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const SeqShared<MaxN, C, Full>& sh,
                                            std::uint32_t H, std::int64_t b, Owned& own, bool& ok) {
-  const int D = a.dim, N = a.slots;
+  const int D = dim_of<Full>(a), N = slots_of<MaxN, Full>(a);
   const std::int64_t B = a.batch;
   float x[kMaxFeatures], rec[kMaxFeatures], hp[kMaxFeatures];
   load_xz(a, sh.slice, b, 0, 0, x);
@@ -757,12 +780,12 @@ __device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const
 // first pass by linearity ((1 - a_n) H_{t-1}[n] . h_t + a_n w_t . h_t, one pass and one exchange
 // fewer): measured 3% faster at B 16 and no faster at B 64, its errors like this order's on 16
 // draws but 16x further from the reference on a chaotic one (docs/e29a.md, Tried and not kept).
-template <int MaxN, int C>
-__device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, const SeqShared<MaxN, C>& sh,
+template <int MaxN, int C, bool Full>
+__device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, const SeqShared<MaxN, C, Full>& sh,
                                                 std::uint32_t H, std::int64_t b, std::int64_t t, Owned& own, bool& ok,
                                                 Laps<4>& sub) {
   sub.start();
-  const int D = a.dim, N = a.slots;
+  const int D = dim_of<Full>(a), N = slots_of<MaxN, Full>(a);
   const std::int64_t B = a.batch, T = a.steps;
   const bool more = t + 1 < T, lead = sh.slice.rank == 0;  // the cluster's first block writes per-slot outputs
   float w[kMaxFeatures], rec[kMaxFeatures], z[kMaxFeatures], x[kMaxFeatures];
@@ -788,7 +811,7 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
   // put each element in a block of its own, and nothing would be scheduled across them.
   auto update_pass = [&](auto checkpointing) {
 #pragma unroll
-    for (int c = 0; c < SeqShared<MaxN, C>::template chunks<2>(); ++c) {
+    for (int c = 0; c < SeqShared<MaxN, C, Full>::template chunks<2>(); ++c) {
       float v[32];
 #pragma unroll
       for (int q = 0; q < 32; ++q) v[q] = 0.0f;
@@ -864,8 +887,8 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
 }
 
 // The tape's elements this block owns (its slice's features of every slot): f(n, d).
-template <int C, typename F>
-__device__ __forceinline__ void for_owned(const Slice<C>& slice, int N, int D, F f) {
+template <int C, bool Full, typename F>
+__device__ __forceinline__ void for_owned(const Slice<C, Full>& slice, int N, int D, F f) {
   for (int n = 0; n < N; ++n) {
 #pragma unroll
     for (int j = 0; j < kFeaturesOf<C>; ++j) {
@@ -880,17 +903,17 @@ __device__ __forceinline__ void for_owned(const Slice<C>& slice, int N, int D, F
 // any other block leaves at once.
 __device__ __forceinline__ bool goes_on(bool ok, bool exchanges) { return ok || exchanges; }
 
-template <int MaxN, int C, bool Vec>
+template <int MaxN, int C, bool Vec, bool Full>
 __global__ void __launch_bounds__(kThreads, 1)
     persistent_forward_kernel(const __grid_constant__ Params<PersistentForwardArgs> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int ok_flag;
   const PersistentForwardArgs& a = p.a;
-  const int D = a.dim, N = a.slots;
+  const int D = dim_of<Full>(a), N = slots_of<MaxN, Full>(a);
   const std::int64_t B = a.batch, T = a.steps;
-  const Slice<C> slice{static_cast<int>(blockIdx.x) % C};
-  const BlockShared<MaxN, C> block(smem, p.l, slice, p.grid.timeout_ns);
-  const SeqShared<MaxN, C>& sh = block.seq;
+  const Slice<C, Full> slice{static_cast<int>(blockIdx.x) % C};
+  const BlockShared<MaxN, C, Full> block(smem, p.l, slice, p.grid.timeout_ns);
+  const SeqShared<MaxN, C, Full>& sh = block.seq;
   sh.start_exchanges();
   float* chip_tape = block.tapes;
 
@@ -929,7 +952,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   bool ok = grid_barrier(p.grid, passed, &ok_flag);
   phases.lap(1);
   if (goes_on(ok, exchanges) && T > 0) {
-    if (owner) first_read<MaxN, C>(a, sh, tape, b, own, ok);
+    if (owner) first_read<MaxN, C, Full>(a, sh, tape, b, own, ok);
     phases.lap(2);
   }
   for (std::int64_t t = 0; ok && t < T; ++t) {
@@ -946,7 +969,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ok = ok && grid_barrier(p.grid, passed, &ok_flag);
     if (!goes_on(ok, exchanges)) break;
     phases.lap(1);
-    if (owner) write_then_read<MaxN, C>(a, sh, tape, b, t, own, ok, sub);
+    if (owner) write_then_read<MaxN, C, Full>(a, sh, tape, b, t, own, ok, sub);
     phases.lap(2);
   }
   __syncthreads();  // a thread's features of the tape are not the elements it copies back
@@ -1004,10 +1027,10 @@ struct Segment {
 // from the checkpoint and the saved writes, into the segment. Eight slots at a time with their
 // running tape in registers (a chunk's write values come again from L1), so the tape on chip, the
 // one the current step reads, stays as it is.
-template <int MaxN, int C>
-__device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, const Slice<C>& slice, std::int64_t b,
-                                               const Segment& segment) {
-  const int D = a.dim, N = a.slots;
+template <int MaxN, int C, bool Full>
+__device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, const Slice<C, Full>& slice,
+                                               std::int64_t b, const Segment& segment) {
+  const int D = dim_of<Full>(a), N = slots_of<MaxN, Full>(a);
   const std::int64_t B = a.batch, per_tape = static_cast<std::int64_t>(N) * D, s0 = segment.s0;
   const std::int64_t count = min(a.steps, s0 + a.interval) - s0;
   const float* checkpoint = a.checkpoints + ((s0 / a.interval) * B + b) * per_tape;
@@ -1127,7 +1150,7 @@ struct ReplayAhead {
 // What step t's sequence phase reads that the rows phase before it does not write: loaded by
 // prepare_step after the block's rows and before the grid barrier, so the round trip to L2 overlaps
 // the barrier's wait (only W_h^T dp_{t+1} and W_write^T dw_t are loaded after it).
-template <int MaxN, int C>
+template <int MaxN, int C, bool Full>
 struct BackInputs {
   static constexpr bool kHeld = MaxN * kFeaturesOf<C> <= 32;
   // As loaded (features past D hold feature D - 1's values): nothing here waits for the loads.
@@ -1143,12 +1166,13 @@ struct BackInputs {
 // (features past D read feature D - 1, a step without a write reads valid memory; backward_step
 // selects zero what is not wanted): a load behind a branch or a loop exit cannot be issued before
 // it is decided, and a select here would wait for its load.
-template <int MaxN, int C>
-__device__ __forceinline__ BackInputs<MaxN, C> prepare_step(const PersistentBackwardArgs& a, const Slice<C>& slice,
-                                                            std::int64_t b, std::int64_t t, Segment& segment,
-                                                            const ReplayAhead& ahead, Laps<4>& sub) {
+template <int MaxN, int C, bool Full>
+__device__ __forceinline__ BackInputs<MaxN, C, Full> prepare_step(const PersistentBackwardArgs& a,
+                                                                  const Slice<C, Full>& slice, std::int64_t b,
+                                                                  std::int64_t t, Segment& segment,
+                                                                  const ReplayAhead& ahead, Laps<4>& sub) {
   sub.start();
-  const int D = a.dim, N = a.slots;
+  const int D = dim_of<Full>(a), N = slots_of<MaxN, Full>(a);
   const std::int64_t B = a.batch, T = a.steps, row = t * B + b, prev = row - B;
   const bool write = t > 0;  // the write attention of step t - 1
   // H_{t-2} comes from the replayed segment in global memory (replayed first when step t - 1
@@ -1156,16 +1180,16 @@ __device__ __forceinline__ BackInputs<MaxN, C> prepare_step(const PersistentBack
   if (write && t - 1 < segment.s0) {
     segment.s0 -= a.interval;
     if (ahead.on) segment.buffer ^= 1;
-    if (!ahead.on || segment.s0 >= ahead.first) replay_segment<MaxN, C>(a, slice, b, segment);
+    if (!ahead.on || segment.s0 >= ahead.first) replay_segment<MaxN, C, Full>(a, slice, b, segment);
   }
-  BackInputs<MaxN, C> in;
+  BackInputs<MaxN, C, Full> in;
   in.h2 = segment.tape(a, b, write ? t - 1 : t);  // t = 0: read and unused
   const float* xz = a.xz + (b * T + t) * 2 * D;
   const __nv_bfloat16* dy = a.dy + (b * T + t) * D;
   // Where a thread's H_{t-2} (every slot) takes at most 32 registers it is kept for both passes
   // (kHeld: one round trip to L2 for both, where the score pass's chunks and the dL/dH pass's groups
   // of four slots each waited one).
-  if constexpr (BackInputs<MaxN, C>::kHeld) {
+  if constexpr (BackInputs<MaxN, C, Full>::kHeld) {
 #pragma unroll
     for (int n = 0; n < MaxN; ++n) {
 #pragma unroll
@@ -1203,16 +1227,16 @@ __device__ __forceinline__ BackInputs<MaxN, C> prepare_step(const PersistentBack
 // from the same pass; so the pass sums dr . H_{t-1}, G . (w - H_{t-2}), dr . (w - H_{t-2}) and
 // h_{t-1} . (w - H_{t-2}) and the write scores' gradient is the second + a_n third + s_n fourth
 // (the same values up to rounding). The second pass updates dL/dH through both attentions.
-template <int MaxN, int C>
-__device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, const SeqShared<MaxN, C>& sh,
+template <int MaxN, int C, bool Full>
+__device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, const SeqShared<MaxN, C, Full>& sh,
                                               std::uint32_t dH, std::uint32_t tape, std::int64_t b, std::int64_t t,
-                                              bool products, const BackInputs<MaxN, C>& in, BackOwned& own, bool& ok,
-                                              Laps<4>& sub) {
+                                              bool products, const BackInputs<MaxN, C, Full>& in, BackOwned& own,
+                                              bool& ok, Laps<4>& sub) {
   sub.start();
-  const int D = a.dim, N = a.slots;
+  const int D = dim_of<Full>(a), N = slots_of<MaxN, Full>(a);
   const std::int64_t B = a.batch, T = a.steps, row = t * B + b, prev = row - B;
   const bool write = t > 0;  // the write attention of step t - 1
-  constexpr bool kHeld = BackInputs<MaxN, C>::kHeld;
+  constexpr bool kHeld = BackInputs<MaxN, C, Full>::kHeld;
   const float* h2 = in.h2;
   const auto& h2held = in.h2held;
   // `tape` (shared) holds H_{t-1} on entry and H_{t-2} on return. The rows phase's products (the
@@ -1381,17 +1405,17 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   sub.lap(3);
 }
 
-template <int MaxN, int C, bool Vec>
+template <int MaxN, int C, bool Vec, bool Full>
 __global__ void __launch_bounds__(kThreads, 1)
     persistent_backward_kernel(const __grid_constant__ Params<PersistentBackwardArgs> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int ok_flag;
   const PersistentBackwardArgs& a = p.a;
-  const int D = a.dim, N = a.slots;
+  const int D = dim_of<Full>(a), N = slots_of<MaxN, Full>(a);
   const std::int64_t B = a.batch, T = a.steps;
-  const Slice<C> slice{static_cast<int>(blockIdx.x) % C};
-  const BlockShared<MaxN, C> block(smem, p.l, slice, p.grid.timeout_ns);
-  const SeqShared<MaxN, C>& sh = block.seq;
+  const Slice<C, Full> slice{static_cast<int>(blockIdx.x) % C};
+  const BlockShared<MaxN, C, Full> block(smem, p.l, slice, p.grid.timeout_ns);
+  const SeqShared<MaxN, C, Full>& sh = block.seq;
   sh.start_exchanges();
   const std::int64_t per_tape = static_cast<std::int64_t>(N) * D;
   float* chip_d_tape = block.tapes;
@@ -1432,12 +1456,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const ReplayAhead ahead(a, C);
   Segment segment = ahead.last(a);
   if (owner) {
-    replay_segment<MaxN, C>(a, slice, b, segment);
+    replay_segment<MaxN, C, Full>(a, slice, b, segment);
     // H_{T-2} on chip: the tape before step T - 1.
     const float* last = segment.tape(a, b, T - 1);
     for_owned(slice, N, D, [&](int n, int d) { sts(at_nd(tape, n, d, D), last[n * D + d]); });
-    const BackInputs<MaxN, C> in = prepare_step<MaxN, C>(a, slice, b, T - 1, segment, ahead, sub);
-    backward_step<MaxN, C>(a, sh, d_tape, tape, b, T - 1, false, in, own, ok, sub);
+    const BackInputs<MaxN, C, Full> in = prepare_step<MaxN, C, Full>(a, slice, b, T - 1, segment, ahead, sub);
+    backward_step<MaxN, C, Full>(a, sh, d_tape, tape, b, T - 1, false, in, own, ok, sub);
   }
   phases.lap(2);
   RowsJob job;
@@ -1459,12 +1483,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     phases.lap(0);
     const bool meet = ok;
     if (meet) grid_arrive(p.grid, passed);
-    BackInputs<MaxN, C> in;
-    if (owner) in = prepare_step<MaxN, C>(a, slice, b, t, segment, ahead, sub);  // its loads in flight
+    BackInputs<MaxN, C, Full> in;
+    if (owner) in = prepare_step<MaxN, C, Full>(a, slice, b, t, segment, ahead, sub);  // its loads in flight
     ok = meet && grid_wait(p.grid, passed, &ok_flag);
     if (!goes_on(ok, exchanges)) break;
     phases.lap(1);
-    if (owner) backward_step<MaxN, C>(a, sh, d_tape, tape, b, t, true, in, own, ok, sub);
+    if (owner) backward_step<MaxN, C, Full>(a, sh, d_tape, tape, b, t, true, in, own, ok, sub);
     ahead.step(a, t);
     phases.lap(2);
   }
@@ -1534,38 +1558,52 @@ void launch_kernel(void (*kernel)(Params<Args>), Direction direction, const Args
 }
 
 // The kernel of a launch: its blocks a sequence and whether the rows phase is vectorised.
-template <int MaxN>
-void (*forward_kernel(int cluster, bool vec))(Params<PersistentForwardArgs>) {
-  if (cluster == kMaxCluster)
-    return vec ? persistent_forward_kernel<MaxN, 4, true> : persistent_forward_kernel<MaxN, 4, false>;
-  if (cluster == 2) return vec ? persistent_forward_kernel<MaxN, 2, true> : persistent_forward_kernel<MaxN, 2, false>;
-  return vec ? persistent_forward_kernel<MaxN, 1, true> : persistent_forward_kernel<MaxN, 1, false>;
+// The kernel instances of one slot capacity, by cluster size and Variant.
+template <int MaxN, int C>
+void (*forward_instance(Variant v))(Params<PersistentForwardArgs>) {
+  if (v == Variant::full) return persistent_forward_kernel<MaxN, C, true, true>;
+  if (v == Variant::vec) return persistent_forward_kernel<MaxN, C, true, false>;
+  return persistent_forward_kernel<MaxN, C, false, false>;
+}
+
+template <int MaxN, int C>
+void (*backward_instance(Variant v))(Params<PersistentBackwardArgs>) {
+  if (v == Variant::full) return persistent_backward_kernel<MaxN, C, true, true>;
+  if (v == Variant::vec) return persistent_backward_kernel<MaxN, C, true, false>;
+  return persistent_backward_kernel<MaxN, C, false, false>;
 }
 
 template <int MaxN>
-void (*backward_kernel(int cluster, bool vec))(Params<PersistentBackwardArgs>) {
-  if (cluster == kMaxCluster) {
-    return vec ? persistent_backward_kernel<MaxN, 4, true> : persistent_backward_kernel<MaxN, 4, false>;
-  }
-  if (cluster == 2) return vec ? persistent_backward_kernel<MaxN, 2, true> : persistent_backward_kernel<MaxN, 2, false>;
-  return vec ? persistent_backward_kernel<MaxN, 1, true> : persistent_backward_kernel<MaxN, 1, false>;
+void (*forward_kernel(int cluster, Variant v))(Params<PersistentForwardArgs>) {
+  if (cluster == kMaxCluster) return forward_instance<MaxN, kMaxCluster>(v);
+  if (cluster == 2) return forward_instance<MaxN, 2>(v);
+  return forward_instance<MaxN, 1>(v);
+}
+
+template <int MaxN>
+void (*backward_kernel(int cluster, Variant v))(Params<PersistentBackwardArgs>) {
+  if (cluster == kMaxCluster) return backward_instance<MaxN, kMaxCluster>(v);
+  if (cluster == 2) return backward_instance<MaxN, 2>(v);
+  return backward_instance<MaxN, 1>(v);
 }
 
 template <int MaxN>
 void launch(const PersistentForwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream) {
-  launch_kernel(forward_kernel<MaxN>(g.l.cluster, args.dim % 8 == 0), Direction::forward, args, dev, g, stream);
+  const Variant v = variant_of(args.dim, args.slots, MaxN);
+  launch_kernel(forward_kernel<MaxN>(g.l.cluster, v), Direction::forward, args, dev, g, stream);
 }
 
 template <int MaxN>
 void launch(const PersistentBackwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream) {
-  launch_kernel(backward_kernel<MaxN>(g.l.cluster, args.dim % 8 == 0), Direction::backward, args, dev, g, stream);
+  const Variant v = variant_of(args.dim, args.slots, MaxN);
+  launch_kernel(backward_kernel<MaxN>(g.l.cluster, v), Direction::backward, args, dev, g, stream);
 }
 
 template <int MaxN>
-int resident_clusters(Direction direction, int dim, const Geometry& g) {
-  const bool vec = dim % 8 == 0;
-  if (direction == Direction::forward) return resident_clusters_of(forward_kernel<MaxN>(g.l.cluster, vec), g);
-  return resident_clusters_of(backward_kernel<MaxN>(g.l.cluster, vec), g);
+int resident_clusters(Direction direction, int dim, int slots, const Geometry& g) {
+  const Variant v = variant_of(dim, slots, MaxN);
+  if (direction == Direction::forward) return resident_clusters_of(forward_kernel<MaxN>(g.l.cluster, v), g);
+  return resident_clusters_of(backward_kernel<MaxN>(g.l.cluster, v), g);
 }
 
 // The instances of one slot capacity (layer_persistent_n<MaxN>.cu: one file each, so the four
@@ -1573,6 +1611,6 @@ int resident_clusters(Direction direction, int dim, const Geometry& g) {
 #define E29A_PERSISTENT_INSTANCES(MaxN)                                                                    \
   template void launch<MaxN>(const PersistentForwardArgs&, const Device&, const Geometry&, cudaStream_t);  \
   template void launch<MaxN>(const PersistentBackwardArgs&, const Device&, const Geometry&, cudaStream_t); \
-  template int resident_clusters<MaxN>(Direction, int, const Geometry&)
+  template int resident_clusters<MaxN>(Direction, int, int, const Geometry&)
 
 }  // namespace models::e29a::kernels::persistent

@@ -66,15 +66,23 @@ struct Geometry {
   std::size_t tape_bytes = 0, smem = 0;
 };
 
+// Which instance of a kernel takes a launch: `full` where D is 1024 and N the slot capacity (D and
+// N constants: the sequence phase's passes without loop exits), `vec` where D % 8 == 0 (the rows
+// phase's 16-byte loads of h), else `scalar`.
+enum class Variant { scalar, vec, full };
+constexpr Variant variant_of(int dim, int slots, int max_n) {
+  if (dim == kMaxFeatures * kThreads && slots == max_n) return Variant::full;
+  return dim % 8 == 0 ? Variant::vec : Variant::scalar;
+}
 // Launches the kernel of slot capacity MaxN (8, 16, 32 or 64; layer_persistent_n<MaxN>.cu) on
-// `stream`: the vectorised rows phase when the width is a multiple of 8.
+// `stream`, the instance variant_of picks.
 template <int MaxN>
 void launch(const PersistentForwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream);
 template <int MaxN>
 void launch(const PersistentBackwardArgs& args, const Device& dev, const Geometry& g, cudaStream_t stream);
 // How many clusters of g.l.cluster blocks can be resident at once, of the kernel `launch` takes
-// for this direction and width.
+// for this direction and shape.
 template <int MaxN>
-int resident_clusters(Direction direction, int dim, const Geometry& g);
+int resident_clusters(Direction direction, int dim, int slots, const Geometry& g);
 
 }  // namespace models::e29a::kernels::persistent

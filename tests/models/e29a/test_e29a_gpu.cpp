@@ -5,7 +5,8 @@
 // counts below a kernel's capacity), D in {5, 12, 64, 72, 200, 800, 900, 1024}, T in {1, 7, 9, 33,
 // 129, 512} (129 and 512 end in a partial checkpoint segment), B in {1, 3, 5, 7, 11, 13, 64}, the
 // persistent kernels with a sequence on one block and spread over clusters of 2 and 4 (D 800 and
-// 900: the last rank's 256-feature chunk is partial; 900 also takes the rows phase's scalar form),
+// 900: the last rank's 256-feature chunk is partial; 900 also takes the rows phase's scalar form; D
+// 1024 with N 8 and 16 the kernels' full variant, D and N constants),
 // and with the rows phase's batch in one part and in two (B 11 and 13: a partial group); the zero-tape
 // degeneracy on the GPU; bit-identical reruns and independence from the checkpoint interval; state hand-over; the two
 // forwards against each other; a stalled persistent launch leaving at its deadline, on one block and in a cluster.
@@ -479,7 +480,7 @@ TEST(E29aGpu, MatchesReference) {
   const Case cases[] = {
       {8, 64, 1, 1},     {16, 72, 512, 3}, {32, 200, 7, 64}, {64, 64, 129, 64}, {8, 1024, 129, 3}, {64, 1024, 7, 1},
       {16, 200, 129, 3}, {32, 72, 512, 1}, {5, 72, 7, 3},    {40, 200, 7, 3},   {8, 5, 37, 2},     {16, 12, 7, 5},
-      {8, 1024, 16, 64}, {16, 800, 33, 5}, {8, 900, 9, 7},   {16, 200, 9, 13},  {8, 900, 5, 11},
+      {8, 1024, 16, 64}, {16, 800, 33, 5}, {8, 900, 9, 7},   {16, 200, 9, 13},  {8, 900, 5, 11},   {16, 1024, 9, 3},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(describe(c));
