@@ -136,9 +136,12 @@ std::string clustered_geometry(Direction direction, const Device& dev, int dim, 
 
 // `cluster` > 0: that many blocks a sequence (g untouched and the reason returned when it cannot
 // be); 0: the most of 4 and 2 that can be, else 1; the forward only where at most half the
-// blocks would hold sequences. Its two exchanges a step cost about what splitting its passes
-// saves at B 64 (H100, D 1024, N 8: 10.55 ms clustered against 9.95), while at B 16 (N 16) it
-// gains 8.2 -> 7.2 ms; the backward, one exchange a step, gains at both (12.0 -> 11.5, 9.4 -> 7.9).
+// blocks would hold sequences, and not in the kernels' full variant (D 1024, N the capacity).
+// Its two exchanges a step cost about what splitting its passes saves at B 64 (H100, D 1024, N 8:
+// 10.55 ms clustered against 9.95), while at B 16 (N 16) it gained 8.2 -> 7.2 ms; with the full
+// variant's straight-line passes the forward at B 16 is faster on one block (H200: 4.47 ms against
+// 4.73 with C 2). The backward, one exchange a step, gains at both (12.0 -> 11.5, 9.4 -> 7.9; the
+// full variant at B 16: 4.91 against 6.10 on one block).
 // `parts` > 0: the batch in that many parts; 0: 2 where it can be, else 1.
 std::string geometry_for(Direction direction, const Device& dev, int dim, int slots, std::int64_t batch, int cluster,
                          int parts, Geometry& g) {
@@ -149,8 +152,9 @@ std::string geometry_for(Direction direction, const Device& dev, int dim, int sl
   auto with_parts = [&](int p) {
     if (cluster > 0) return clustered_geometry(direction, dev, dim, slots, batch, cluster, p, g);
     const int plain_grid = plain_geometry(direction, dev, dim, slots, batch, 1, 1).grid;
+    const bool full = variant_of(dim, slots, slot_capacity(slots)) == Variant::full;
     for (const int c : {kMaxCluster, 2}) {
-      if (direction == Direction::forward && 2 * batch * c > plain_grid) continue;
+      if (direction == Direction::forward && (full || 2 * batch * c > plain_grid)) continue;
       if (clustered_geometry(direction, dev, dim, slots, batch, c, p, g).empty()) return std::string();
     }
     return clustered_geometry(direction, dev, dim, slots, batch, 1, p, g);

@@ -199,7 +199,7 @@ __device__ __forceinline__ SplitPair split_pair(float x, float y) {
 // errors came out up to 4x the FMA sums' on the same draws, batched like them; the parts are
 // summed smallest first at the end. h of the next batch is loaded while this one is multiplied (a
 // ring refilling one k-step at a time, and L1 prefetches further ahead, were both slower).
-template <bool Vec, int NT>
+template <bool Vec, bool Whole, int NT>
 __device__ __forceinline__ void tile_product(const uint4* w_frag, int tile_stride, const float* h, int stride, int D,
                                              int s0, int s1, float (&out)[NT][4]) {
   constexpr int kAhead = 8;
@@ -232,7 +232,7 @@ __device__ __forceinline__ void tile_product(const uint4* w_frag, int tile_strid
     float part[NT][3][4] = {};
 #pragma unroll
     for (int u = 0; u < kAhead; ++u) {
-      if (s + u >= s1) break;
+      if (!Whole && s + u >= s1) break;
       const SplitPair lo = split_pair(cur[u].x, cur[u].y), hi = split_pair(cur[u].z, cur[u].w);
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
@@ -300,12 +300,12 @@ __device__ __forceinline__ RowsShare rows_share(const Layout& l, int total_rows)
 // one otherwise). A warp takes one unit x 8 sequences (a group) over all of K, or, with fewer
 // tasks than warps, a part of K; the first part's warp adds the later parts' sums (through shared
 // memory) in part order and stores.
-template <bool Vec>
+template <bool Vec, bool Full>
 __device__ __forceinline__ void rows_phase(const RowsJob& job, const Layout& l, const __nv_bfloat16* weights,
                                            float* reduce, const RowsShare& share) {
-  const int K = job.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int K = Full ? kMaxFeatures * kThreads : job.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int B = job.B;
-  const int steps = l.ld / kStep, tile_stride = steps * 32;
+  const int steps = (Full ? K : l.ld) / kStep, tile_stride = steps * 32;
   const int all_groups = (B + kGroup - 1) / kGroup;
   const int g0 = share.part * all_groups / l.batch_parts;
   const int groups = (share.part + 1) * all_groups / l.batch_parts - g0;
@@ -354,11 +354,12 @@ __device__ __forceinline__ void rows_phase(const RowsJob& job, const Layout& l, 
                                     : in + static_cast<std::size_t>(b) * K + 4 * (lane & 3);
         const int stride = job.frag ? kTileSums : kStep;
         const int s0 = part * steps / kparts, s1 = (part + 1) * steps / kparts;
+        // Full: K is 64 k-steps and kparts divides 8, so every part is whole batches of 8.
         if (width == 2) {
-          tile_product<Vec, 2>(w_frag, tile_stride, h, stride, K, s0, s1, sums);
+          tile_product<Vec, Full, 2>(w_frag, tile_stride, h, stride, K, s0, s1, sums);
         } else {
           float one[1][4];
-          tile_product<Vec, 1>(w_frag, tile_stride, h, stride, K, s0, s1, one);
+          tile_product<Vec, Full, 1>(w_frag, tile_stride, h, stride, K, s0, s1, one);
 #pragma unroll
           for (int e = 0; e < 4; ++e) sums[0][e] = one[0][e];
         }
@@ -947,7 +948,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto& phases = profile.phases;
   auto& sub = profile.sub;
   std::uint32_t passed = 0;
-  rows_phase<Vec>(forward_rows(a, a.h, true, nullptr), p.l, block.weights, block.reduce, share);  // W_h h_{-1}
+  rows_phase<Vec, Full>(forward_rows(a, a.h, true, nullptr), p.l, block.weights, block.reduce, share);  // W_h h_{-1}
   phases.lap(0);
   bool ok = grid_barrier(p.grid, passed, &ok_flag);
   phases.lap(1);
@@ -963,7 +964,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (ok) {
       RowsJob job = forward_rows(a, a.h_frag, t + 1 < T, a.write + t * B * D);  // h_{t+1}
       job.frag = true;
-      rows_phase<Vec>(job, p.l, block.weights, block.reduce, share);
+      rows_phase<Vec, Full>(job, p.l, block.weights, block.reduce, share);
     }
     phases.lap(0);
     ok = ok && grid_barrier(p.grid, passed, &ok_flag);
@@ -1092,8 +1093,7 @@ __device__ __forceinline__ void replay_segment(const PersistentBackwardArgs& a, 
 // step: at B 16, N 16, 11 elements took 4.3 us of the owners' 5.2 us sequence phase, H200; more
 // batches would hold the owners up); otherwise the owners replay as they go, in one buffer.
 struct ReplayAhead {
-  static constexpr int kAheadElements = 16;
-  static constexpr int kBatch = 8;  // elements a thread loads before it stores any
+  static constexpr int kAheadElements = 16;  // at most, a helper thread's elements of a step
   bool on = false;
   std::int64_t first = 0;        // the segments starting below it are the helpers'
   int helper = -1, helpers = 0;  // this thread's index among the helpers' threads, their count
@@ -1116,18 +1116,22 @@ struct ReplayAhead {
   // step S + K - t of segment S - K (from 0 at the loop's first step, which may start mid-segment),
   // so it is whole when step S reads it. The owners' replay arithmetic, element by element, every
   // load of a batch before its stores (a load after a store through another pointer waits for it).
+  // In the full variant a batch is all of a helper's elements: in two batches of 8 the helpers
+  // took 4.4 us a step at B 16, longer than the owners' sequence phase.
+  template <int MaxN, bool Full>
   __device__ void step(const PersistentBackwardArgs& a, std::int64_t t) const {
     if (!on || helper < 0 || t < 1) return;
     const std::int64_t K = a.interval, S = (t - 1) / K * K;
     if (S < K) return;
     const std::int64_t P = S - K, hi = S + K - t, lo = t == a.steps - 2 ? 0 : hi;
-    const int N = a.slots, D = a.dim, per_step = static_cast<int>(a.batch) * N * D;
+    const int N = slots_of<MaxN, Full>(a), D = dim_of<Full>(a), per_step = static_cast<int>(a.batch) * N * D;
     float* base = Segment::starting(a, P, true).base(a);
     const float* checkpoint = a.checkpoints + (P / K) * per_step;
     for (std::int64_t k = lo; k <= hi; ++k) {
       float* out = base + k * per_step;
       const float* attn = a.write_attn + (P + k - 1) * a.batch * N;  // step P + k - 1's write, when k > 0
       const float* write = a.write + (P + k - 1) * a.batch * D;
+      constexpr int kBatch = Full ? kAheadElements : 8;  // with D and N from the launch 16 spill (ptxas)
       for (int e0 = helper; e0 < per_step; e0 += kBatch * helpers) {
         float v[kBatch], at[kBatch], w[kBatch];
 #pragma unroll
@@ -1479,7 +1483,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ok = grid_barrier(p.grid, passed, &ok_flag);
     if (!goes_on(ok, exchanges)) break;
     phases.lap(3);
-    if (ok) rows_phase<Vec>(job, p.l, block.weights, block.reduce, share);  // W_h^T dp_{t+1}, W_write^T dw_t
+    if (ok) rows_phase<Vec, Full>(job, p.l, block.weights, block.reduce, share);  // W_h^T dp_{t+1}, W_write^T dw_t
     phases.lap(0);
     const bool meet = ok;
     if (meet) grid_arrive(p.grid, passed);
@@ -1489,7 +1493,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (!goes_on(ok, exchanges)) break;
     phases.lap(1);
     if (owner) backward_step<MaxN, C, Full>(a, sh, d_tape, tape, b, t, true, in, own, ok, sub);
-    ahead.step(a, t);
+    ahead.step<MaxN, Full>(a, t);
     phases.lap(2);
   }
   __syncthreads();
