@@ -135,14 +135,16 @@ TEST(AdamW8bitCodes, LinearRoundsToNearest) {
     const optim::CodeScale cs = Linear::code_scale(scale);
     const std::uint8_t code = Linear::encode_m(x, cs, 0.0f);
     const float decoded = Linear::decode_m(code, scale);
-    // Round to nearest: no other code is closer (up to fp32 rounding of x * 127/scale near a
-    // tie), and the error is at most half a step.
+    // Round to nearest: no other code is closer, and the error is at most half a step, up to fp32
+    // rounding: x * 127/scale (two roundings) moves a near tie by up to about 1.2e-5 of a step, and
+    // the decode's two roundings (q / 127, times scale) add up to 2^-23 scale, 3e-5 of a half step
+    // (1e-5 was exceeded by 1.4e-6 on one draw: x 1.4152e-9, scale 1.8434e-9, code 97.5 from a tie).
     float best = INFINITY;
     for (int q = -127; q <= 127; ++q)
       best =
           std::min(best, std::fabs(Linear::decode(static_cast<std::uint8_t>(static_cast<std::int8_t>(q)), scale) - x));
-    ASSERT_LE(std::fabs(decoded - x), best + scale / 127.0f * 1e-5f) << x << " scale " << scale;
-    ASSERT_LE(std::fabs(decoded - x), scale / 254.0f * (1 + 1e-5f)) << x << " scale " << scale;
+    ASSERT_LE(std::fabs(decoded - x), best + scale / 127.0f * 1e-4f) << x << " scale " << scale;
+    ASSERT_LE(std::fabs(decoded - x), scale / 254.0f * (1 + 1e-4f)) << x << " scale " << scale;
   }
   // Ties go away from zero; the end points are exact.
   EXPECT_EQ(static_cast<std::int8_t>(Linear::encode_m(0.5f, Linear::code_scale(127.0f), 0)), 1);
