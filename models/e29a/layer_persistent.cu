@@ -181,8 +181,8 @@ std::string refusal(Direction direction, int dim, int slots, std::int64_t max_ba
   const Device dev = current_device();
   if (dev.cooperative == 0) return "the device has no cooperative launch";
   if (slots < 1 || slots > kMaxSlots) return "slots " + std::to_string(slots) + " outside [1, 64]";
-  if (dim > kMaxFeatures * kThreads) {
-    return "dim " + std::to_string(dim) + " is above " + std::to_string(kMaxFeatures * kThreads);
+  if (dim > kMaxDim) {
+    return "dim " + std::to_string(dim) + " is above " + std::to_string(kMaxDim);
   }
   if (max_batch > dev.sms) {
     return "batch " + std::to_string(max_batch) + " is above one sequence per SM (" + std::to_string(dev.sms) + ")";

@@ -303,7 +303,7 @@ __device__ __forceinline__ RowsShare rows_share(const Layout& l, int total_rows)
 template <bool Vec, bool Full>
 __device__ __forceinline__ void rows_phase(const RowsJob& job, const Layout& l, const __nv_bfloat16* weights,
                                            float* reduce, const RowsShare& share) {
-  const int K = Full ? kMaxFeatures * kThreads : job.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int K = Full ? kMaxDim : job.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int B = job.B;
   const int steps = (Full ? K : l.ld) / kStep, tile_stride = steps * 32;
   const int all_groups = (B + kGroup - 1) / kGroup;
@@ -455,7 +455,7 @@ struct Slice {
 // D and N of a launch, constants in the full variant.
 template <bool Full, typename Args>
 __device__ __forceinline__ int dim_of(const Args& a) {
-  return Full ? kMaxFeatures * kThreads : a.dim;
+  return Full ? kMaxDim : a.dim;
 }
 template <int MaxN, bool Full, typename Args>
 __device__ __forceinline__ int slots_of(const Args& a) {
@@ -900,9 +900,10 @@ __device__ __forceinline__ void for_owned(const Slice<C, Full>& slice, int N, in
 // any other block leaves at once.
 __device__ __forceinline__ bool goes_on(bool ok, bool exchanges) { return ok || exchanges; }
 
-template <int MaxN, int C, bool Vec, bool Full>
+template <int MaxN, int C, Variant V>
 __global__ void __launch_bounds__(kThreads, 1)
     persistent_forward_kernel(const __grid_constant__ Params<PersistentForwardArgs> p) {
+  constexpr bool Vec = V != Variant::scalar, Full = V == Variant::full;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int ok_flag;
   const PersistentForwardArgs& a = p.a;
@@ -1405,9 +1406,10 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   sub.lap(3);
 }
 
-template <int MaxN, int C, bool Vec, bool Full>
+template <int MaxN, int C, Variant V>
 __global__ void __launch_bounds__(kThreads, 1)
     persistent_backward_kernel(const __grid_constant__ Params<PersistentBackwardArgs> p) {
+  constexpr bool Vec = V != Variant::scalar, Full = V == Variant::full;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int ok_flag;
   const PersistentBackwardArgs& a = p.a;
@@ -1561,16 +1563,16 @@ void launch_kernel(void (*kernel)(Params<Args>), Direction direction, const Args
 // The kernel instances of one slot capacity, by cluster size and Variant.
 template <int MaxN, int C>
 void (*forward_instance(Variant v))(Params<PersistentForwardArgs>) {
-  if (v == Variant::full) return persistent_forward_kernel<MaxN, C, true, true>;
-  if (v == Variant::vec) return persistent_forward_kernel<MaxN, C, true, false>;
-  return persistent_forward_kernel<MaxN, C, false, false>;
+  if (v == Variant::full) return persistent_forward_kernel<MaxN, C, Variant::full>;
+  if (v == Variant::vec) return persistent_forward_kernel<MaxN, C, Variant::vec>;
+  return persistent_forward_kernel<MaxN, C, Variant::scalar>;
 }
 
 template <int MaxN, int C>
 void (*backward_instance(Variant v))(Params<PersistentBackwardArgs>) {
-  if (v == Variant::full) return persistent_backward_kernel<MaxN, C, true, true>;
-  if (v == Variant::vec) return persistent_backward_kernel<MaxN, C, true, false>;
-  return persistent_backward_kernel<MaxN, C, false, false>;
+  if (v == Variant::full) return persistent_backward_kernel<MaxN, C, Variant::full>;
+  if (v == Variant::vec) return persistent_backward_kernel<MaxN, C, Variant::vec>;
+  return persistent_backward_kernel<MaxN, C, Variant::scalar>;
 }
 
 template <int MaxN>

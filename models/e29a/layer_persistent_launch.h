@@ -14,14 +14,15 @@ namespace models::e29a::kernels::persistent {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileRows = 16;                  // rows of a warp pass (an mma's 16 rows)
-constexpr int kGroup = 8;                      // sequences of a warp pass (an mma's 8 columns)
-constexpr int kStep = 16;                      // features of an mma k-step
-constexpr int kTileSums = kTileRows * kGroup;  // sums a warp pass finishes (the rows phase's reduce slots)
-constexpr int kMaxTiles = 8;                   // at most 128 rows a block
-constexpr int kMaxFeatures = 4;                // features a thread owns in the sequence phase: D <= 1024
-constexpr int kMaxCluster = 4;                 // blocks one sequence spreads over (a thread-block cluster)
-constexpr int kMaxBatchParts = 2;              // blocks a row block's rows phase spreads over
+constexpr int kTileRows = 16;                     // rows of a warp pass (an mma's 16 rows)
+constexpr int kGroup = 8;                         // sequences of a warp pass (an mma's 8 columns)
+constexpr int kStep = 16;                         // features of an mma k-step
+constexpr int kTileSums = kTileRows * kGroup;     // sums a warp pass finishes (the rows phase's reduce slots)
+constexpr int kMaxTiles = 8;                      // at most 128 rows a block
+constexpr int kMaxFeatures = 4;                   // features a thread owns in the sequence phase: D <= 1024
+constexpr int kMaxDim = kMaxFeatures * kThreads;  // the widest layer the kernels take
+constexpr int kMaxCluster = 4;                    // blocks one sequence spreads over (a thread-block cluster)
+constexpr int kMaxBatchParts = 2;                 // blocks a row block's rows phase spreads over
 
 // The sequence phase's shared scratch (SeqShared in layer_persistent_kernels.cuh), in floats: the
 // cluster exchange's two mbarriers (kExchangeWords), every warp's lane sums of up to 4 x max_n
@@ -71,7 +72,7 @@ struct Geometry {
 // phase's 16-byte loads of h), else `scalar`.
 enum class Variant { scalar, vec, full };
 constexpr Variant variant_of(int dim, int slots, int max_n) {
-  if (dim == kMaxFeatures * kThreads && slots == max_n) return Variant::full;
+  if (dim == kMaxDim && slots == max_n) return Variant::full;
   return dim % 8 == 0 ? Variant::vec : Variant::scalar;
 }
 // Launches the kernel of slot capacity MaxN (8, 16, 32 or 64; layer_persistent_n<MaxN>.cu) on
