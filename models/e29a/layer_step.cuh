@@ -71,6 +71,14 @@ __device__ __forceinline__ void block_slot_sums(float (&part)[MaxN], const Share
   __syncthreads();
 }
 
+// The first lane distance of a warp reduction over MaxN slots' lanes: lanes from MaxN on hold the
+// reduction's identity (-inf, 0), so steps across them change nothing and are left out (the same
+// bits in lanes below MaxN).
+template <int MaxN>
+constexpr int first_distance() {
+  return MaxN >= 32 ? 16 : MaxN / 2;
+}
+
 // Warp 0: attn = softmax(scale * sums). The normaliser is lane 0's sum, broadcast.
 template <int MaxN>
 __device__ __forceinline__ void softmax_warp(const Shared<MaxN>& sh, float scale, int slots) {
@@ -80,11 +88,13 @@ __device__ __forceinline__ void softmax_warp(const Shared<MaxN>& sh, float scale
   const float s1 = has1 ? scale * sh.sums[lane + 32] : -INFINITY;
   float m = fmaxf(s0, s1);
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, offset));
+  for (int offset = first_distance<MaxN>(); offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, offset));
   const float e0 = has0 ? expf(s0 - m) : 0.0f, e1 = has1 ? expf(s1 - m) : 0.0f;
   float total = e0 + e1;
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) total += __shfl_xor_sync(kFull, total, offset);
+  for (int offset = first_distance<MaxN>(); offset > 0; offset >>= 1) {
+    total += __shfl_xor_sync(kFull, total, offset);
+  }
   total = __shfl_sync(kFull, total, 0);
   if (has0) sh.attn[lane] = e0 / total;
   if (has1) sh.attn[lane + 32] = e1 / total;
@@ -101,7 +111,7 @@ __device__ __forceinline__ void softmax_backward_warp(const Shared<MaxN>& sh, in
   const float a0 = has0 ? sh.attn[lane] : 0.0f, a1 = has1 ? sh.attn[lane + 32] : 0.0f;
   float mean = a0 * g0 + a1 * g1;
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) mean += __shfl_xor_sync(kFull, mean, offset);
+  for (int offset = first_distance<MaxN>(); offset > 0; offset >>= 1) mean += __shfl_xor_sync(kFull, mean, offset);
   mean = __shfl_sync(kFull, mean, 0);
   if (has0) sh.ds[lane] = detach ? 0.0f : a0 * (g0 - mean);
   if (has1) sh.ds[lane + 32] = detach ? 0.0f : a1 * (g1 - mean);
