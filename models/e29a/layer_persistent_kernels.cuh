@@ -622,6 +622,28 @@ struct SeqShared {
     }
   }
 
+  // Quantity k's block sums, then (when `run`) warp 0's softmax of them into attention k, and a
+  // block barrier: finish() and softmax_warp, except with one block and one chunk of sums, where
+  // warp 0 adds the warps' partials itself (in finish's order) and each slot's sum goes to its
+  // lane by a shuffle, without the store and load of the sums.
+  template <int Q>
+  __device__ __forceinline__ void finish_softmax(int k, float scale, int N, bool run, bool& ok) const {
+    if constexpr (C == 1 && chunks<Q>() == 1) {
+      __syncthreads();
+      if (threadIdx.x < 32) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) sum += warp_part[w * kStride + threadIdx.x];
+        sum = __shfl_sync(kFull, sum, (threadIdx.x + k * (32 / Q)) & 31);
+        if (run) step::softmax_warp_of<MaxN>(sum, 0.0f, view(k), scale, N);
+      }
+    } else {
+      finish<Q>(ok);
+      if (threadIdx.x < 32 && run) step::softmax_warp<MaxN>(view(k), scale, N);
+    }
+    __syncthreads();
+  }
+
   // After every fold: sums[k][n] for the Q quantities (chunk c: slots c * 32 / Q + i, value
   // k * 32 / Q + i). A block barrier before; after, a block barrier (or, one chunk and no cluster,
   // warp 0's: the caller's next reader of the sums is warp 0). In a cluster (every block of it calls this at the
@@ -790,9 +812,7 @@ __device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const
   }
   sh.template score_pass<1, 0>(
       D, N, [&](float(&v)[32], int i, int n, int j, int d) { v[i] = fmaf(lds(at_nd(H, n, d, D)), hp[j], v[i]); });
-  sh.template finish<1>(ok);
-  if (threadIdx.x < 32) step::softmax_warp<MaxN>(sh.view(0), a.scale, N);
-  __syncthreads();
+  sh.template finish_softmax<1>(0, a.scale, N, true, ok);
   if (sh.slice.rank == 0 && threadIdx.x < N) a.read_attn[b * N + threadIdx.x] = sh.attn[threadIdx.x];
   float* h_out = a.h + (B + b) * D;
   __nv_bfloat16* h_bf16 = a.h_bf16 + (B + b) * D;
@@ -847,9 +867,7 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
   sh.template score_pass<2, 0>(
       D, N, [&](float(&v)[32], int i, int n, int j, int d) { v[i] = fmaf(lds(at_nd(H, n, d, D)), w[j], v[i]); });
   sub.lap(0);
-  sh.template finish<2>(ok);
-  if (threadIdx.x < 32) step::softmax_warp<MaxN>(sh.view(0), a.scale, N);
-  __syncthreads();
+  sh.template finish_softmax<2>(0, a.scale, N, true, ok);
   if (lead && threadIdx.x < N) a.write_attn[(t * B + b) * N + threadIdx.x] = sh.attn[threadIdx.x];
   float* checkpoint = t % a.interval == 0 ? a.checkpoints + ((t / a.interval) * B + b) * N * D : nullptr;
   // Two copies of the pass, with and without the checkpoint's stores: a test a tape element would
@@ -885,9 +903,7 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
   } else {
     update_pass(std::false_type{});
   }
-  sh.template finish<2>(ok);
-  if (threadIdx.x < 32 && more) step::softmax_warp<MaxN>(sh.view(1), a.scale, N);
-  __syncthreads();
+  sh.template finish_softmax<2>(1, a.scale, N, more, ok);
   if (more && lead && threadIdx.x < N) a.read_attn[((t + 1) * B + b) * N + threadIdx.x] = sh.attn[MaxN + threadIdx.x];
   sub.lap(1);
   float r[kMaxFeatures];

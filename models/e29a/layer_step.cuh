@@ -79,13 +79,15 @@ constexpr int first_distance() {
   return MaxN >= 32 ? 16 : MaxN / 2;
 }
 
-// Warp 0: attn = softmax(scale * sums). The normaliser is lane 0's sum, broadcast.
+// Warp 0: attn = softmax(scale * sums) with lane n's sums of slots n and n + 32 given. The
+// normaliser is lane 0's sum, broadcast.
 template <int MaxN>
-__device__ __forceinline__ void softmax_warp(const Shared<MaxN>& sh, float scale, int slots) {
+__device__ __forceinline__ void softmax_warp_of(float sum0, float sum1, const Shared<MaxN>& sh, float scale,
+                                                int slots) {
   const int lane = threadIdx.x;
   const bool has0 = lane<slots, has1 = MaxN> 32 && lane + 32 < slots;
-  const float s0 = has0 ? scale * sh.sums[lane] : -INFINITY;
-  const float s1 = has1 ? scale * sh.sums[lane + 32] : -INFINITY;
+  const float s0 = has0 ? scale * sum0 : -INFINITY;
+  const float s1 = has1 ? scale * sum1 : -INFINITY;
   float m = fmaxf(s0, s1);
 #pragma unroll
   for (int offset = first_distance<MaxN>(); offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, offset));
@@ -98,6 +100,14 @@ __device__ __forceinline__ void softmax_warp(const Shared<MaxN>& sh, float scale
   total = __shfl_sync(kFull, total, 0);
   if (has0) sh.attn[lane] = e0 / total;
   if (has1) sh.attn[lane + 32] = e1 / total;
+}
+
+// Warp 0: attn = softmax(scale * sums), the sums from shared memory.
+template <int MaxN>
+__device__ __forceinline__ void softmax_warp(const Shared<MaxN>& sh, float scale, int slots) {
+  const int lane = threadIdx.x;
+  softmax_warp_of<MaxN>(sh.sums[min(lane, MaxN - 1)], MaxN > 32 ? sh.sums[min(lane + 32, MaxN - 1)] : 0.0f, sh, scale,
+                        slots);
 }
 
 // Warp 0: ds = attn * ((g - g[0]) - sum_m attn[m] (g[m] - g[0])) with g = sums (the gradient of the
