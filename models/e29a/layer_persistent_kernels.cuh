@@ -864,8 +864,17 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
   load_xz(a, sh.slice, b, t, 1, z);
   if (more) load_xz(a, sh.slice, b, t + 1, 0, x);
 
-  sh.template score_pass<2, 0>(
-      D, N, [&](float(&v)[32], int i, int n, int j, int d) { v[i] = fmaf(lds(at_nd(H, n, d, D)), w[j], v[i]); });
+  // The thread's tape elements, read once by the score pass, stay in registers for the update pass
+  // and (updated) for the read pass where they take at most 64: the passes are bound by shared
+  // memory (an SM moves 128 bytes a clock), and so the tape is read once a step instead of three
+  // times (written once either way).
+  constexpr bool kHold = MaxN * kFeaturesOf<C> <= 64;
+  float held[kHold ? MaxN : 1][kHold ? kFeaturesOf<C> : 1];
+  sh.template score_pass<2, 0>(D, N, [&](float(&v)[32], int i, int n, int j, int d) {
+    const float hv = lds(at_nd(H, n, d, D));
+    if constexpr (kHold) held[n][j] = hv;
+    v[i] = fmaf(hv, w[j], v[i]);
+  });
   sub.lap(0);
   sh.template finish_softmax<2>(0, a.scale, N, true, ok);
   if (lead && threadIdx.x < N) a.write_attn[(t * B + b) * N + threadIdx.x] = sh.attn[threadIdx.x];
@@ -888,10 +897,16 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
           const int d = sh.slice.feature(j);
           if (d >= D) break;
           const std::uint32_t at = at_nd(H, n, d, D);
-          const float old = lds(at);
+          float old;
+          if constexpr (kHold) {
+            old = held[n][j];
+          } else {
+            old = lds(at);
+          }
           if constexpr (decltype(checkpointing)::value) checkpoint[n * D + d] = old;
           const float updated = step::tape_update(old, aw, w[j]);
           sts(at, updated);
+          if constexpr (kHold) held[n][j] = updated;
           v[16 + i] = fmaf(updated, own.h[j], v[16 + i]);
         }
       }
@@ -917,7 +932,11 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
     for (int j = 0; j < kFeaturesOf<C>; ++j) {
       const int d = sh.slice.feature(j);
       if (d >= D) break;
-      r[j] = fmaf(ar, lds(at_nd(H, n, d, D)), r[j]);
+      if constexpr (kHold) {
+        r[j] = fmaf(ar, held[n][j], r[j]);
+      } else {
+        r[j] = fmaf(ar, lds(at_nd(H, n, d, D)), r[j]);
+      }
     }
   }
   sub.lap(2);
