@@ -157,7 +157,7 @@ __device__ __forceinline__ std::uint32_t at_nd(std::uint32_t base, int n, int d,
 // half when its lane bit Dist is set) and adds its partner's (lane ^ Dist) copy of that half. A
 // template step, so every index is a constant and v stays in registers (a loop over the steps left
 // v in local memory with computed offsets).
-// Over v[At, At + 2 Half) with At > 0.
+// At > 0: the same over v[At, At + 2 Half).
 template <int Half, int Dist, int Size, int At = 0>
 __device__ __forceinline__ void butterfly_step(float (&v)[Size], int lane) {
   static_assert(At + 2 * Half <= Size);
@@ -645,12 +645,12 @@ struct SeqShared {
   }
 
   // After every fold: sums[k][n] for the Q quantities (chunk c: slots c * 32 / Q + i, value
-  // k * 32 / Q + i). A block barrier before; after, a block barrier (or, one chunk and no cluster,
-  // warp 0's: the caller's next reader of the sums is warp 0). In a cluster (every block of it calls this at the
-  // same point) `ok` goes in as this block's verdict and comes out as the cluster's: a block whose
-  // grid barrier failed still reaches the exchange, so the cluster leaves together (no block may
-  // leave while a peer can still send to it; a wait past the deadline means a peer never came,
-  // and the block leaves as aborted).
+  // k * 32 / Q + i). A block barrier before; after, a block barrier (or, one chunk and no
+  // cluster, warp 0's: every caller's next reader of the sums is warp 0). In a cluster (every block
+  // of it calls this at the same point) `ok` goes in as this block's verdict and comes out as the
+  // cluster's: a block whose grid barrier failed still reaches the exchange, so the cluster
+  // leaves together (no block may leave while a peer can still send to it; a wait past the
+  // deadline means a peer never came, and the block leaves as aborted).
   template <int Q>
   __device__ __forceinline__ void finish(bool& ok) const {
     constexpr int kSlots = 32 / Q, kChunks = chunks<Q>();
@@ -1445,7 +1445,7 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
   };
   // The on-chip H_{t-1} and dL/dH of slot n + 1 are read before slot n's are written (they keep
   // their program order: read and written in turn, every element waited for its own read; B 16
-  // backward 4.41 -> 4.36 ms on the H200, and the forward's update pass so measured no faster).
+  // backward 4.41 -> 4.36 ms on the H200).
   auto read_slot = [&](int n, float(&h1)[kMaxFeatures], float(&g)[kMaxFeatures]) {
 #pragma unroll
     for (int j = 0; j < kFeaturesOf<C>; ++j) {
