@@ -622,19 +622,24 @@ struct SeqShared {
     }
   }
 
+  // Value q's sum over the block's warps, in warp order.
+  __device__ __forceinline__ float block_sum(int q) const {
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += warp_part[w * kStride + q];
+    return s;
+  }
+
   // Quantity k's block sums, then (when `run`) warp 0's softmax of them into attention k, and a
   // block barrier: finish() and softmax_warp, except with one block and one chunk of sums, where
-  // warp 0 adds the warps' partials itself (in finish's order) and each slot's sum goes to its
+  // warp 0 adds the warps' partials itself (block_sum, as finish) and each slot's sum goes to its
   // lane by a shuffle, without the store and load of the sums.
   template <int Q>
   __device__ __forceinline__ void finish_softmax(int k, float scale, int N, bool run, bool& ok) const {
     if constexpr (C == 1 && chunks<Q>() == 1) {
       __syncthreads();
       if (threadIdx.x < 32) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) sum += warp_part[w * kStride + threadIdx.x];
-        sum = __shfl_sync(kFull, sum, (threadIdx.x + k * (32 / Q)) & 31);
+        const float sum = __shfl_sync(kFull, block_sum(threadIdx.x), (threadIdx.x + k * (32 / Q)) & 31);
         if (run) step::softmax_warp_of<MaxN>(sum, 0.0f, view(k), scale, N);
       }
     } else {
@@ -658,11 +663,6 @@ struct SeqShared {
     static_assert(C == 1 || C == 2 || C == kMaxCluster);
     __syncthreads();
     const int count = kChunks * 32;
-    auto block_sum = [&](int q) {
-      float s = 0.0f;
-      for (int w = 0; w < kWarps; ++w) s += warp_part[w * kStride + q];
-      return s;
-    };
     auto store = [&](int q, float s) {
       const int c = q / 32, k = (q % 32) / kSlots, n = c * kSlots + q % kSlots;
       if (n < MaxN) sums[k * MaxN + n] = s;
