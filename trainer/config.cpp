@@ -382,7 +382,7 @@ void read_model(const Section& s, ModelConfig& m) {
   const auto presets = family.presets();
   if (m.init_from.empty()) s.require("preset", "one of [" + joined(presets) + "]");
   s.string("preset", m.preset);
-  if (!m.preset.empty()) {
+  if (s.has("preset")) {  // given, even as '' or a bare tag: one of the names
     s.check(std::find(presets.begin(), presets.end(), m.preset) != presets.end(), "preset",
             "one of [" + joined(presets) + "]", "'" + m.preset + "'");
   }
@@ -621,7 +621,12 @@ const std::vector<SectionSchema>& schema() {
                  }});
     s.push_back({"data",
                  true,
-                 {required(entry("train", &RunConfig::data, &DataConfig::train, data_file("training data")),
+                 {required(entry<DataConfig, std::string>(
+                               "train", &RunConfig::data, &DataConfig::train,
+                               [](const Section& s, const std::string& key, const std::string& v, const RunConfig& c) {
+                                 s.check(!v.empty(), key, "a token shard path", "''");
+                                 data_file("training data")(s, key, v, c);
+                               }),
                            "a token shard path"),
                   {"val",
                    [](const Section& s, RunConfig& c) {

@@ -298,6 +298,10 @@ TEST_F(ConfigFiles, RejectsBadConfigsNamingFileLineKeyAndExpectation) {
       {replaced(b, "qwen3-tiny", "qwen3-7b"),
        {},
        "run.yaml:4: model.preset: expected one of [qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-tiny, qwen3-test], got 'qwen3-7b'"},
+      // A preset given as '' or as a bare YAML tag is a wrong name, not an absent key.
+      {replaced(b, "qwen3-tiny", "\"\""), {}, "run.yaml:4: model.preset: expected one of [qwen3-0.6b"},
+      {replaced(b, "qwen3-tiny", "!qwen3-tiny"), {}, "run.yaml:4: model.preset: expected one of [qwen3-0.6b"},
+      {b, {"data.train=''"}, "data.train: expected a token shard path, got ''"},
       {b, {"model.arch=llama"}, "model.arch: expected one of [qwen3, e29a], got 'llama'"},
       {b, {"model.recompute=some"}, "model.recompute: expected one of [none, mlp, full], got 'some'"},
       {b, {"model.num_kv_heads=3"}, "model.num_kv_heads: expected a divisor of num_heads (4), got 3"},
