@@ -549,6 +549,14 @@ KeySchema required(KeySchema key, const std::string& expected) {
   return key;
 }
 
+// A string key that may not be '' (a path given empty would read as unset), then `then`'s checks.
+Check<std::string> non_empty(const std::string& expected, Check<std::string> then = nullptr) {
+  return [=](const Section& s, const std::string& key, const std::string& v, const RunConfig& c) {
+    s.check(!v.empty(), key, expected, "''");
+    if (then) then(s, key, v, c);
+  };
+}
+
 // A data file: it must exist and be a regular file.
 Check<std::string> data_file(const std::string& what) {
   return [what](const Section& s, const std::string& key, const std::string& v, const RunConfig&) {
@@ -591,11 +599,8 @@ const std::vector<SectionSchema>& schema() {
     s.push_back({"run",
                  true,
                  {entry("name", &RunConfig::run, &RunSection::name),
-                  required(entry<RunSection, std::string>(
-                               "output_dir", &RunConfig::run, &RunSection::output_dir,
-                               [](const Section& s, const std::string& key, const std::string& v, const RunConfig&) {
-                                 s.check(!v.empty(), key, "a directory path", "''");
-                               }),
+                  required(entry<RunSection, std::string>("output_dir", &RunConfig::run, &RunSection::output_dir,
+                                                          non_empty("a directory path")),
                            "the directory for checkpoints, logs and the resolved config"),
                   {"seed",
                    [](const Section& s, RunConfig& c) {
@@ -621,12 +626,8 @@ const std::vector<SectionSchema>& schema() {
                  }});
     s.push_back({"data",
                  true,
-                 {required(entry<DataConfig, std::string>(
-                               "train", &RunConfig::data, &DataConfig::train,
-                               [](const Section& s, const std::string& key, const std::string& v, const RunConfig& c) {
-                                 s.check(!v.empty(), key, "a token shard path", "''");
-                                 data_file("training data")(s, key, v, c);
-                               }),
+                 {required(entry<DataConfig, std::string>("train", &RunConfig::data, &DataConfig::train,
+                                                          non_empty("a token shard path", data_file("training data"))),
                            "a token shard path"),
                   {"val",
                    [](const Section& s, RunConfig& c) {
