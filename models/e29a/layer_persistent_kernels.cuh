@@ -1375,10 +1375,21 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
       }
     }
   };
+  // Full variants whose two tapes fit the registers keep what this pass reads of H_{t-1} and dL/dH
+  // for the second pass, which then reads no shared memory (each thread reads and writes only its
+  // own elements, so the values are those it would read there).
+  constexpr bool kHoldTapes = Full && 2 * MaxN * kFeaturesOf<C> <= 64;
+  float held_h1[kHoldTapes ? MaxN : 1][kHoldTapes ? kFeaturesOf<C> : 1];
+  float held_g[kHoldTapes ? MaxN : 1][kHoldTapes ? kFeaturesOf<C> : 1];
   sh.template score_pass<4>(D, N, load_chunk, [&](float(&v)[32], int i, int n, int j, int d) {
-    v[i] = fmaf(dr[j], lds(at_nd(tape, n, d, D)), v[i]);
+    const float h1 = lds(at_nd(tape, n, d, D)), g = lds(at_nd(dH, n, d, D));
+    if constexpr (kHoldTapes) {
+      held_h1[n][j] = h1;
+      held_g[n][j] = g;
+    }
+    v[i] = fmaf(dr[j], h1, v[i]);
     const float diff = w[j] - h2c[i][j];
-    v[8 + i] = fmaf(lds(at_nd(dH, n, d, D)), diff, v[8 + i]);
+    v[8 + i] = fmaf(g, diff, v[8 + i]);
     v[16 + i] = fmaf(dr[j], diff, v[16 + i]);
     v[24 + i] = fmaf(hp[j], diff, v[24 + i]);
   });
@@ -1451,8 +1462,13 @@ __device__ __forceinline__ void backward_step(const PersistentBackwardArgs& a, c
     for (int j = 0; j < kFeaturesOf<C>; ++j) {
       const int d = sh.slice.feature(j);
       const bool in = n < N && n < MaxN && d < D;
-      h1[j] = in ? lds(at_nd(tape, n, d, D)) : 0.0f;
-      g[j] = in ? lds(at_nd(dH, n, d, D)) : 0.0f;
+      if constexpr (kHoldTapes) {
+        h1[j] = in ? held_h1[min(n, MaxN - 1)][j] : 0.0f;
+        g[j] = in ? held_g[min(n, MaxN - 1)][j] : 0.0f;
+      } else {
+        h1[j] = in ? lds(at_nd(tape, n, d, D)) : 0.0f;
+        g[j] = in ? lds(at_nd(dH, n, d, D)) : 0.0f;
+      }
     }
   };
   float h1_now[kMaxFeatures], g_now[kMaxFeatures], h1_next[kMaxFeatures] = {}, g_next[kMaxFeatures] = {};
