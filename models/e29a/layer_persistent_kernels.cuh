@@ -837,6 +837,40 @@ __device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const
   }
 }
 
+// What a sequence phase leaves to store after the block's arrival at the next grid barrier: the
+// outputs no block reads during the launch (y_t; h_{t+1} in fp32 and bf16 and r_{t+1}), so the
+// arrival waits only for h_{t+1} in fragment order, which the next rows phase reads.
+struct Outputs {
+  std::int64_t t = -1;  // the step whose outputs these are (-1: none)
+  bool more = false;    // h_{t+1} and r_{t+1} exist
+  float z[kMaxFeatures], h[kMaxFeatures], r[kMaxFeatures], h_next[kMaxFeatures], r_next[kMaxFeatures];
+};
+
+template <int C, bool Full>
+__device__ __forceinline__ void store_outputs(const PersistentForwardArgs& a, const Slice<C, Full>& slice,
+                                              std::int64_t b, Outputs& o) {
+  if (o.t < 0) return;
+  const int D = dim_of<Full>(a);
+  const std::int64_t B = a.batch, T = a.steps, t = o.t;
+  __nv_bfloat16* y = a.y + (b * T + t) * D;
+  float* h_out = a.h + ((t + 2) * B + b) * D;
+  __nv_bfloat16* h_bf16 = a.h_bf16 + ((t + 2) * B + b) * D;
+  float* read = a.read + ((t + 1) * B + b) * D;
+#pragma unroll
+  for (int j = 0; j < kFeaturesOf<C>; ++j) {
+    const int d = slice.feature(j);
+    if (d >= D) break;
+    const float g = (o.z[j] + o.r[j]) + o.h[j];
+    y[d] = __float2bfloat16_rn(o.h[j] * (g * step::sigmoidf(g)));
+    if (o.more) {
+      h_out[d] = o.h_next[j];
+      h_bf16[d] = __float2bfloat16_rn(o.h_next[j]);
+      read[d] = o.r_next[j];
+    }
+  }
+  o.t = -1;
+}
+
 // Step t's write (attention, tape update, checkpoint, y_t), then step t + 1's read when there is
 // one. w_t and W_h h_t come from this step's rows phase.
 //
@@ -848,7 +882,7 @@ __device__ __forceinline__ void first_read(const PersistentForwardArgs& a, const
 template <int MaxN, int C, bool Full>
 __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, const SeqShared<MaxN, C, Full>& sh,
                                                 std::uint32_t H, std::int64_t b, std::int64_t t, Owned& own, bool& ok,
-                                                Laps<4>& sub) {
+                                                Outputs& out, Laps<4>& sub) {
   sub.start();
   const int D = dim_of<Full>(a), N = slots_of<MaxN, Full>(a);
   const std::int64_t B = a.batch, T = a.steps;
@@ -941,24 +975,23 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
   }
   sub.lap(2);
 
-  // y_t, then h_{t+1} = tanh(x_{t+1} + W_h h_t + r_{t+1} + b_h).
-  __nv_bfloat16* y = a.y + (b * T + t) * D;
-  float* h_out = a.h + ((t + 2) * B + b) * D;
-  __nv_bfloat16* h_bf16 = a.h_bf16 + ((t + 2) * B + b) * D;
-  float* read = a.read + ((t + 1) * B + b) * D;
+  // h_{t+1} = tanh(x_{t+1} + W_h h_t + r_{t+1} + b_h) in fragment order now; y_t and the rest
+  // after the arrival (Outputs).
+  out.t = t;
+  out.more = more;
 #pragma unroll
   for (int j = 0; j < kFeaturesOf<C>; ++j) {
     const int d = sh.slice.feature(j);
-    if (d >= D) break;
-    const float g = (z[j] + own.r[j]) + own.h[j];
-    y[d] = __float2bfloat16_rn(own.h[j] * (g * step::sigmoidf(g)));
+    out.z[j] = z[j];
+    out.h[j] = own.h[j];
+    out.r[j] = own.r[j];
+    if (d >= D) continue;
     if (more) {
       const float pre = ((x[j] + rec[j]) + r[j]) + own.bias[j];
       const float h = tanhf(pre);
-      h_out[d] = h;
       a.h_frag[frag_at(b, d, D)] = h;
-      h_bf16[d] = __float2bfloat16_rn(h);
-      read[d] = r[j];
+      out.h_next[j] = h;
+      out.r_next[j] = r[j];
       own.h[j] = h;
       own.r[j] = r[j];
     }
@@ -1036,8 +1069,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (owner) first_read<MaxN, C, Full>(a, sh, tape, b, own, ok);
     phases.lap(2);
   }
+  Outputs outputs;
   for (std::int64_t t = 0; ok && t < T; ++t) {
-    ok = grid_barrier(p.grid, passed, &ok_flag);
+    grid_arrive(p.grid, passed);
+    if (owner) store_outputs(a, slice, b, outputs);  // the last step's, while the others arrive
+    ok = grid_wait(p.grid, passed, &ok_flag);
     if (!goes_on(ok, exchanges)) break;
     phases.lap(3);
     // w_t = W_write h_t and, unless last, W_h h_t.
@@ -1050,9 +1086,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     ok = ok && grid_barrier(p.grid, passed, &ok_flag);
     if (!goes_on(ok, exchanges)) break;
     phases.lap(1);
-    if (owner) write_then_read<MaxN, C, Full>(a, sh, tape, b, t, own, ok, sub);
+    if (owner) write_then_read<MaxN, C, Full>(a, sh, tape, b, t, own, ok, outputs, sub);
     phases.lap(2);
   }
+  if (ok && owner) store_outputs(a, slice, b, outputs);
   __syncthreads();  // a thread's features of the tape are not the elements it copies back
   if (ok && owner) {
     float* dst = a.tape + b * per_tape;
