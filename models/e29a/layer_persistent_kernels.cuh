@@ -649,6 +649,19 @@ struct SeqShared {
     __syncthreads();
   }
 
+  // Quantity k's softmax of scale times its block sums (C 1, one chunk) by every warp at once, lane
+  // n < N returning weight n: the same sums and arithmetic as finish_softmax, so the same bits in
+  // every warp, without warp 0's store of the weights and the block barrier after it. Each lane
+  // reads only its own quantity's partials: the other quantity's fold may be writing its own.
+  template <int Q>
+  __device__ __forceinline__ float softmax_each_warp(int k, float scale, int N) const {
+    static_assert(C == 1 && chunks<Q>() == 1);
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const float sum = lane < N ? block_sum(k * (32 / Q) + lane) : 0.0f;
+    return step::softmax_lane<MaxN>(sum, 0.0f, scale, N).w0;
+  }
+
   // After every fold: sums[k][n] for the Q quantities (chunk c: slots c * 32 / Q + i, value
   // k * 32 / Q + i). A block barrier before; after, a block barrier (or, one chunk and no
   // cluster, warp 0's: every caller's next reader of the sums is warp 0). In a cluster (every block
@@ -910,8 +923,17 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
     v[i] = fmaf(hv, w[j], v[i]);
   });
   sub.lap(0);
-  sh.template finish_softmax<2>(0, a.scale, N, true, ok);
-  if (lead && threadIdx.x < N) a.write_attn[(t * B + b) * N + threadIdx.x] = sh.attn[threadIdx.x];
+  // One block and one chunk of sums: each warp takes the weights in its lanes (softmax_each_warp)
+  // and hands weight n to the passes by a shuffle.
+  constexpr bool kEachWarp = C == 1 && SeqShared<MaxN, C, Full>::template chunks<2>() == 1;
+  float write_weight = 0.0f, read_weight = 0.0f;
+  if constexpr (kEachWarp) {
+    write_weight = sh.template softmax_each_warp<2>(0, a.scale, N);
+    if (lead && threadIdx.x < N) a.write_attn[(t * B + b) * N + threadIdx.x] = write_weight;
+  } else {
+    sh.template finish_softmax<2>(0, a.scale, N, true, ok);
+    if (lead && threadIdx.x < N) a.write_attn[(t * B + b) * N + threadIdx.x] = sh.attn[threadIdx.x];
+  }
   float* checkpoint = t % a.interval == 0 ? a.checkpoints + ((t / a.interval) * B + b) * N * D : nullptr;
   // Two copies of the pass, with and without the checkpoint's stores: a test a tape element would
   // put each element in a block of its own, and nothing would be scheduled across them.
@@ -925,7 +947,7 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
       for (int i = 0; i < 16; ++i) {
         const int n = c * 16 + i;
         if (n >= N || n >= MaxN) break;
-        const float aw = sh.attn[n];
+        const float aw = kEachWarp ? __shfl_sync(kFull, write_weight, n) : sh.attn[n];
 #pragma unroll
         for (int j = 0; j < kFeaturesOf<C>; ++j) {
           const int d = sh.slice.feature(j);
@@ -952,8 +974,13 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
   } else {
     update_pass(std::false_type{});
   }
-  sh.template finish_softmax<2>(1, a.scale, N, more, ok);
-  if (more && lead && threadIdx.x < N) a.read_attn[((t + 1) * B + b) * N + threadIdx.x] = sh.attn[MaxN + threadIdx.x];
+  if constexpr (kEachWarp) {
+    read_weight = sh.template softmax_each_warp<2>(1, a.scale, N);
+    if (more && lead && threadIdx.x < N) a.read_attn[((t + 1) * B + b) * N + threadIdx.x] = read_weight;
+  } else {
+    sh.template finish_softmax<2>(1, a.scale, N, more, ok);
+    if (more && lead && threadIdx.x < N) a.read_attn[((t + 1) * B + b) * N + threadIdx.x] = sh.attn[MaxN + threadIdx.x];
+  }
   sub.lap(1);
   float r[kMaxFeatures];
 #pragma unroll
@@ -961,7 +988,7 @@ __device__ __forceinline__ void write_then_read(const PersistentForwardArgs& a, 
 #pragma unroll
   for (int n = 0; n < MaxN; ++n) {
     if (n >= N) break;
-    const float ar = sh.attn[MaxN + n];
+    const float ar = kEachWarp ? __shfl_sync(kFull, read_weight, n) : sh.attn[MaxN + n];
 #pragma unroll
     for (int j = 0; j < kFeaturesOf<C>; ++j) {
       const int d = sh.slice.feature(j);

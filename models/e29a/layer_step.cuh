@@ -79,12 +79,15 @@ constexpr int first_distance() {
   return MaxN >= 32 ? 16 : MaxN / 2;
 }
 
-// Warp 0: attn = softmax(scale * sums) with lane n's sums of slots n and n + 32 given. The
-// normaliser is lane 0's sum, broadcast.
+// Lane n's softmax weights of slots n and n + 32 (0 past `slots`) of scale * sums, lane n's sums
+// given; the normaliser is lane 0's sum, broadcast. Any warp: warps given the same sums return the
+// same bits.
+struct LaneWeights {
+  float w0, w1;
+};
 template <int MaxN>
-__device__ __forceinline__ void softmax_warp_of(float sum0, float sum1, const Shared<MaxN>& sh, float scale,
-                                                int slots) {
-  const int lane = threadIdx.x;
+__device__ __forceinline__ LaneWeights softmax_lane(float sum0, float sum1, float scale, int slots) {
+  const int lane = threadIdx.x & 31;
   const bool has0 = lane<slots, has1 = MaxN> 32 && lane + 32 < slots;
   const float s0 = has0 ? scale * sum0 : -INFINITY;
   const float s1 = has1 ? scale * sum1 : -INFINITY;
@@ -98,8 +101,17 @@ __device__ __forceinline__ void softmax_warp_of(float sum0, float sum1, const Sh
     total += __shfl_xor_sync(kFull, total, offset);
   }
   total = __shfl_sync(kFull, total, 0);
-  if (has0) sh.attn[lane] = e0 / total;
-  if (has1) sh.attn[lane + 32] = e1 / total;
+  return {has0 ? e0 / total : 0.0f, has1 ? e1 / total : 0.0f};
+}
+
+// Warp 0: attn = softmax(scale * sums) with lane n's sums of slots n and n + 32 given.
+template <int MaxN>
+__device__ __forceinline__ void softmax_warp_of(float sum0, float sum1, const Shared<MaxN>& sh, float scale,
+                                                int slots) {
+  const int lane = threadIdx.x;
+  const LaneWeights w = softmax_lane<MaxN>(sum0, sum1, scale, slots);
+  if (lane < slots) sh.attn[lane] = w.w0;
+  if (MaxN > 32 && lane + 32 < slots) sh.attn[lane + 32] = w.w1;
 }
 
 // Warp 0: attn = softmax(scale * sums), the sums from shared memory.
