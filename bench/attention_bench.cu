@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
     auto selected = [&](int i) { return only_variant < 0 || i == only_variant; };
     nlohmann::json forward_sweep = nlohmann::json::array();
     for (int i = 0; i < ops::attention_cuda_variant_count(hd, false); ++i) {
-      if (!selected(i)) continue;
+      if (!selected(i) || !ops::attention_cuda_variant_available(hd, false, i)) continue;
       const double ms = bench::median_ms(stream, warmup, reps, [&] { forward(i); });
       forward_sweep.push_back({{"variant", ops::attention_cuda_variant_name(hd, false, i)},
                                {"ms", ms},
@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
     forward(-1);
     nlohmann::json backward_sweep = nlohmann::json::array();
     for (int i = 0; i < ops::attention_cuda_variant_count(hd, true); ++i) {
-      if (!selected(i)) continue;
+      if (!selected(i) || !ops::attention_cuda_variant_available(hd, true, i)) continue;
       const double ms = bench::median_ms(stream, warmup, reps, [&] { backward(i); });
       backward_sweep.push_back({{"variant", ops::attention_cuda_variant_name(hd, true, i)},
                                 {"ms", ms},

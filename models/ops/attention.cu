@@ -37,6 +37,7 @@
 #include "core/error.h"
 #include "models/ops/mma_bf16.cuh"
 #include "models/ops/op_checks.h"
+#include "models/ops/wgmma.cuh"
 
 namespace models::ops {
 namespace {
@@ -1088,6 +1089,9 @@ __device__ __forceinline__ void backward_query_block(const BackwardArgs& args, i
   }
 }
 
+// The same kernels on Hopper's warpgroup products (sm_90a).
+#include "models/ops/attention_hopper.cuh"
+
 // ---------------------------------------------------------------------------------------------
 // Launchers and tile variants
 
@@ -1106,6 +1110,42 @@ struct Forward {
     const dim3 grid((args.seq + kBlockM - 1) / kBlockM, args.q_heads, batch);
     launch(attention_forward_kernel<kHeadDim, kBlockM, kBlockN, kWarps>, grid, kWarps * 32, kSmemBytes, args, stream,
            "attention_forward_kernel");
+  }
+};
+
+// The current device's compute capability major version, cached per device.
+int device_major_version() {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};  // 0: unknown
+  if (device >= kMaxDevices) return 0;
+  if (cached[device] == 0)
+    CUDA_CHECK(cudaDeviceGetAttribute(&cached[device], cudaDevAttrComputeCapabilityMajor, device));
+  return cached[device];
+}
+
+// Whether the wgmma kernels can run: the build has sm_90a code (CMake defines
+// LLMTRAIN_SM90A_KERNELS when CMAKE_CUDA_ARCHITECTURES lists 90a) and the current device is a
+// Hopper GPU (compute capability 9.x).
+bool hopper_kernels_available() {
+#ifdef LLMTRAIN_SM90A_KERNELS
+  return device_major_version() == 9;
+#else
+  return false;
+#endif
+}
+
+bool always_available() { return true; }
+
+template <int kHeadDim, int kBlockN>
+struct HopperForward {
+  static constexpr std::size_t kSmemBytes = hopper::ForwardTiles<kHeadDim, kBlockN>::kSmemBytes;
+  static void run(const ForwardArgs& args, int batch, cudaStream_t stream) {
+    constexpr int kBlockM = hopper::ForwardTiles<kHeadDim, kBlockN>::kBlockM;
+    const dim3 grid((args.seq + kBlockM - 1) / kBlockM, args.q_heads, batch);
+    launch(hopper::attention_forward_wgmma_kernel<kHeadDim, kBlockN>, grid, hopper::kThreads, kSmemBytes, args, stream,
+           "attention_forward_wgmma_kernel");
   }
 };
 
@@ -1198,6 +1238,37 @@ struct QuerySide {
   }
 };
 
+// The wgmma sides (attention_hopper.cuh): 128 keys a block over 64-query tiles; 128 queries a
+// block over 64-key tiles.
+template <int kHeadDim>
+struct HopperKeySide {
+  static constexpr int kThreads = hopper::kThreads;
+  static constexpr int kKeys = 128;
+  static constexpr std::size_t kSmemBytes = 1024 + 2 * hopper::WarpgroupTile<kKeys, kHeadDim>::kBytes +
+                                            4 * hopper::WarpgroupTile<64, kHeadDim>::kBytes +
+                                            2 * 2 * 64 * sizeof(float);
+  static dim3 grid(const BackwardArgs& args, int batch) {
+    return dim3((args.seq + kKeys - 1) / kKeys, args.q_heads / args.group, batch);
+  }
+  static __device__ __forceinline__ void block(const BackwardArgs& args, int x, int y, int z, int) {
+    hopper::backward_key_block<kHeadDim>(args, x, y, z);
+  }
+};
+
+template <int kHeadDim>
+struct HopperQuerySide {
+  static constexpr int kThreads = hopper::kThreads;
+  static constexpr int kRows = 128;
+  static constexpr std::size_t kSmemBytes =
+      1024 + 2 * hopper::WarpgroupTile<kRows, kHeadDim>::kBytes + 4 * hopper::WarpgroupTile<64, kHeadDim>::kBytes;
+  static dim3 grid(const BackwardArgs& args, int batch) {
+    return dim3((args.seq + kRows - 1) / kRows, args.q_heads, batch);
+  }
+  static __device__ __forceinline__ void block(const BackwardArgs& args, int x, int y, int z, int grid_x) {
+    hopper::backward_query_block<kHeadDim>(args, x, y, z, grid_x);
+  }
+};
+
 // Two launches: the key side, then the query side.
 template <typename Key, typename Query>
 struct Backward {
@@ -1209,20 +1280,8 @@ struct Backward {
 };
 
 // Whether the current device can launch a kernel as a programmatic dependent of the previous one
-// in its stream (compute capability 9.0+). Cached per device.
-bool programmatic_launch_supported() {
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};  // 0: unknown, 1: no, 2: yes
-  if (device >= kMaxDevices) return false;
-  if (cached[device] == 0) {
-    int major = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    cached[device] = major >= 9 ? 2 : 1;
-  }
-  return cached[device] == 2;
-}
+// in its stream (compute capability 9.0+).
+bool programmatic_launch_supported() { return device_major_version() >= 9; }
 
 // One launch of both sides (attention_backward_fused_kernel), as a programmatic dependent of the
 // prepare kernel where the device supports it, so that its blocks start as the prepare grid drains.
@@ -1258,40 +1317,48 @@ struct ForwardVariant {
   const char* name;
   void (*run)(const ForwardArgs&, int, cudaStream_t);
   std::size_t smem_bytes;
+  bool (*available)();  // whether the build and the current device can run it
 };
 
 struct BackwardVariant {
   const char* name;
   void (*run)(const BackwardArgs&, int, cudaStream_t);
   std::size_t smem_bytes;
+  bool (*available)();
 };
 
 template <typename Config>
-constexpr ForwardVariant forward_variant(const char* name) {
-  return {name, &Config::run, Config::kSmemBytes};
+constexpr ForwardVariant forward_variant(const char* name, bool (*available)() = always_available) {
+  return {name, &Config::run, Config::kSmemBytes, available};
 }
 
 template <typename Config>
-constexpr BackwardVariant backward_variant(const char* name) {
-  return {name, &Config::run, Config::kSmemBytes};
+constexpr BackwardVariant backward_variant(const char* name, bool (*available)() = always_available) {
+  return {name, &Config::run, Config::kSmemBytes, available};
 }
 
 // In order of preference (measured on an H200); the automatic choice is the first that fits the
 // device's shared memory per block. Names: m = query rows and n = keys per block (a/b: loaded a at
 // a time, used b at a time), w = warps x rows per warp, "pairs" = warp pairs x keys per pair.
 constexpr ForwardVariant kForward64[] = {
+    forward_variant<HopperForward<64, 128>>("wgmma m128 n128 wg2x64", hopper_kernels_available),
+    forward_variant<HopperForward<64, 64>>("wgmma m128 n64 wg2x64", hopper_kernels_available),
     forward_variant<Forward<64, 128, 128, 4>>("m128 n128 w4x32"),
     forward_variant<Forward<64, 128, 64, 4>>("m128 n64 w4x32"),
     forward_variant<Forward<64, 64, 64, 4>>("m64 n64 w4x16"),
     forward_variant<Forward<64, 128, 64, 8>>("m128 n64 w8x16"),
 };
 constexpr ForwardVariant kForward128[] = {
+    forward_variant<HopperForward<128, 128>>("wgmma m128 n128 wg2x64", hopper_kernels_available),
+    forward_variant<HopperForward<128, 64>>("wgmma m128 n64 wg2x64", hopper_kernels_available),
     forward_variant<Forward<128, 128, 64, 4>>("m128 n64 w4x32"),
     forward_variant<Forward<128, 64, 64, 4>>("m64 n64 w4x16"),
     forward_variant<Forward<128, 128, 64, 8>>("m128 n64 w8x16"),
     forward_variant<Forward<128, 128, 32, 4>>("m128 n32 w4x32"),
 };
 constexpr BackwardVariant kBackward64[] = {
+    backward_variant<FusedBackward<HopperKeySide<64>, HopperQuerySide<64>>>(
+        "wgmma fused key n128 m64 wg2x64 | query m128 n64 wg2x64", hopper_kernels_available),
     backward_variant<FusedBackward<KeySide<64, 4, 2, 128, 32>, QuerySide<64, 4, 2, 128, 32>>>(
         "fused key n128 m128/32 w4x32 | query m128 n128/32 w4x32"),
     backward_variant<Backward<KeySide<64, 4, 2, 128, 32>, QuerySide<64, 4, 2, 128, 32>>>(
@@ -1304,6 +1371,8 @@ constexpr BackwardVariant kBackward64[] = {
         "key n64 m128/64 w4x16 | query m64 n128 w4x16"),
 };
 constexpr BackwardVariant kBackward128[] = {
+    backward_variant<FusedBackward<HopperKeySide<128>, HopperQuerySide<128>>>(
+        "wgmma fused key n128 m64 wg2x64 | query m128 n64 wg2x64", hopper_kernels_available),
     backward_variant<FusedBackward<KeyPairsSide<128, 2, 2, 64, 64>, QuerySide<128, 4, 2, 32, 32>>>(
         "fused key n64 m64 pairs2x32 | query m128 n32 w4x32 (> 99 KB smem)"),
     backward_variant<FusedBackward<KeyPairsSide<128, 2, 2, 64, 32>, QuerySide<128, 4, 2, 32, 32>>>(
@@ -1402,14 +1471,21 @@ std::size_t variant_smem_bytes(std::int64_t head_dim, bool backward, int variant
   return backward ? backward_variants(head_dim)[variant].smem_bytes : forward_variants(head_dim)[variant].smem_bytes;
 }
 
-// `variant`, or for -1 the first variant whose shared memory fits a block on the current device.
+bool variant_available(std::int64_t head_dim, bool backward, int variant) {
+  return backward ? backward_variants(head_dim)[variant].available() : forward_variants(head_dim)[variant].available();
+}
+
+// `variant`, or for -1 the first variant the current device can run whose shared memory fits a block.
 int resolve_variant(std::string_view op, std::int64_t head_dim, bool backward, int variant) {
   if (variant >= 0) return variant;
   int device = 0, limit = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   for (int i = 0; i < variant_count(head_dim, backward); ++i) {
-    if (variant_smem_bytes(head_dim, backward, i) <= static_cast<std::size_t>(limit)) return i;
+    if (variant_smem_bytes(head_dim, backward, i) <= static_cast<std::size_t>(limit) &&
+        variant_available(head_dim, backward, i)) {
+      return i;
+    }
   }
   checks::fail(op, "no tile variant fits the " + std::to_string(limit) + " bytes of shared memory per block");
 }
@@ -1422,6 +1498,12 @@ const char* attention_cuda_variant_name(std::int64_t head_dim, bool backward, in
   check_variant("attention_cuda_variant_name", head_dim, backward, variant);
   variant = resolve_variant("attention_cuda_variant_name", head_dim, backward, variant);
   return backward ? backward_variants(head_dim)[variant].name : forward_variants(head_dim)[variant].name;
+}
+
+bool attention_cuda_variant_available(std::int64_t head_dim, bool backward, int variant) {
+  check_variant("attention_cuda_variant_available", head_dim, backward, variant);
+  variant = resolve_variant("attention_cuda_variant_available", head_dim, backward, variant);
+  return variant_available(head_dim, backward, variant);
 }
 
 std::size_t attention_cuda_variant_smem_bytes(std::int64_t head_dim, bool backward, int variant) {

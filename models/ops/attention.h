@@ -86,8 +86,11 @@ void attention_backward_cuda(const AttentionShape& shape, AttentionInput q, Atte
 // The tile configurations the CUDA kernels can run with, for benchmarks and tests: how many there
 // are for a head dim, a name for each (block sizes and warps per block) and the shared memory a
 // block of it needs. Variant -1 names the one the calls above choose on the current device.
+// A variant may need a particular GPU (the wgmma ones: Hopper and a build with sm_90a code); the
+// calls above run an unavailable one only when asked for it by number.
 int attention_cuda_variant_count(std::int64_t head_dim, bool backward);
 const char* attention_cuda_variant_name(std::int64_t head_dim, bool backward, int variant);
 std::size_t attention_cuda_variant_smem_bytes(std::int64_t head_dim, bool backward, int variant);
+bool attention_cuda_variant_available(std::int64_t head_dim, bool backward, int variant);
 
 }  // namespace models::ops

@@ -1,9 +1,10 @@
 // Hopper's warpgroup matrix multiply (wgmma) for kernels that keep their tiles in shared memory:
 // the 128-byte swizzled tile layout, shared-memory matrix descriptors, and D[64, N] += A[64, 16]
 // B[16, N] in bf16 with fp32 accumulation, A from shared memory or registers and B from shared
-// memory (K-major, i.e. rows of A and columns of B contiguous along K), issued by the 128 threads
-// of a warpgroup together: one instruction is 64 x N x 16 where mma.sync is 16 x 8 x 16 per warp. No kernel uses
-// it yet; tests/models/ops/test_wgmma_gpu.cu checks it against a CPU product.
+// memory (K-major, i.e. rows of A and columns of B contiguous along K; or B MN-major, rows of B
+// contiguous along N), issued by the 128 threads of a warpgroup together: one instruction is
+// 64 x N x 16 where mma.sync is 16 x 8 x 16 per warp. The attention kernels of attention_hopper.cuh
+// use it; tests/models/ops/test_wgmma_gpu.cu checks it against a CPU product.
 //
 // Layout: a tile of R rows x 64 bf16 (128 bytes a row) in 8-row atoms of 1024 bytes, each atom
 // 1024-byte aligned; within an atom row r's 16-byte chunk q sits at chunk q ^ r (the 128-byte
@@ -37,6 +38,17 @@ __host__ __device__ constexpr std::uint32_t swizzled_offset(std::uint32_t row, s
 __host__ __device__ constexpr std::uint64_t swizzled_tile_descriptor(std::uint32_t address) {
   return static_cast<std::uint64_t>((address >> 4) & 0x3FFF) | (std::uint64_t{1} << 16) |
          (std::uint64_t{1024 >> 4} << 32) | (std::uint64_t{1} << 62);
+}
+
+// The descriptor of the same swizzled layout read MN-major (instructions with the transpose bit):
+// the tile's rows are the K index and its 64 columns the M or N index, so a k16 step is two 8-row
+// atoms (its start 2048 bytes further per step), the stride byte offset 1024 steps between the two
+// atoms and the leading byte offset `mn_stride_bytes` from one 64-column tile to the next (N 128).
+__host__ __device__ constexpr std::uint64_t swizzled_mn_major_descriptor(std::uint32_t address,
+                                                                         std::uint32_t mn_stride_bytes) {
+  return static_cast<std::uint64_t>((address >> 4) & 0x3FFF) |
+         (static_cast<std::uint64_t>((mn_stride_bytes >> 4) & 0x3FFF) << 16) | (std::uint64_t{1024 >> 4} << 32) |
+         (std::uint64_t{1} << 62);
 }
 
 // The descriptor of the k16 step `k` of a tile: 32 bytes (2 units of 16) further.
@@ -95,6 +107,26 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], std::uint64_t desc_a
 template <int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc_b,
                                          bool accumulate);
+
+// The same with B MN-major (swizzled_mn_major_descriptor): B[k][n] at row k, column n of the tile,
+// as a row-major [K, N] matrix such as V in P V lies in memory.
+template <int N>
+__device__ __forceinline__ void wgmma_rs_mn(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc_b,
+                                            bool accumulate);
+
+// Keeps values in registers, unmoved, up to this point: for accumulators and A fragments that a
+// wgmma still in flight reads or writes, after the wait that ends it (the compiler does not know
+// the instruction runs on after its statement).
+template <int Count>
+__device__ __forceinline__ void keep_in_registers(float (&values)[Count]) {
+#pragma unroll
+  for (int i = 0; i < Count; ++i) asm volatile("" : "+f"(values[i])::"memory");
+}
+template <int Count>
+__device__ __forceinline__ void keep_in_registers(std::uint32_t (&values)[Count]) {
+#pragma unroll
+  for (int i = 0; i < Count; ++i) asm volatile("" : "+r"(values[i])::"memory");
+}
 
 #ifdef LLMTRAIN_WGMMA
 // The accumulator operands: the registers of d as "%0, ..." in the instruction and "+f" bindings.
@@ -164,6 +196,32 @@ __device__ __forceinline__ void wgmma_rs<128>(float (&d)[64], const std::uint32_
       : LLMTRAIN_WGMMA_D64
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
+
+// D[64, 64] (+)= A[64, 16] B[16, 64], A from registers, B MN-major from shared memory.
+template <>
+__device__ __forceinline__ void wgmma_rs_mn<64>(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t desc_b,
+                                                bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" LLMTRAIN_WGMMA_REGS32
+      "}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : LLMTRAIN_WGMMA_D32
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// D[64, 128] (+)= A[64, 16] B[16, 128], A from registers, B MN-major from shared memory.
+template <>
+__device__ __forceinline__ void wgmma_rs_mn<128>(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t desc_b,
+                                                 bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" LLMTRAIN_WGMMA_REGS64
+      "}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : LLMTRAIN_WGMMA_D64
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
 #undef LLMTRAIN_WGMMA_REGS32
 #undef LLMTRAIN_WGMMA_REGS64
 #undef LLMTRAIN_WGMMA_REGS32_63
@@ -184,6 +242,14 @@ __device__ __forceinline__ void wgmma_rs<64>(float (&)[32], const std::uint32_t 
 }
 template <>
 __device__ __forceinline__ void wgmma_rs<128>(float (&)[64], const std::uint32_t (&)[4], std::uint64_t, bool) {
+  wgmma_trap();
+}
+template <>
+__device__ __forceinline__ void wgmma_rs_mn<64>(float (&)[32], const std::uint32_t (&)[4], std::uint64_t, bool) {
+  wgmma_trap();
+}
+template <>
+__device__ __forceinline__ void wgmma_rs_mn<128>(float (&)[64], const std::uint32_t (&)[4], std::uint64_t, bool) {
   wgmma_trap();
 }
 #endif

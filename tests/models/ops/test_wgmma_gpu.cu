@@ -1,8 +1,8 @@
 // Hopper's wgmma primitives (models/ops/wgmma.cuh) against a CPU product: the swizzled layout is a
 // permutation of each 1024-byte atom, and one warpgroup's D[64, N] = A[64, K] B[N, K]^T over k16
 // steps through descriptors (N 64 and 128, K 64 and 128: one and two 64-column tiles; A from shared
-// memory or from registers) equals the fp64 product of the same bf16 values within fp32
-// accumulation error, for fresh random inputs, also when a second product accumulates onto the
+// memory or from registers; B also MN-major, as a row-major [K, N] lies) equals the fp64 product of the same bf16
+// values within fp32 accumulation error, for fresh random inputs, also when a second product accumulates onto the
 // first. Skips off Hopper or without sm_90a code.
 #include <gtest/gtest.h>
 
@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/buffer.h"
@@ -56,6 +57,23 @@ __device__ void load_fragment(const std::uint16_t* a, int stride, int k0, std::u
   frag[3] = pair(r + 8, c + 8);
 }
 
+// Writes a warpgroup's accumulators D[64, N] row-major to c.
+template <int N>
+__device__ void store_accumulators(const float (&d)[N / 2], float* c) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int col = 0; col < 2; ++col) {
+        const int row = 16 * warp + lane / 4 + 8 * i, column = 8 * j + 2 * (lane % 4) + col;
+        c[row * N + column] = d[4 * j + 2 * i + col];
+      }
+    }
+  }
+}
+
 // c[64, N] = a[64, K] b[N, K]^T (+ the same again when `twice`), one warpgroup; K a multiple of 64;
 // A through shared memory, or from registers when `FromRegisters`.
 template <int N, bool FromRegisters>
@@ -97,18 +115,38 @@ __global__ void __launch_bounds__(128)
       gpu::wgmma_wait<0>();
     }
   }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  store_accumulators<N>(d, c);
+}
+
+// c[64, N] = a[64, K] b[K, N] with b row-major (B MN-major in shared memory, wgmma_rs_mn), A from
+// registers, one warpgroup; K a multiple of 64.
+template <int N>
+__global__ void __launch_bounds__(128)
+    product_mn_kernel(const std::uint16_t* a, const std::uint16_t* b, int k_total, float* c) {
+  __shared__ __align__(1024) std::uint8_t tile_b[64 * N * 2];
+  constexpr std::uint32_t kColumnTileBytes = 64 * 128;  // 64 rows (k) of one 64-column tile
+  float d[N / 2];
 #pragma unroll
-  for (int j = 0; j < N / 8; ++j) {
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
+  const auto base = static_cast<std::uint32_t>(__cvta_generic_to_shared(tile_b));
+  for (int k0 = 0; k0 < k_total; k0 += 64) {
+    __syncthreads();
+    for (int t = 0; t < N / 64; ++t) load_tile(b + k0 * N, 64, N, 64 * t, tile_b + t * kColumnTileBytes);
+    gpu::fence_shared_for_wgmma();
+    __syncthreads();
+    std::uint32_t frags[4][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int k = 0; k < 4; ++k) load_fragment(a, k_total, k0 + 16 * k, frags[k]);
+    gpu::wgmma_fence();
 #pragma unroll
-      for (int col = 0; col < 2; ++col) {
-        const int row = 16 * warp + lane / 4 + 8 * i, column = 8 * j + 2 * (lane % 4) + col;
-        c[row * N + column] = d[4 * j + 2 * i + col];
-      }
+    for (int k = 0; k < 4; ++k) {
+      gpu::wgmma_rs_mn<N>(d, frags[k], gpu::swizzled_mn_major_descriptor(base + 2048 * k, kColumnTileBytes), true);
     }
+    gpu::wgmma_commit();
+    gpu::wgmma_wait<0>();
+    gpu::keep_in_registers(d);
   }
+  store_accumulators<N>(d, c);
 }
 
 bool built_for_wgmma() {
@@ -124,6 +162,46 @@ std::vector<std::uint16_t> random_bf16_bits(std::mt19937_64& rng, std::size_t n)
   std::vector<std::uint16_t> bits(n);
   for (std::size_t i = 0; i < n; ++i) bits[i] = core::float_to_bf16(values[i]);
   return bits;
+}
+
+// |c - reference| within fp32 accumulation error of every element; reference(row, column) returns
+// {sum, sum of magnitudes} in double.
+template <typename Reference>
+void expect_product(const std::vector<float>& c, int n, Reference reference) {
+  std::size_t bad = 0;
+  for (int row = 0; row < 64; ++row) {
+    for (int column = 0; column < n; ++column) {
+      const auto [sum, magnitude] = reference(row, column);
+      const double err = std::fabs(c[row * n + column] - sum);
+      if (!(err <= 5e-5 * magnitude + 1e-6) && bad++ < 5) {
+        ADD_FAILURE() << "D[" << row << ", " << column << "] = " << c[row * n + column] << ", expected " << sum;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+template <int N>
+void check_product_mn(std::mt19937_64& rng, int k_total) {
+  SCOPED_TRACE("N " + std::to_string(N) + " K " + std::to_string(k_total) + " B MN-major");
+  const auto a = random_bf16_bits(rng, static_cast<std::size_t>(64 * k_total));
+  const auto b = random_bf16_bits(rng, static_cast<std::size_t>(N * k_total));
+  core::Buffer a_d(core::Device::cuda(), a.size() * 2), b_d(core::Device::cuda(), b.size() * 2);
+  core::Buffer c_d(core::Device::cuda(), static_cast<std::size_t>(64 * N) * sizeof(float));
+  test::from_host(a_d, a);
+  test::from_host(b_d, b);
+  product_mn_kernel<N><<<1, 128>>>(a_d.as<std::uint16_t>(), b_d.as<std::uint16_t>(), k_total, c_d.as<float>());
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  expect_product(test::to_host<float>(c_d), N, [&](int row, int column) {
+    double sum = 0.0, magnitude = 0.0;
+    for (int k = 0; k < k_total; ++k) {
+      const double term = double(core::bf16_to_float(a[row * k_total + k])) * core::bf16_to_float(b[k * N + column]);
+      sum += term;
+      magnitude += std::fabs(term);
+    }
+    return std::pair{sum, magnitude};
+  });
 }
 
 template <int N, bool FromRegisters = false>
@@ -194,6 +272,9 @@ TEST(WgmmaGpu, WarpgroupProductMatchesReference) {
   check_product<128>(rng, 128, true);
   check_product<64, true>(rng, 64, false);
   check_product<128, true>(rng, 128, true);
+  check_product_mn<64>(rng, 64);
+  check_product_mn<128>(rng, 128);
+  check_product_mn<128>(rng, 192);
 }
 
 }  // namespace
