@@ -1245,7 +1245,7 @@ struct HopperKeySide {
   static constexpr int kThreads = hopper::kThreads;
   static constexpr int kKeys = 128;
   static constexpr std::size_t kSmemBytes = 1024 + 2 * hopper::WarpgroupTile<kKeys, kHeadDim>::kBytes +
-                                            4 * hopper::WarpgroupTile<64, kHeadDim>::kBytes +
+                                            5 * hopper::WarpgroupTile<64, kHeadDim>::kBytes +
                                             2 * 2 * 64 * sizeof(float);
   static dim3 grid(const BackwardArgs& args, int batch) {
     return dim3((args.seq + kKeys - 1) / kKeys, args.q_heads / args.group, batch);
@@ -1260,7 +1260,7 @@ struct HopperQuerySide {
   static constexpr int kThreads = hopper::kThreads;
   static constexpr int kRows = 128;
   static constexpr std::size_t kSmemBytes =
-      1024 + 2 * hopper::WarpgroupTile<kRows, kHeadDim>::kBytes + 4 * hopper::WarpgroupTile<64, kHeadDim>::kBytes;
+      1024 + 2 * hopper::WarpgroupTile<kRows, kHeadDim>::kBytes + 5 * hopper::WarpgroupTile<64, kHeadDim>::kBytes;
   static dim3 grid(const BackwardArgs& args, int batch) {
     return dim3((args.seq + kRows - 1) / kRows, args.q_heads, batch);
   }

@@ -320,8 +320,9 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
   unsigned char* generic = nullptr;
   const std::uint32_t k_tile = aligned_shared_base(smem, &generic);
   const std::uint32_t v_tile = k_tile + KeyTile::kBytes;
-  const std::uint32_t q_tiles = v_tile + KeyTile::kBytes;        // 2 stages
-  const std::uint32_t do_tiles = q_tiles + 2 * RowTile::kBytes;  // 2 stages
+  // Q in three stages: dK += dS^T Q of step n - 1 still reads its Q while step n + 1 loads.
+  const std::uint32_t q_tiles = v_tile + KeyTile::kBytes;
+  const std::uint32_t do_tiles = q_tiles + 3 * RowTile::kBytes;  // 2 stages
   const std::uint32_t lse_vectors = do_tiles + 2 * RowTile::kBytes;
   const std::uint32_t delta_vectors = lse_vectors + 2 * kBlockM * 4;
   const float* lse_shared = reinterpret_cast<const float*>(generic + (lse_vectors - k_tile));
@@ -341,13 +342,14 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
 
   // Step `step` covers q head kv_head * group + step / q_blocks_per_head, query tile
   // first_q_block + step % q_blocks_per_head.
-  auto load_step = [&](int step, int stage) {
+  auto q_tile = [&](int step) { return q_tiles + static_cast<std::uint32_t>(step % 3) * RowTile::kBytes; };
+  auto load_step = [&](int step) {
+    const int stage = step & 1;
     const int head = kv_head * args.group + step / q_blocks_per_head;
     const int q_start = (first_q_block + step % q_blocks_per_head) * kBlockM;
     const std::int64_t vector_row0 = (batch * args.q_heads + head) * seq;
-    load_tile_async<kBlockM, kHeadDim>(q_tiles + stage * RowTile::kBytes,
-                                       args.q + batch_row * args.q_stride + head * kHeadDim, args.q_stride, q_start,
-                                       seq);
+    load_tile_async<kBlockM, kHeadDim>(q_tile(step), args.q + batch_row * args.q_stride + head * kHeadDim,
+                                       args.q_stride, q_start, seq);
     load_tile_async<kBlockM, kHeadDim>(do_tiles + stage * RowTile::kBytes,
                                        args.dout + batch_row * dout_stride + head * kHeadDim, dout_stride, q_start,
                                        seq);
@@ -359,7 +361,7 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
                                      key_start, seq);
   load_tile_async<kBlockN, kHeadDim>(v_tile, args.v + batch_row * args.v_stride + kv_head * kHeadDim, args.v_stride,
                                      key_start, seq);
-  load_step(0, 0);
+  load_step(0);
   commit_copies();
 
   const int key_row0 = warpgroup * kWarpgroupRows;  // this warpgroup's first key within the tile
@@ -370,29 +372,32 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
   float dk[kHeadDim / 2], dv[kHeadDim / 2];
   set_zero(dk);
   set_zero(dv);
+  std::uint32_t a_ds[kBlockM / 16][4];  // dS^T of the step whose dK product may still run
 
   for (int step = 0; step < steps; ++step) {
     const int stage = step & 1;
-    tiles_ready();  // this step's tiles; every warpgroup is done with the other stage
+    tiles_ready();  // this step's tiles; every warpgroup is done with step - 1's dO, step - 2's Q
     if (step + 1 < steps) {
-      load_step(step + 1, stage ^ 1);
+      load_step(step + 1);
       commit_copies();
     }
     const int q_start = (first_q_block + step % q_blocks_per_head) * kBlockM;
-    if (first_key > q_start + kBlockM - 1) continue;  // every query precedes every key: P = 0
-    const std::uint32_t q_tile = q_tiles + stage * RowTile::kBytes;
+    if (first_key > q_start + kBlockM - 1) {  // every query precedes every key: P = 0
+      gpu::wgmma_wait<0>();                   // the previous step's dK product
+      continue;
+    }
+    const std::uint32_t q_step = q_tile(step);
     const std::uint32_t do_tile = do_tiles + stage * RowTile::kBytes;
     const float* lse_stage = lse_shared + stage * kBlockM;
     const float* delta_stage = delta_shared + stage * kBlockM;
 
-    // S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 keys x 64 queries.
+    // S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 keys x 64 queries (the first k-step of
+    // each overwrites its accumulators).
     float st[kBlockM / 2], dpt[kBlockM / 2];
-    set_zero(st);
-    set_zero(dpt);
     gpu::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      gpu::wgmma_ss<kBlockM>(st, KeyTile::k_major(k_tile, key_row0, ks), RowTile::k_major(q_tile, 0, ks), ks > 0);
+      gpu::wgmma_ss<kBlockM>(st, KeyTile::k_major(k_tile, key_row0, ks), RowTile::k_major(q_step, 0, ks), ks > 0);
     }
     gpu::wgmma_commit();
 #pragma unroll
@@ -401,9 +406,12 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
     }
     gpu::wgmma_commit();
 
-    // P^T = exp2(S^T scale log2e - lse log2e), zero where key > query, while dP^T is computed.
+    // P^T = exp2(S^T scale log2e - lse log2e), zero where key > query, while dP^T is computed (the
+    // previous step's dK product, issued before S^T, has landed).
     gpu::wgmma_wait<1>();
     gpu::keep_in_registers(st);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) gpu::keep_in_registers(a_ds[kk]);
     const bool crosses_diagonal = first_key + kWarpgroupRows - 1 > q_start;
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {
@@ -419,7 +427,7 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
       }
     }
     // dV += P^T dO, while dS^T = P^T (dP^T - D) is formed.
-    std::uint32_t a_p[kBlockM / 16][4], a_ds[kBlockM / 16][4];
+    std::uint32_t a_p[kBlockM / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) accumulators_to_fragment(a_p[kk], st, kk);
     gpu::wgmma_fence();
@@ -436,26 +444,26 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
 #pragma unroll
       for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? delta2.y : delta2.x));
     }
-    // dK += dS^T Q.
+    // dK += dS^T Q, left running under the next step's S^T and dP^T.
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) accumulators_to_fragment(a_ds[kk], dpt, kk);
     gpu::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      gpu::wgmma_rs_mn<kHeadDim>(dk, a_ds[kk], RowTile::mn_major(q_tile, 16 * kk), true);
+      gpu::wgmma_rs_mn<kHeadDim>(dk, a_ds[kk], RowTile::mn_major(q_step, 16 * kk), true);
     }
     gpu::wgmma_commit();
-    gpu::wgmma_wait<0>();
+    gpu::wgmma_wait<1>();  // dV landed
     gpu::keep_in_registers(dv);
-    gpu::keep_in_registers(dk);
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      gpu::keep_in_registers(a_p[kk]);
-      gpu::keep_in_registers(a_ds[kk]);
-    }
+    for (int kk = 0; kk < kBlockM / 16; ++kk) gpu::keep_in_registers(a_p[kk]);
   }
+  gpu::wgmma_wait<0>();
+  gpu::keep_in_registers(dk);
+#pragma unroll
+  for (int kk = 0; kk < kBlockM / 16; ++kk) gpu::keep_in_registers(a_ds[kk]);
 
-  // dK = scale * sum dS^T Q. Each warpgroup writes through its own rows of the K and V tiles.
+    // dK = scale * sum dS^T Q. Each warpgroup writes through its own rows of the K and V tiles.
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) dk[i] *= args.scale;
   const std::int64_t key_row_global = batch_row + first_key;
@@ -479,8 +487,10 @@ __device__ __forceinline__ void backward_query_block(const BackwardArgs& args, i
   unsigned char* generic = nullptr;
   const std::uint32_t q_tile = aligned_shared_base(smem, &generic);
   const std::uint32_t do_tile = q_tile + RowTile::kBytes;
-  const std::uint32_t k_tiles = do_tile + RowTile::kBytes;      // 2 stages
-  const std::uint32_t v_tiles = k_tiles + 2 * KeyTile::kBytes;  // 2 stages
+  // K in three stages: dQ += dS K of block j - 1 still reads its K while block j + 1 loads.
+  const std::uint32_t k_tiles = do_tile + RowTile::kBytes;
+  const std::uint32_t v_tiles = k_tiles + 3 * KeyTile::kBytes;  // 2 stages
+  auto k_tile = [&](int j) { return k_tiles + static_cast<std::uint32_t>(j % 3) * KeyTile::kBytes; };
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = static_cast<int>(threadIdx.x) % 128 / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -516,29 +526,31 @@ __device__ __forceinline__ void backward_query_block(const BackwardArgs& args, i
 
   float dq[kHeadDim / 2];
   set_zero(dq);
+  std::uint32_t a_ds[kBlockN / 16][4];  // dS of the block whose dQ product may still run
 
   for (int block = 0; block < key_blocks; ++block) {
     const int stage = block & 1;
-    tiles_ready();  // this block's K and V; every warpgroup is done with the other stage
+    tiles_ready();  // this block's K and V; every warpgroup is done with V of block - 1, K of block - 2
     if (block + 1 < key_blocks) {
-      load_tile_async<kBlockN, kHeadDim>(k_tiles + (stage ^ 1) * KeyTile::kBytes, k_head, args.k_stride,
-                                         (block + 1) * kBlockN, seq);
+      load_tile_async<kBlockN, kHeadDim>(k_tile(block + 1), k_head, args.k_stride, (block + 1) * kBlockN, seq);
       load_tile_async<kBlockN, kHeadDim>(v_tiles + (stage ^ 1) * KeyTile::kBytes, v_head, args.v_stride,
                                          (block + 1) * kBlockN, seq);
       commit_copies();
     }
     const int key0 = block * kBlockN;
-    if (key0 > first_row + kWarpgroupRows - 1) continue;  // every key follows every row of the warpgroup
-    const std::uint32_t k_tile = k_tiles + stage * KeyTile::kBytes, v_tile = v_tiles + stage * KeyTile::kBytes;
+    if (key0 > first_row + kWarpgroupRows - 1) {  // every key follows every row of the warpgroup
+      gpu::wgmma_wait<0>();                       // the previous block's dQ product
+      continue;
+    }
+    const std::uint32_t v_tile = v_tiles + stage * KeyTile::kBytes;
 
-    // S = Q K^T and dP = dO V^T for the warpgroup's 64 rows x 64 keys.
+    // S = Q K^T and dP = dO V^T for the warpgroup's 64 rows x 64 keys (the first k-step of each
+    // overwrites its accumulators).
     float s[kBlockN / 2], dp[kBlockN / 2];
-    set_zero(s);
-    set_zero(dp);
     gpu::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      gpu::wgmma_ss<kBlockN>(s, RowTile::k_major(q_tile, row0, ks), KeyTile::k_major(k_tile, 0, ks), ks > 0);
+      gpu::wgmma_ss<kBlockN>(s, RowTile::k_major(q_tile, row0, ks), KeyTile::k_major(k_tile(block), 0, ks), ks > 0);
     }
     gpu::wgmma_commit();
 #pragma unroll
@@ -547,9 +559,12 @@ __device__ __forceinline__ void backward_query_block(const BackwardArgs& args, i
     }
     gpu::wgmma_commit();
 
-    // P = exp2(S scale log2e - lse log2e) and 0 where key > query, while dP is computed.
+    // P = exp2(S scale log2e - lse log2e) and 0 where key > query, while dP is computed (and the
+    // previous block's dQ product has landed: it was issued before S).
     gpu::wgmma_wait<1>();
     gpu::keep_in_registers(s);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) gpu::keep_in_registers(a_ds[kk]);
     const bool crosses_diagonal = key0 + kBlockN - 1 > first_row;
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
@@ -572,20 +587,20 @@ __device__ __forceinline__ void backward_query_block(const BackwardArgs& args, i
       for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - delta_row[e >> 1]);
     }
 
-    // dQ += dS K.
-    std::uint32_t a_ds[kBlockN / 16][4];
+    // dQ += dS K, left running under the next block's S and dP.
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) accumulators_to_fragment(a_ds[kk], dp, kk);
     gpu::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      gpu::wgmma_rs_mn<kHeadDim>(dq, a_ds[kk], KeyTile::mn_major(k_tile, 16 * kk), true);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      gpu::wgmma_rs_mn<kHeadDim>(dq, a_ds[kk], KeyTile::mn_major(k_tile(block), 16 * kk), true);
+    }
     gpu::wgmma_commit();
-    gpu::wgmma_wait<0>();
-    gpu::keep_in_registers(dq);
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) gpu::keep_in_registers(a_ds[kk]);
   }
+  gpu::wgmma_wait<0>();
+  gpu::keep_in_registers(dq);
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) gpu::keep_in_registers(a_ds[kk]);
 
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) dq[i] *= args.scale;
