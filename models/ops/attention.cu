@@ -1341,8 +1341,8 @@ constexpr BackwardVariant backward_variant(const char* name, bool (*available)()
 // device's shared memory per block. Names: m = query rows and n = keys per block (a/b: loaded a at
 // a time, used b at a time), w = warps x rows per warp, "pairs" = warp pairs x keys per pair.
 constexpr ForwardVariant kForward64[] = {
-    forward_variant<HopperForward<64, 128>>("wgmma m128 n128 wg2x64", hopper_kernels_available),
     forward_variant<HopperForward<64, 64>>("wgmma m128 n64 wg2x64", hopper_kernels_available),
+    forward_variant<HopperForward<64, 128>>("wgmma m128 n128 wg2x64", hopper_kernels_available),
     forward_variant<Forward<64, 128, 128, 4>>("m128 n128 w4x32"),
     forward_variant<Forward<64, 128, 64, 4>>("m128 n64 w4x32"),
     forward_variant<Forward<64, 64, 64, 4>>("m64 n64 w4x16"),

@@ -1,6 +1,8 @@
 // CUDA kernels of RMSNorm and the per-head RMSNorm (bf16 activations, fp32 statistics and weight
 // gradient). One row group per row for the forward and for dx; dweight is a two-launch fixed-order
-// reduction over row chunks (see rmsnorm.h). Rows may be strided tokens of [tokens, heads, dim].
+// reduction over row chunks (see rmsnorm.h), whose first launch also makes dx for rows of 256 to
+// 1,024 features (one pass over x and dy instead of two). Rows may be strided tokens of
+// [tokens, heads, dim].
 #include <algorithm>
 
 #include "core/error.h"
@@ -165,6 +167,102 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// dx and the dweight partials in one pass, for rows of 32 to 32 * kVectorsPerLane vectors: block =
+// row chunk (rmsnorm_dweight_partial_kernel's), warp w its rows w, w + kWarps, ..., a row's vectors
+// over the warp's 32 lanes (rmsnorm_backward_dx_kernel with 32 lanes), so each column sits in the
+// same lane as in the partial kernel. x and dy are read once and kept in registers for dx and the
+// column sums; every sum runs in the two kernels' order, so the bits are theirs.
+template <int Vec, int kVectorsPerLane>
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_backward_one_pass_kernel(const __nv_bfloat16* __restrict__ dy, RowAddress dy_at,
+                                     const __nv_bfloat16* __restrict__ x, RowAddress x_at,
+                                     const __nv_bfloat16* __restrict__ weight, const float* __restrict__ rstd,
+                                     std::int64_t rows, int dim, std::int64_t rows_per_chunk,
+                                     __nv_bfloat16* __restrict__ dx, RowAddress dx_at, float* __restrict__ partials) {
+  extern __shared__ float warp_sums[];  // [kWarps][dim]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int vectors = dim / Vec;
+  const std::int64_t chunk = blockIdx.x;
+  const std::int64_t row_begin = chunk * rows_per_chunk;
+  const std::int64_t row_end = row_begin + rows_per_chunk < rows ? row_begin + rows_per_chunk : rows;
+
+  float w[kVectorsPerLane][Vec], acc[kVectorsPerLane][Vec];
+#pragma unroll
+  for (int i = 0; i < kVectorsPerLane; ++i) {
+    const int j = lane + 32 * i;
+    if (j < vectors) gpu::load_bf16<Vec>(weight + j * Vec, w[i]);
+#pragma unroll
+    for (int k = 0; k < Vec; ++k) acc[i][k] = 0.0f;
+  }
+  // Two rows at a time (w and w + kWarps, then the next two): their loads are in flight together.
+  for (std::int64_t first = row_begin + warp; first < row_end; first += 2 * kWarps) {
+    float xv[2][kVectorsPerLane][Vec], dv[2][kVectorsPerLane][Vec];
+    float g_dot_x[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const std::int64_t row = first + h * kWarps;
+      if (row >= row_end) continue;
+      const __nv_bfloat16* x_row = x + x_at(row);
+      const __nv_bfloat16* dy_row = dy + dy_at(row);
+#pragma unroll
+      for (int i = 0; i < kVectorsPerLane; ++i) {
+        const int j = lane + 32 * i;
+        if (j < vectors) {
+          gpu::load_bf16<Vec>(x_row + j * Vec, xv[h][i]);
+          gpu::load_bf16<Vec>(dy_row + j * Vec, dv[h][i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < kVectorsPerLane; ++i) {
+        if (lane + 32 * i < vectors && first + h * kWarps < row_end) {
+#pragma unroll
+          for (int k = 0; k < Vec; ++k) g_dot_x[h] = fmaf(dv[h][i][k] * w[i][k], xv[h][i][k], g_dot_x[h]);
+        }
+      }
+      g_dot_x[h] = gpu::group_sum<32>(g_dot_x[h]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const std::int64_t row = first + h * kWarps;
+      if (row >= row_end) continue;
+      const float r = rstd[row];
+      const float mean = gpu::rms_mean(g_dot_x[h], r, dim);
+      __nv_bfloat16* dx_row = dx + dx_at(row);
+#pragma unroll
+      for (int i = 0; i < kVectorsPerLane; ++i) {
+        const int j = lane + 32 * i;
+        if (j < vectors) {
+          float out[Vec];
+#pragma unroll
+          for (int k = 0; k < Vec; ++k) {
+            out[k] = gpu::rms_dx(dv[h][i][k], w[i][k], xv[h][i][k], r, mean);
+            acc[i][k] = fmaf(dv[h][i][k], xv[h][i][k] * r, acc[i][k]);
+          }
+          gpu::store_bf16<Vec>(dx_row + j * Vec, out);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kVectorsPerLane; ++i) {
+    const int j = lane + 32 * i;
+    if (j < vectors) {
+#pragma unroll
+      for (int k = 0; k < Vec; ++k) warp_sums[warp * dim + j * Vec + k] = acc[i][k];
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < dim; c += kThreads) {
+    float total = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) total += warp_sums[v * dim + c];
+    partials[chunk * dim + c] = total;
+  }
+}
+
 // Block of 32 columns: the chunks' partials added in a fixed order (column_sums.cuh), the total
 // added to dweight.
 __global__ void __launch_bounds__(kThreads)
@@ -209,10 +307,11 @@ void launch_dx_lanes(const __nv_bfloat16* dy, RowAddress dy_at, const __nv_bfloa
       <<<blocks, kThreads, 0, stream>>>(dy, dy_at, x, x_at, weight, rstd, rows, dim, dx, dx_at);
 }
 
+// dx, then the dweight partials, each in its own launch.
 template <int Vec>
-void launch_backward(const __nv_bfloat16* dy, RowAddress dy_at, const __nv_bfloat16* x, RowAddress x_at,
+void launch_two_pass(const __nv_bfloat16* dy, RowAddress dy_at, const __nv_bfloat16* x, RowAddress x_at,
                      const __nv_bfloat16* weight, const float* rstd, std::int64_t rows, int dim, __nv_bfloat16* dx,
-                     RowAddress dx_at, float* dweight, float* partials, cudaStream_t stream) {
+                     RowAddress dx_at, float* partials, const Chunking& c, cudaStream_t stream) {
   switch (lanes_for(dim / Vec)) {
     case 4: launch_dx_lanes<Vec, 4>(dy, dy_at, x, x_at, weight, rstd, rows, dim, dx, dx_at, stream); break;
     case 8: launch_dx_lanes<Vec, 8>(dy, dy_at, x, x_at, weight, rstd, rows, dim, dx, dx_at, stream); break;
@@ -220,12 +319,28 @@ void launch_backward(const __nv_bfloat16* dy, RowAddress dy_at, const __nv_bfloa
     default: launch_dx_lanes<Vec, 32>(dy, dy_at, x, x_at, weight, rstd, rows, dim, dx, dx_at, stream); break;
   }
   CUDA_CHECK_LAUNCH("rmsnorm_backward_dx_kernel");
-
-  const Chunking c = chunking(rows);
   const dim3 grid(static_cast<unsigned int>(ceil_div(dim, 32 * Vec)), static_cast<unsigned int>(c.chunks));
   rmsnorm_dweight_partial_kernel<Vec>
       <<<grid, kThreads, 0, stream>>>(dy, dy_at, x, x_at, rstd, rows, dim, c.rows_per_chunk, partials);
   CUDA_CHECK_LAUNCH("rmsnorm_dweight_partial_kernel");
+}
+
+template <int Vec>
+void launch_backward(const __nv_bfloat16* dy, RowAddress dy_at, const __nv_bfloat16* x, RowAddress x_at,
+                     const __nv_bfloat16* weight, const float* rstd, std::int64_t rows, int dim, __nv_bfloat16* dx,
+                     RowAddress dx_at, float* dweight, float* partials, cudaStream_t stream) {
+  const Chunking c = chunking(rows);
+  constexpr int kOnePassVectorsPerLane = 4;  // x, dy and the column sums of 4 vectors in registers
+  const int vectors = dim / Vec;
+  if (Vec == gpu::kVector && vectors > 16 && vectors <= 32 * kOnePassVectorsPerLane) {  // 32 lanes a row
+    const std::size_t smem = static_cast<std::size_t>(kWarps) * dim * sizeof(float);
+    rmsnorm_backward_one_pass_kernel<Vec, kOnePassVectorsPerLane>
+        <<<static_cast<unsigned int>(c.chunks), kThreads, smem, stream>>>(dy, dy_at, x, x_at, weight, rstd, rows, dim,
+                                                                          c.rows_per_chunk, dx, dx_at, partials);
+    CUDA_CHECK_LAUNCH("rmsnorm_backward_one_pass_kernel");
+  } else {
+    launch_two_pass<Vec>(dy, dy_at, x, x_at, weight, rstd, rows, dim, dx, dx_at, partials, c, stream);
+  }
   rmsnorm_dweight_combine_kernel<<<static_cast<unsigned int>(ceil_div(dim, 32)), kThreads, 0, stream>>>(
       partials, c.chunks, dim, dweight);
   CUDA_CHECK_LAUNCH("rmsnorm_dweight_combine_kernel");

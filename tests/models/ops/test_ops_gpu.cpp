@@ -497,7 +497,7 @@ TEST(OpsGpu, RmsNormMatchesReferenceAndAccumulatesDeterministically) {
   core::DeviceContext context(core::Device::cuda());
   const cudaStream_t stream = context.stream();
   std::vector<std::pair<std::int64_t, std::int64_t>> shapes;  // (rows, dim)
-  for (const std::int64_t dim : {1, 3, 7, 64, 100, 1024, 4097}) {
+  for (const std::int64_t dim : {1, 3, 7, 64, 100, 264, 776, 1024, 4097}) {
     for (const std::int64_t rows : {1, 37, 300}) shapes.emplace_back(rows, dim);
   }
   shapes.emplace_back(20000, 64);   // 40 rows per dweight chunk, 500 chunks
