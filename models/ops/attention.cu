@@ -23,7 +23,9 @@
 //   query side: a block owns a tile of queries and accumulates dQ += dS K over key tiles up to the
 //     diagonal (recomputing S and dP = dO V^T).
 // Every kernel is a template over its tile shape; the variant tables at the end list the shapes
-// compiled, in order of measured speed.
+// compiled, in order of measured speed. On Hopper, in builds with sm_90a code, the same algorithm
+// runs first on warpgroup products (attention_hopper.cuh); these mma.sync kernels serve every
+// other GPU.
 #include "models/ops/attention.h"
 
 #include <cuda_bf16.h>
