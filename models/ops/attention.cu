@@ -1245,10 +1245,8 @@ struct QuerySide {
 template <int kHeadDim>
 struct HopperKeySide {
   static constexpr int kThreads = hopper::kThreads;
-  static constexpr int kKeys = 128;
-  static constexpr std::size_t kSmemBytes = 1024 + 2 * hopper::WarpgroupTile<kKeys, kHeadDim>::kBytes +
-                                            5 * hopper::WarpgroupTile<64, kHeadDim>::kBytes +
-                                            2 * 2 * 64 * sizeof(float);
+  static constexpr int kKeys = hopper::KeySideTiles<kHeadDim>::kBlockN;
+  static constexpr std::size_t kSmemBytes = hopper::KeySideTiles<kHeadDim>::kSmemBytes;
   static dim3 grid(const BackwardArgs& args, int batch) {
     return dim3((args.seq + kKeys - 1) / kKeys, args.q_heads / args.group, batch);
   }
@@ -1260,9 +1258,8 @@ struct HopperKeySide {
 template <int kHeadDim>
 struct HopperQuerySide {
   static constexpr int kThreads = hopper::kThreads;
-  static constexpr int kRows = 128;
-  static constexpr std::size_t kSmemBytes =
-      1024 + 2 * hopper::WarpgroupTile<kRows, kHeadDim>::kBytes + 5 * hopper::WarpgroupTile<64, kHeadDim>::kBytes;
+  static constexpr int kRows = hopper::QuerySideTiles<kHeadDim>::kBlockM;
+  static constexpr std::size_t kSmemBytes = hopper::QuerySideTiles<kHeadDim>::kSmemBytes;
   static dim3 grid(const BackwardArgs& args, int batch) {
     return dim3((args.seq + kRows - 1) / kRows, args.q_heads, batch);
   }

@@ -309,22 +309,33 @@ __global__ void __launch_bounds__(kThreads, 1) attention_forward_wgmma_kernel(co
 // ---------------------------------------------------------------------------------------------
 // Backward
 
+// The key side's tiles: K and V of 128 keys; Q in three stages (dK += dS^T Q of step n - 1 still
+// reads its Q while step n + 1 loads), dO in two, lse and D of 64 queries in two.
+template <int kHeadDim>
+struct KeySideTiles {
+  static constexpr int kBlockN = 2 * kWarpgroupRows, kBlockM = 64, kQStages = 3, kStages = 2;
+  using KeyTile = WarpgroupTile<kBlockN, kHeadDim>;
+  using RowTile = WarpgroupTile<kBlockM, kHeadDim>;
+  static constexpr std::size_t kSmemBytes =
+      1024 + 2 * KeyTile::kBytes + (kQStages + kStages) * RowTile::kBytes + 2 * kStages * kBlockM * sizeof(float);
+};
+
 // Key side: grid (key tiles of 128, kv_heads, batch), lowest (heaviest) key tiles first.
 template <int kHeadDim>
 __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int block_x, int block_y, int block_z) {
-  constexpr int kBlockN = 2 * kWarpgroupRows, kBlockM = 64;
-  using KeyTile = WarpgroupTile<kBlockN, kHeadDim>;
-  using RowTile = WarpgroupTile<kBlockM, kHeadDim>;
+  using Tiles = KeySideTiles<kHeadDim>;
+  constexpr int kBlockN = Tiles::kBlockN, kBlockM = Tiles::kBlockM;
+  using KeyTile = typename Tiles::KeyTile;
+  using RowTile = typename Tiles::RowTile;
 
   extern __shared__ __align__(1024) unsigned char smem[];
   unsigned char* generic = nullptr;
   const std::uint32_t k_tile = aligned_shared_base(smem, &generic);
   const std::uint32_t v_tile = k_tile + KeyTile::kBytes;
-  // Q in three stages: dK += dS^T Q of step n - 1 still reads its Q while step n + 1 loads.
   const std::uint32_t q_tiles = v_tile + KeyTile::kBytes;
-  const std::uint32_t do_tiles = q_tiles + 3 * RowTile::kBytes;  // 2 stages
-  const std::uint32_t lse_vectors = do_tiles + 2 * RowTile::kBytes;
-  const std::uint32_t delta_vectors = lse_vectors + 2 * kBlockM * 4;
+  const std::uint32_t do_tiles = q_tiles + Tiles::kQStages * RowTile::kBytes;
+  const std::uint32_t lse_vectors = do_tiles + Tiles::kStages * RowTile::kBytes;
+  const std::uint32_t delta_vectors = lse_vectors + Tiles::kStages * kBlockM * 4;
   const float* lse_shared = reinterpret_cast<const float*>(generic + (lse_vectors - k_tile));
   const float* delta_shared = reinterpret_cast<const float*>(generic + (delta_vectors - k_tile));
 
@@ -342,7 +353,9 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
 
   // Step `step` covers q head kv_head * group + step / q_blocks_per_head, query tile
   // first_q_block + step % q_blocks_per_head.
-  auto q_tile = [&](int step) { return q_tiles + static_cast<std::uint32_t>(step % 3) * RowTile::kBytes; };
+  auto q_tile = [&](int step) {
+    return q_tiles + static_cast<std::uint32_t>(step % Tiles::kQStages) * RowTile::kBytes;
+  };
   auto load_step = [&](int step) {
     const int stage = step & 1;
     const int head = kv_head * args.group + step / q_blocks_per_head;
@@ -475,22 +488,32 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
                                           args.dv_stride, first_key, seq);
 }
 
+// The query side's tiles: Q and dO of 128 queries; K in three stages (dQ += dS K of block j - 1
+// still reads its K while block j + 1 loads), V in two.
+template <int kHeadDim>
+struct QuerySideTiles {
+  static constexpr int kBlockM = 2 * kWarpgroupRows, kBlockN = 64, kKStages = 3, kStages = 2;
+  using RowTile = WarpgroupTile<kBlockM, kHeadDim>;
+  using KeyTile = WarpgroupTile<kBlockN, kHeadDim>;
+  static constexpr std::size_t kSmemBytes = 1024 + 2 * RowTile::kBytes + (kKStages + kStages) * KeyTile::kBytes;
+};
+
 // Query side: grid (query tiles of 128, q_heads, batch), heaviest (last) tiles first.
 template <int kHeadDim>
 __device__ __forceinline__ void backward_query_block(const BackwardArgs& args, int block_x, int block_y, int block_z,
                                                      int grid_x) {
-  constexpr int kBlockM = 2 * kWarpgroupRows, kBlockN = 64;
-  using RowTile = WarpgroupTile<kBlockM, kHeadDim>;
-  using KeyTile = WarpgroupTile<kBlockN, kHeadDim>;
+  using Tiles = QuerySideTiles<kHeadDim>;
+  constexpr int kBlockM = Tiles::kBlockM, kBlockN = Tiles::kBlockN;
+  using RowTile = typename Tiles::RowTile;
+  using KeyTile = typename Tiles::KeyTile;
 
   extern __shared__ __align__(1024) unsigned char smem[];
   unsigned char* generic = nullptr;
   const std::uint32_t q_tile = aligned_shared_base(smem, &generic);
   const std::uint32_t do_tile = q_tile + RowTile::kBytes;
-  // K in three stages: dQ += dS K of block j - 1 still reads its K while block j + 1 loads.
   const std::uint32_t k_tiles = do_tile + RowTile::kBytes;
-  const std::uint32_t v_tiles = k_tiles + 3 * KeyTile::kBytes;  // 2 stages
-  auto k_tile = [&](int j) { return k_tiles + static_cast<std::uint32_t>(j % 3) * KeyTile::kBytes; };
+  const std::uint32_t v_tiles = k_tiles + Tiles::kKStages * KeyTile::kBytes;
+  auto k_tile = [&](int j) { return k_tiles + static_cast<std::uint32_t>(j % Tiles::kKStages) * KeyTile::kBytes; };
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = static_cast<int>(threadIdx.x) % 128 / 32, lane = static_cast<int>(threadIdx.x) % 32;

@@ -167,7 +167,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dx and the dweight partials in one pass, for rows of 32 to 32 * kVectorsPerLane vectors: block =
+// dx and the dweight partials in one pass, for rows of 17 to 32 * kVectorsPerLane vectors (those
+// rmsnorm_backward_dx_kernel gives 32 lanes): block =
 // row chunk (rmsnorm_dweight_partial_kernel's), warp w its rows w, w + kWarps, ..., a row's vectors
 // over the warp's 32 lanes (rmsnorm_backward_dx_kernel with 32 lanes), so each column sits in the
 // same lane as in the partial kernel. x and dy are read once and kept in registers for dx and the
@@ -332,15 +333,18 @@ void launch_backward(const __nv_bfloat16* dy, RowAddress dy_at, const __nv_bfloa
   const Chunking c = chunking(rows);
   constexpr int kOnePassVectorsPerLane = 4;  // x, dy and the column sums of 4 vectors in registers
   const int vectors = dim / Vec;
-  if (Vec == gpu::kVector && vectors > 16 && vectors <= 32 * kOnePassVectorsPerLane) {  // 32 lanes a row
-    const std::size_t smem = static_cast<std::size_t>(kWarps) * dim * sizeof(float);
-    rmsnorm_backward_one_pass_kernel<Vec, kOnePassVectorsPerLane>
-        <<<static_cast<unsigned int>(c.chunks), kThreads, smem, stream>>>(dy, dy_at, x, x_at, weight, rstd, rows, dim,
-                                                                          c.rows_per_chunk, dx, dx_at, partials);
-    CUDA_CHECK_LAUNCH("rmsnorm_backward_one_pass_kernel");
-  } else {
-    launch_two_pass<Vec>(dy, dy_at, x, x_at, weight, rstd, rows, dim, dx, dx_at, partials, c, stream);
+  bool one_pass = false;
+  if constexpr (Vec == gpu::kVector) {
+    one_pass = lanes_for(vectors) == 32 && vectors <= 32 * kOnePassVectorsPerLane;
+    if (one_pass) {
+      const std::size_t smem = static_cast<std::size_t>(kWarps) * dim * sizeof(float);
+      rmsnorm_backward_one_pass_kernel<Vec, kOnePassVectorsPerLane>
+          <<<static_cast<unsigned int>(c.chunks), kThreads, smem, stream>>>(dy, dy_at, x, x_at, weight, rstd, rows, dim,
+                                                                            c.rows_per_chunk, dx, dx_at, partials);
+      CUDA_CHECK_LAUNCH("rmsnorm_backward_one_pass_kernel");
+    }
   }
+  if (!one_pass) launch_two_pass<Vec>(dy, dy_at, x, x_at, weight, rstd, rows, dim, dx, dx_at, partials, c, stream);
   rmsnorm_dweight_combine_kernel<<<static_cast<unsigned int>(ceil_div(dim, 32)), kThreads, 0, stream>>>(
       partials, c.chunks, dim, dweight);
   CUDA_CHECK_LAUNCH("rmsnorm_dweight_combine_kernel");

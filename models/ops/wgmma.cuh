@@ -105,14 +105,20 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], std::uint64_t desc_a
 // c + 9] with r = 16 (t / 32) + (t % 32) / 4 and c = 2 (t % 4): mma.sync's m16n8k16 A fragment, a
 // warp to 16 rows; an accumulator converted to bf16 pairs has this layout (attention's P in P V).
 template <int N>
+struct RegisterAProduct;  // N 64 and 128, below
+template <int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc_b,
-                                         bool accumulate);
+                                         bool accumulate) {
+  RegisterAProduct<N>::template run<0>(d, a, desc_b, accumulate);
+}
 
 // The same with B MN-major (swizzled_mn_major_descriptor): B[k][n] at row k, column n of the tile,
 // as a row-major [K, N] matrix such as V in P V lies in memory.
 template <int N>
 __device__ __forceinline__ void wgmma_rs_mn(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc_b,
-                                            bool accumulate);
+                                            bool accumulate) {
+  RegisterAProduct<N>::template run<1>(d, a, desc_b, accumulate);
+}
 
 // Keeps values in registers, unmoved, up to this point: for accumulators and A fragments that a
 // wgmma still in flight reads or writes, after the wait that ends it (the compiler does not know
@@ -171,57 +177,37 @@ __device__ __forceinline__ void wgmma_ss<128>(float (&d)[64], std::uint64_t desc
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
-// D[64, 64] (+)= A[64, 16] B[16, 64], A from registers, B from shared memory.
+// D[64, N] (+)= A[64, 16] B[16, N], A from registers, B from shared memory K-major (kBMnMajor 0)
+// or MN-major (1): the instruction's transpose bit for B.
 template <>
-__device__ __forceinline__ void wgmma_rs<64>(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t desc_b,
+struct RegisterAProduct<64> {
+  template <int kBMnMajor>
+  static __device__ __forceinline__ void run(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t desc_b,
                                              bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" LLMTRAIN_WGMMA_REGS32
-      "}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : LLMTRAIN_WGMMA_D32
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
-}
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" LLMTRAIN_WGMMA_REGS32
+        "}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : LLMTRAIN_WGMMA_D32
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kBMnMajor));
+  }
+};
 
-// D[64, 128] (+)= A[64, 16] B[16, 128], A from registers, B from shared memory.
 template <>
-__device__ __forceinline__ void wgmma_rs<128>(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t desc_b,
-                                              bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" LLMTRAIN_WGMMA_REGS64
-      "}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-      : LLMTRAIN_WGMMA_D64
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
-}
-
-// D[64, 64] (+)= A[64, 16] B[16, 64], A from registers, B MN-major from shared memory.
-template <>
-__device__ __forceinline__ void wgmma_rs_mn<64>(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t desc_b,
-                                                bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" LLMTRAIN_WGMMA_REGS32
-      "}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : LLMTRAIN_WGMMA_D32
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
-}
-
-// D[64, 128] (+)= A[64, 16] B[16, 128], A from registers, B MN-major from shared memory.
-template <>
-__device__ __forceinline__ void wgmma_rs_mn<128>(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t desc_b,
-                                                 bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" LLMTRAIN_WGMMA_REGS64
-      "}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : LLMTRAIN_WGMMA_D64
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
-}
+struct RegisterAProduct<128> {
+  template <int kBMnMajor>
+  static __device__ __forceinline__ void run(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t desc_b,
+                                             bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" LLMTRAIN_WGMMA_REGS64
+        "}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : LLMTRAIN_WGMMA_D64
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kBMnMajor));
+  }
+};
 #undef LLMTRAIN_WGMMA_REGS32
 #undef LLMTRAIN_WGMMA_REGS64
 #undef LLMTRAIN_WGMMA_REGS32_63
@@ -236,22 +222,13 @@ template <>
 __device__ __forceinline__ void wgmma_ss<128>(float (&)[64], std::uint64_t, std::uint64_t, bool) {
   wgmma_trap();
 }
-template <>
-__device__ __forceinline__ void wgmma_rs<64>(float (&)[32], const std::uint32_t (&)[4], std::uint64_t, bool) {
-  wgmma_trap();
-}
-template <>
-__device__ __forceinline__ void wgmma_rs<128>(float (&)[64], const std::uint32_t (&)[4], std::uint64_t, bool) {
-  wgmma_trap();
-}
-template <>
-__device__ __forceinline__ void wgmma_rs_mn<64>(float (&)[32], const std::uint32_t (&)[4], std::uint64_t, bool) {
-  wgmma_trap();
-}
-template <>
-__device__ __forceinline__ void wgmma_rs_mn<128>(float (&)[64], const std::uint32_t (&)[4], std::uint64_t, bool) {
-  wgmma_trap();
-}
+template <int N>
+struct RegisterAProduct {
+  template <int kBMnMajor>
+  static __device__ __forceinline__ void run(float (&)[N / 2], const std::uint32_t (&)[4], std::uint64_t, bool) {
+    wgmma_trap();
+  }
+};
 #endif
 
 }  // namespace models::ops::gpu

@@ -165,7 +165,9 @@ std::vector<std::uint16_t> random_bf16_bits(std::mt19937_64& rng, std::size_t n)
 }
 
 // |c - reference| within fp32 accumulation error of every element; reference(row, column) returns
-// {sum, sum of magnitudes} in double.
+// {sum, sum of magnitudes} in double. fp32 accumulation (the tensor cores may align the addends with
+// fewer guard bits than an FMA chain): 5e-5 of the sum of magnitudes, about 800 fp32 ulps; a wrong
+// layout is off by O(1).
 template <typename Reference>
 void expect_product(const std::vector<float>& c, int n, Reference reference) {
   std::size_t bad = 0;
@@ -181,26 +183,44 @@ void expect_product(const std::vector<float>& c, int n, Reference reference) {
   EXPECT_EQ(bad, 0u);
 }
 
+// c[64, n] from a kernel launched with (a, b, c) on the device, a and b copied there.
+template <typename Launch>
+std::vector<float> device_product(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& b, int n,
+                                  Launch launch) {
+  core::Buffer a_d(core::Device::cuda(), a.size() * 2), b_d(core::Device::cuda(), b.size() * 2);
+  core::Buffer c_d(core::Device::cuda(), static_cast<std::size_t>(64 * n) * sizeof(float));
+  test::from_host(a_d, a);
+  test::from_host(b_d, b);
+  launch(a_d.as<std::uint16_t>(), b_d.as<std::uint16_t>(), c_d.as<float>());
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return test::to_host<float>(c_d);
+}
+
+// {sum, sum of magnitudes} of a[row, :] . b[:, column] in double, b's element k of column `column`
+// at b[b_at(k, column)].
+template <typename BAt>
+std::pair<double, double> reference_dot(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& b,
+                                        int k_total, int row, int column, BAt b_at) {
+  double sum = 0.0, magnitude = 0.0;
+  for (int k = 0; k < k_total; ++k) {
+    const double term = double(core::bf16_to_float(a[row * k_total + k])) * core::bf16_to_float(b[b_at(k, column)]);
+    sum += term;
+    magnitude += std::fabs(term);
+  }
+  return {sum, magnitude};
+}
+
 template <int N>
 void check_product_mn(std::mt19937_64& rng, int k_total) {
   SCOPED_TRACE("N " + std::to_string(N) + " K " + std::to_string(k_total) + " B MN-major");
   const auto a = random_bf16_bits(rng, static_cast<std::size_t>(64 * k_total));
   const auto b = random_bf16_bits(rng, static_cast<std::size_t>(N * k_total));
-  core::Buffer a_d(core::Device::cuda(), a.size() * 2), b_d(core::Device::cuda(), b.size() * 2);
-  core::Buffer c_d(core::Device::cuda(), static_cast<std::size_t>(64 * N) * sizeof(float));
-  test::from_host(a_d, a);
-  test::from_host(b_d, b);
-  product_mn_kernel<N><<<1, 128>>>(a_d.as<std::uint16_t>(), b_d.as<std::uint16_t>(), k_total, c_d.as<float>());
-  CUDA_CHECK(cudaGetLastError());
-  CUDA_CHECK(cudaDeviceSynchronize());
-  expect_product(test::to_host<float>(c_d), N, [&](int row, int column) {
-    double sum = 0.0, magnitude = 0.0;
-    for (int k = 0; k < k_total; ++k) {
-      const double term = double(core::bf16_to_float(a[row * k_total + k])) * core::bf16_to_float(b[k * N + column]);
-      sum += term;
-      magnitude += std::fabs(term);
-    }
-    return std::pair{sum, magnitude};
+  const auto c = device_product(a, b, N, [&](const std::uint16_t* a_d, const std::uint16_t* b_d, float* c_d) {
+    product_mn_kernel<N><<<1, 128>>>(a_d, b_d, k_total, c_d);
+  });
+  expect_product(c, N, [&](int row, int column) {
+    return reference_dot(a, b, k_total, row, column, [](int k, int n) { return k * N + n; });
   });
 }
 
@@ -210,38 +230,17 @@ void check_product(std::mt19937_64& rng, int k_total, bool twice) {
                (FromRegisters ? " A from registers" : ""));
   const auto a = random_bf16_bits(rng, static_cast<std::size_t>(64 * k_total));
   const auto b = random_bf16_bits(rng, static_cast<std::size_t>(N * k_total));
-  core::Buffer a_d(core::Device::cuda(), a.size() * 2), b_d(core::Device::cuda(), b.size() * 2);
-  core::Buffer c_d(core::Device::cuda(), static_cast<std::size_t>(64 * N) * sizeof(float));
-  test::from_host(a_d, a);
-  test::from_host(b_d, b);
-  product_kernel<N, FromRegisters>
-      <<<1, 128>>>(a_d.as<std::uint16_t>(), b_d.as<std::uint16_t>(), k_total, twice, c_d.as<float>());
-  CUDA_CHECK(cudaGetLastError());
-  CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> c = test::to_host<float>(c_d);
-  std::size_t bad = 0;
-  for (int row = 0; row < 64; ++row) {
-    for (int column = 0; column < N; ++column) {
-      double sum = 0.0, magnitude = 0.0;
-      for (int k = 0; k < k_total; ++k) {
-        const double term =
-            double(core::bf16_to_float(a[row * k_total + k])) * core::bf16_to_float(b[column * k_total + k]);
-        sum += term;
-        magnitude += std::fabs(term);
-      }
-      if (twice) {
-        sum *= 2;
-        magnitude *= 2;
-      }
-      // fp32 accumulation (the tensor cores may align the addends with fewer guard bits than an FMA
-      // chain): 5e-5 of the sum of magnitudes, about 800 fp32 ulps; a wrong layout is off by O(1).
-      const double err = std::fabs(c[row * N + column] - sum);
-      if (!(err <= 5e-5 * magnitude + 1e-6) && bad++ < 5) {
-        ADD_FAILURE() << "D[" << row << ", " << column << "] = " << c[row * N + column] << ", expected " << sum;
-      }
+  const auto c = device_product(a, b, N, [&](const std::uint16_t* a_d, const std::uint16_t* b_d, float* c_d) {
+    product_kernel<N, FromRegisters><<<1, 128>>>(a_d, b_d, k_total, twice, c_d);
+  });
+  expect_product(c, N, [&](int row, int column) {
+    auto [sum, magnitude] = reference_dot(a, b, k_total, row, column, [&](int k, int n) { return n * k_total + k; });
+    if (twice) {
+      sum *= 2;
+      magnitude *= 2;
     }
-  }
-  EXPECT_EQ(bad, 0u);
+    return std::pair{sum, magnitude};
+  });
 }
 
 TEST(WgmmaGpu, SwizzledLayoutPermutesEachAtom) {
