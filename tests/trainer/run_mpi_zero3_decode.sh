@@ -30,11 +30,14 @@ args=(training.max_steps=4 checkpoint.every=0 checkpoint.resume=never data.seq_l
       eval.every=2 eval.batches=7 "eval.tasks=$tasks" eval.tasks_every=2 eval.tasks_limit=7)
 
 # What ZeRO-3 must reproduce (RUN_DIR LOG): the samples, validation losses and task metrics of
-# metrics.jsonl (not the seconds), and the final sample the log prints.
+# metrics.jsonl (not the seconds), and the final sample the log prints. The sample goes to stdout
+# and the log lines to stderr; mpirun forwards the two streams separately, so a log line written
+# before the sample can land inside its block: log lines ("HH:MM:SS [rank R] ...") are dropped.
 decoded_records() {
   { grep -E '"sample"|"val_loss"|"eval/' "$1/metrics.jsonl" || true; } |
     sed -E 's/,?"eval\/[^"]*\/seconds":[-+0-9.eE]+//g'
-  sed -n '/^--- sample ---$/,/^--------------$/p' "$2"
+  sed -n '/^--- sample ---$/,/^--------------$/p' "$2" |
+    { grep -Ev '^[0-9]{2}:[0-9]{2}:[0-9]{2} \[rank [0-9]+\] ' || true; }
 }
 
 failures=()
