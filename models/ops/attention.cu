@@ -482,6 +482,22 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// The key side's walk over queries: a block of keys from key_start takes, for each q head of its
+// kv head's group in turn, the query tiles of kBlockM rows from the one holding key_start to the
+// end (earlier queries precede every key). Step `step` covers q head head(step) and the tile
+// starting at row q_start(step).
+template <int kBlockM>
+struct KeySteps {
+  int first_head, first_tile, tiles_per_head, count;
+  __device__ __forceinline__ KeySteps(int key_start, int seq, int kv_head, int group)
+      : first_head(kv_head * group),
+        first_tile(key_start / kBlockM),
+        tiles_per_head((seq + kBlockM - 1) / kBlockM - key_start / kBlockM),
+        count(tiles_per_head * group) {}
+  __device__ __forceinline__ int head(int step) const { return first_head + step / tiles_per_head; }
+  __device__ __forceinline__ int q_start(int step) const { return (first_tile + step % tiles_per_head) * kBlockM; }
+};
+
 template <int kHeadDim, int kBlockM, int kWarps, int kMTiles>
 constexpr std::size_t backward_key_smem_bytes() {
   return static_cast<std::size_t>(2 * 16 * kMTiles * kWarps + 4 * kBlockM) * kHeadDim * 2 +
@@ -520,15 +536,12 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
   const std::int64_t batch = block_z, batch_row = batch * seq;
   const std::int64_t dout_stride = static_cast<std::int64_t>(args.q_heads) * kHeadDim;
 
-  const int first_q_block = key_start / kBlockM;
-  const int q_blocks_per_head = (seq + kBlockM - 1) / kBlockM - first_q_block;
-  const int steps = q_blocks_per_head * args.group;
+  const KeySteps<kBlockM> walk(key_start, seq, kv_head, args.group);
+  const int steps = walk.count;
 
-  // Step `step` covers q head kv_head * group + step / q_blocks_per_head, query tile
-  // first_q_block + step % q_blocks_per_head.
   auto load_step = [&](int step, int stage) {
-    const int head = kv_head * args.group + step / q_blocks_per_head;
-    const int q_start = (first_q_block + step % q_blocks_per_head) * kBlockM;
+    const int head = walk.head(step);
+    const int q_start = walk.q_start(step);
     const std::uint16_t* q_head = args.q + batch_row * args.q_stride + head * kHeadDim;
     const std::uint16_t* do_head = args.dout + batch_row * dout_stride + head * kHeadDim;
     const std::int64_t vector_row0 = (batch * args.q_heads + head) * seq;
@@ -570,7 +583,7 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
     const std::uint32_t do_tile = do_tiles + stage * kRowTileBytes;
     const float* lse_stage = lse_shared + stage * kBlockM;
     const float* delta_stage = delta_shared + stage * kBlockM;
-    const int q_start = (first_q_block + step % q_blocks_per_head) * kBlockM;
+    const int q_start = walk.q_start(step);
 
 #pragma unroll
     for (int slice = 0; slice < kBlockM / kSliceM; ++slice) {
@@ -738,13 +751,12 @@ __device__ __forceinline__ void backward_key_pairs_block(const BackwardArgs& arg
   std::uint32_t* exchange =
       reinterpret_cast<std::uint32_t*>(smem + (exchange_tiles - k_tile)) + pair * kSlices * kExchangeWords;
 
-  const int first_q_block = key_start / kBlockM;
-  const int q_blocks_per_head = (seq + kBlockM - 1) / kBlockM - first_q_block;
-  const int steps = q_blocks_per_head * args.group;
+  const KeySteps<kBlockM> walk(key_start, seq, kv_head, args.group);
+  const int steps = walk.count;
 
   auto load_step = [&](int step, int stage) {
-    const int head = kv_head * args.group + step / q_blocks_per_head;
-    const int q_start = (first_q_block + step % q_blocks_per_head) * kBlockM;
+    const int head = walk.head(step);
+    const int q_start = walk.q_start(step);
     const std::uint16_t* q_head = args.q + batch_row * args.q_stride + head * kHeadDim;
     const std::uint16_t* do_head = args.dout + batch_row * dout_stride + head * kHeadDim;
     const std::int64_t vector_row0 = (batch * args.q_heads + head) * seq;
@@ -790,7 +802,7 @@ __device__ __forceinline__ void backward_key_pairs_block(const BackwardArgs& arg
     const std::uint32_t t_tile = makes_p ? do_tile : q_tile;
     const float* lse_stage = lse_shared + stage * kBlockM;
     const float* delta_stage = delta_shared + stage * kBlockM;
-    const int q_start = (first_q_block + step % q_blocks_per_head) * kBlockM;
+    const int q_start = walk.q_start(step);
 
 #pragma unroll
     for (int slice = 0; slice < kSlices; ++slice) {

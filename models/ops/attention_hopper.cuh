@@ -347,19 +347,16 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
   const std::int64_t batch = block_z, batch_row = batch * seq;
   const std::int64_t dout_stride = static_cast<std::int64_t>(args.q_heads) * kHeadDim;
 
-  const int first_q_block = key_start / kBlockM;
-  const int q_blocks_per_head = (seq + kBlockM - 1) / kBlockM - first_q_block;
-  const int steps = q_blocks_per_head * args.group;
+  const KeySteps<kBlockM> walk(key_start, seq, kv_head, args.group);
+  const int steps = walk.count;
 
-  // Step `step` covers q head kv_head * group + step / q_blocks_per_head, query tile
-  // first_q_block + step % q_blocks_per_head.
   auto q_tile = [&](int step) {
     return q_tiles + static_cast<std::uint32_t>(step % Tiles::kQStages) * RowTile::kBytes;
   };
   auto load_step = [&](int step) {
     const int stage = step & 1;
-    const int head = kv_head * args.group + step / q_blocks_per_head;
-    const int q_start = (first_q_block + step % q_blocks_per_head) * kBlockM;
+    const int head = walk.head(step);
+    const int q_start = walk.q_start(step);
     const std::int64_t vector_row0 = (batch * args.q_heads + head) * seq;
     load_tile_async<kBlockM, kHeadDim>(q_tile(step), args.q + batch_row * args.q_stride + head * kHeadDim,
                                        args.q_stride, q_start, seq);
@@ -394,7 +391,7 @@ __device__ __forceinline__ void backward_key_block(const BackwardArgs& args, int
       load_step(step + 1);
       commit_copies();
     }
-    const int q_start = (first_q_block + step % q_blocks_per_head) * kBlockM;
+    const int q_start = walk.q_start(step);
     if (first_key > q_start + kBlockM - 1) {  // every query precedes every key: P = 0
       gpu::wgmma_wait<0>();                   // the previous step's dK product
       continue;
