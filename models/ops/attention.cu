@@ -28,6 +28,7 @@
 // other GPU.
 #include "models/ops/attention.h"
 
+#include <cuda.h>  // CUtensorMap and its encoder's signature (the encoder comes through the runtime)
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -39,6 +40,7 @@
 #include "core/error.h"
 #include "models/ops/mma_bf16.cuh"
 #include "models/ops/op_checks.h"
+#include "models/ops/tma.cuh"
 #include "models/ops/wgmma.cuh"
 
 namespace models::ops {
@@ -1103,8 +1105,9 @@ __device__ __forceinline__ void backward_query_block(const BackwardArgs& args, i
   }
 }
 
-// The same kernels on Hopper's warpgroup products (sm_90a).
+// The same kernels on Hopper's warpgroup products (sm_90a), and with their tiles loaded by TMA.
 #include "models/ops/attention_hopper.cuh"
+#include "models/ops/attention_hopper_tma.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Launchers and tile variants
@@ -1160,6 +1163,62 @@ struct HopperForward {
     const dim3 grid((args.seq + kBlockM - 1) / kBlockM, args.q_heads, batch);
     launch(hopper::attention_forward_wgmma_kernel<kHeadDim, kBlockN>, grid, hopper::kThreads, kSmemBytes, args, stream,
            "attention_forward_wgmma_kernel");
+  }
+};
+
+// The driver's cuTensorMapEncodeTiled, taken through the runtime (the build links no libcuda).
+using TensorMapEncoder = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                      const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                      CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+TensorMapEncoder tensor_map_encoder() {
+  static const TensorMapEncoder encoder = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    CUDA_CHECK(
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &status));
+    if (status != cudaDriverEntryPointSuccess || function == nullptr) {
+      checks::fail("attention", "the CUDA driver has no cuTensorMapEncodeTiled");
+    }
+    return reinterpret_cast<TensorMapEncoder>(function);
+  }();
+  return encoder;
+}
+
+// A 2D map of `rows` token rows of `columns` bf16 (row r at data + r * stride elements) read in
+// boxes of 64 columns x hopper::kBoxRows rows with the 128-byte swizzle (wgmma.cuh's tile layout);
+// rows past `rows` read as zeros.
+CUtensorMap token_rows_map(const std::uint16_t* data, std::int64_t rows, std::int64_t columns, std::int64_t stride) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(columns), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(hopper::kBoxRows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result =
+      tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<std::uint16_t*>(data), dims, strides,
+                           box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    checks::fail("attention", "cuTensorMapEncodeTiled failed with code " + std::to_string(static_cast<int>(result)));
+  }
+  return map;
+}
+
+template <int kHeadDim, int kBlockN, bool kPingpong>
+struct HopperTmaForward {
+  using Tiles = hopper::TmaForwardTiles<kHeadDim, kBlockN>;
+  static constexpr std::size_t kSmemBytes = Tiles::kSmemBytes;
+  static void run(const ForwardArgs& args, int batch, cudaStream_t stream) {
+    const std::int64_t rows = static_cast<std::int64_t>(batch) * args.seq;
+    const std::int64_t kv_columns = static_cast<std::int64_t>(args.q_heads / args.group) * kHeadDim;
+    hopper::ForwardMaps maps{};
+    maps.args = args;
+    maps.q = token_rows_map(args.q, rows, static_cast<std::int64_t>(args.q_heads) * kHeadDim, args.q_stride);
+    maps.k = token_rows_map(args.k, rows, kv_columns, args.k_stride);
+    maps.v = token_rows_map(args.v, rows, kv_columns, args.v_stride);
+    const dim3 grid((args.seq + Tiles::kBlockM - 1) / Tiles::kBlockM, args.q_heads, batch);
+    launch(hopper::attention_forward_tma_kernel<kHeadDim, kBlockN, kPingpong>, grid, hopper::kLoadingThreads,
+           kSmemBytes, maps, stream, "attention_forward_tma_kernel");
   }
 };
 
@@ -1294,8 +1353,30 @@ struct Backward {
 // in its stream (compute capability 9.0+).
 bool programmatic_launch_supported() { return device_major_version() >= 9; }
 
-// One launch of both sides (attention_backward_fused_kernel), as a programmatic dependent of the
-// prepare kernel where the device supports it, so that its blocks start as the prepare grid drains.
+// Launches `kernel` over `blocks` blocks as a programmatic dependent of the prepare kernel where
+// the device supports it, so that its blocks start as the prepare grid drains (they wait for it
+// with wait_for_prerequisite_grid before reading lse and D).
+template <typename... Params, typename... Args>
+void launch_after_prepare(void (*kernel)(Params...), int blocks, int threads, std::size_t smem_bytes,
+                          cudaStream_t stream, const char* name, const Args&... args) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (programmatic_launch_supported()) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  CUDA_CHECK_LAUNCH(name);
+}
+
+// One launch of both sides (attention_backward_fused_kernel) after the prepare kernel.
 template <typename Key, typename Query>
 struct FusedBackward {
   static_assert(Key::kThreads == Query::kThreads, "both sides run in blocks of one size");
@@ -1304,23 +1385,52 @@ struct FusedBackward {
     const dim3 key = Key::grid(args, batch), query = Query::grid(args, batch);
     const int key_blocks = static_cast<int>(key.x * key.y * key.z);
     const int query_blocks = static_cast<int>(query.x * query.y * query.z);
-    auto* kernel = attention_backward_fused_kernel<Key, Query>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(key_blocks + query_blocks));
-    config.blockDim = dim3(Key::kThreads);
-    config.dynamicSmemBytes = kSmemBytes;
-    config.stream = stream;
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    if (programmatic_launch_supported()) {
-      config.attrs = &attribute;
-      config.numAttrs = 1;
-    }
-    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args, static_cast<int>(key.x), static_cast<int>(key.y), key_blocks,
-                                  static_cast<int>(query.x), static_cast<int>(query.y)));
-    CUDA_CHECK_LAUNCH("attention_backward_fused_kernel");
+    launch_after_prepare(attention_backward_fused_kernel<Key, Query>, key_blocks + query_blocks, Key::kThreads,
+                         kSmemBytes, stream, "attention_backward_fused_kernel", args, static_cast<int>(key.x),
+                         static_cast<int>(key.y), key_blocks, static_cast<int>(query.x), static_cast<int>(query.y));
+  }
+};
+
+// The Hopper sides with TMA loads (attention_hopper_tma.cuh) in one grid, ordered as
+// attention_backward_fused_kernel's: key blocks (128 keys of one kv head), then query blocks (128
+// queries of one q head).
+template <int kHeadDim>
+__global__ void __launch_bounds__(hopper::kLoadingThreads, 1)
+    attention_backward_tma_kernel(const __grid_constant__ hopper::BackwardMaps maps, int key_x, int key_y,
+                                  int key_blocks, int query_x, int query_y) {
+  wait_for_prerequisite_grid();
+  const int index = static_cast<int>(blockIdx.x);
+  if (index < key_blocks) {
+    hopper::backward_key_block_tma<kHeadDim>(maps, index % key_x, (index / key_x) % key_y, index / (key_x * key_y));
+  } else {
+    const int q = index - key_blocks;
+    hopper::backward_query_block_tma<kHeadDim>(maps, q % query_x, (q / query_x) % query_y, q / (query_x * query_y),
+                                               query_x);
+  }
+}
+
+template <int kHeadDim>
+struct HopperTmaBackward {
+  using KeyTiles = hopper::TmaKeySideTiles<kHeadDim>;
+  using QueryTiles = hopper::TmaQuerySideTiles<kHeadDim>;
+  static constexpr std::size_t kSmemBytes =
+      KeyTiles::kSmemBytes > QueryTiles::kSmemBytes ? KeyTiles::kSmemBytes : QueryTiles::kSmemBytes;
+  static void run(const BackwardArgs& args, int batch, cudaStream_t stream) {
+    const std::int64_t rows = static_cast<std::int64_t>(batch) * args.seq;
+    const std::int64_t q_columns = static_cast<std::int64_t>(args.q_heads) * kHeadDim;
+    const std::int64_t kv_columns = static_cast<std::int64_t>(args.q_heads / args.group) * kHeadDim;
+    hopper::BackwardMaps maps{};
+    maps.args = args;
+    maps.q = token_rows_map(args.q, rows, q_columns, args.q_stride);
+    maps.k = token_rows_map(args.k, rows, kv_columns, args.k_stride);
+    maps.v = token_rows_map(args.v, rows, kv_columns, args.v_stride);
+    maps.dout = token_rows_map(args.dout, rows, q_columns, q_columns);
+    const int key_x = (args.seq + KeyTiles::kBlockN - 1) / KeyTiles::kBlockN, key_y = args.q_heads / args.group;
+    const int query_x = (args.seq + QueryTiles::kBlockM - 1) / QueryTiles::kBlockM, query_y = args.q_heads;
+    const int key_blocks = key_x * key_y * batch, query_blocks = query_x * query_y * batch;
+    launch_after_prepare(attention_backward_tma_kernel<kHeadDim>, key_blocks + query_blocks, hopper::kLoadingThreads,
+                         kSmemBytes, stream, "attention_backward_tma_kernel", maps, key_x, key_y, key_blocks, query_x,
+                         query_y);
   }
 };
 
@@ -1352,6 +1462,9 @@ constexpr BackwardVariant backward_variant(const char* name, bool (*available)()
 // device's shared memory per block. Names: m = query rows and n = keys per block (a/b: loaded a at
 // a time, used b at a time), w = warps x rows per warp, "pairs" = warp pairs x keys per pair.
 constexpr ForwardVariant kForward64[] = {
+    forward_variant<HopperTmaForward<64, 128, true>>("wgmma m128 n128 wg2x64 (tma loads, pingpong)",
+                                                     hopper_kernels_available),
+    forward_variant<HopperTmaForward<64, 128, false>>("wgmma m128 n128 wg2x64 (tma loads)", hopper_kernels_available),
     forward_variant<HopperForward<64, 64>>("wgmma m128 n64 wg2x64", hopper_kernels_available),
     forward_variant<HopperForward<64, 128>>("wgmma m128 n128 wg2x64", hopper_kernels_available),
     forward_variant<Forward<64, 128, 128, 4>>("m128 n128 w4x32"),
@@ -1360,6 +1473,9 @@ constexpr ForwardVariant kForward64[] = {
     forward_variant<Forward<64, 128, 64, 8>>("m128 n64 w8x16"),
 };
 constexpr ForwardVariant kForward128[] = {
+    forward_variant<HopperTmaForward<128, 128, true>>("wgmma m128 n128 wg2x64 (tma loads, pingpong)",
+                                                      hopper_kernels_available),
+    forward_variant<HopperTmaForward<128, 128, false>>("wgmma m128 n128 wg2x64 (tma loads)", hopper_kernels_available),
     forward_variant<HopperForward<128, 128>>("wgmma m128 n128 wg2x64", hopper_kernels_available),
     forward_variant<HopperForward<128, 64>>("wgmma m128 n64 wg2x64", hopper_kernels_available),
     forward_variant<Forward<128, 128, 64, 4>>("m128 n64 w4x32"),
@@ -1368,6 +1484,8 @@ constexpr ForwardVariant kForward128[] = {
     forward_variant<Forward<128, 128, 32, 4>>("m128 n32 w4x32"),
 };
 constexpr BackwardVariant kBackward64[] = {
+    backward_variant<HopperTmaBackward<64>>("wgmma fused key n128 m64 wg2x64 | query m128 n64 wg2x64 (tma loads)",
+                                            hopper_kernels_available),
     backward_variant<FusedBackward<HopperKeySide<64>, HopperQuerySide<64>>>(
         "wgmma fused key n128 m64 wg2x64 | query m128 n64 wg2x64", hopper_kernels_available),
     backward_variant<FusedBackward<KeySide<64, 4, 2, 128, 32>, QuerySide<64, 4, 2, 128, 32>>>(
@@ -1382,6 +1500,8 @@ constexpr BackwardVariant kBackward64[] = {
         "key n64 m128/64 w4x16 | query m64 n128 w4x16"),
 };
 constexpr BackwardVariant kBackward128[] = {
+    backward_variant<HopperTmaBackward<128>>("wgmma fused key n128 m64 wg2x64 | query m128 n64 wg2x64 (tma loads)",
+                                             hopper_kernels_available),
     backward_variant<FusedBackward<HopperKeySide<128>, HopperQuerySide<128>>>(
         "wgmma fused key n128 m64 wg2x64 | query m128 n64 wg2x64", hopper_kernels_available),
     backward_variant<FusedBackward<KeyPairsSide<128, 2, 2, 64, 64>, QuerySide<128, 4, 2, 32, 32>>>(

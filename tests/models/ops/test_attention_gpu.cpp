@@ -1,7 +1,8 @@
 // The CUDA causal GQA attention (bf16 in and out, flash-style) against the CPU reference evaluated
 // in double on the same bf16-rounded inputs: out, lse and the gradients over awkward sizes (seq 1 to
 // 1000, batch 1 and 3, GQA groups 1, 2 and 4, head dims 64 and 128) and every tile variant; causal
-// masking (a changed future key/value leaves earlier rows bit-identical); bit-identical reruns of
+// masking (a changed future key/value leaves earlier rows bit-identical, and so does a changed next
+// sequence); the TMA-loaded variants bit-identical to their twins; bit-identical reruns of
 // the backward; packed qkv inputs and packed dqkv outputs; argument checks. Every output is
 // poisoned with NaN before each run, so an element left unwritten fails.
 //
@@ -305,6 +306,93 @@ TEST(AttentionGpu, EveryTileVariantMatchesReference) {
           continue;
         }
         expect_matches_reference(s, run(s, in, false, backward ? -1 : i, backward ? i : -1), ref, where);
+      }
+    }
+  }
+}
+
+// The variants whose tiles are loaded by TMA ("... (tma loads...)") run their twin's products
+// (the name before the parenthesis) in the same order: on awkward shapes their results equal the
+// twin's bit for bit, though they read the next sequence's rows where the twin reads zeros.
+TEST(AttentionGpu, TmaVariantsEqualTheirTwinsBitForBit) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  const std::string marker = " (tma loads";  // the rest of the name: ")" or ", pingpong)"
+  const AttentionShape shapes[] = {{1, 1, 2, 1, 64},    {3, 17, 4, 1, 64},   {3, 65, 4, 2, 128}, {2, 129, 8, 2, 64},
+                                   {3, 200, 4, 4, 128}, {2, 301, 4, 2, 128}, {1, 1000, 2, 2, 64}};
+  int compared = 0;
+  for (const auto& s : shapes) {
+    const Inputs in = random_inputs(rng, s);
+    const Reference ref = reference(s, in);
+    for (const bool backward : {false, true}) {
+      const int count = ops::attention_cuda_variant_count(s.head_dim, backward);
+      for (int i = 0; i < count; ++i) {
+        const std::string name = ops::attention_cuda_variant_name(s.head_dim, backward, i);
+        const std::size_t at = name.find(marker);
+        if (at == std::string::npos || !ops::attention_cuda_variant_available(s.head_dim, backward, i)) continue;
+        const std::string twin_name = name.substr(0, at);
+        int twin = -1;
+        for (int j = 0; j < count; ++j) {
+          if (twin_name == ops::attention_cuda_variant_name(s.head_dim, backward, j)) twin = j;
+        }
+        ASSERT_GE(twin, 0) << name << " has no twin named " << twin_name;
+        const std::string where = describe(s) + (backward ? " backward [" : " forward [") + name + "]";
+        SCOPED_TRACE(where);
+        const Outputs tma = run(s, in, false, backward ? -1 : i, backward ? i : -1);
+        const Outputs other = run(s, in, false, backward ? -1 : twin, backward ? twin : -1);
+        expect_matches_reference(s, tma, ref, where);
+        EXPECT_EQ(tma.out, other.out);
+        EXPECT_EQ(tma.lse, other.lse);
+        EXPECT_EQ(tma.dq, other.dq);
+        EXPECT_EQ(tma.dk, other.dk);
+        EXPECT_EQ(tma.dv, other.dv);
+        ++compared;
+      }
+    }
+  }
+  if (compared == 0) GTEST_SKIP() << "no TMA variant runs here: it needs a Hopper GPU and a build with sm_90a code";
+}
+
+// What a block reads past its sequence's end changes nothing (the TMA variants read the next
+// sequence's rows there): with every input of batch 1 replaced, batch 0's outputs, lse and
+// gradients are bit-identical, for every variant.
+TEST(AttentionGpu, NextSequenceDoesNotLeak) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  int device = 0, smem_limit = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), cudaSuccess);
+  for (const AttentionShape& s : {AttentionShape{2, 150, 4, 2, 64}, AttentionShape{2, 150, 4, 1, 128}}) {
+    const Inputs in = random_inputs(rng, s);
+    Inputs changed = in;
+    const Inputs fresh = random_inputs(rng, s);
+    auto replace_batch_1 = [](std::vector<std::uint16_t>& to, const std::vector<std::uint16_t>& from) {
+      std::copy(from.begin() + static_cast<std::ptrdiff_t>(from.size() / 2), from.end(),
+                to.begin() + static_cast<std::ptrdiff_t>(to.size() / 2));
+    };
+    replace_batch_1(changed.q, fresh.q);
+    replace_batch_1(changed.k, fresh.k);
+    replace_batch_1(changed.v, fresh.v);
+    replace_batch_1(changed.dout, fresh.dout);
+    for (const bool backward : {false, true}) {
+      for (int i = 0; i < ops::attention_cuda_variant_count(s.head_dim, backward); ++i) {
+        if (ops::attention_cuda_variant_smem_bytes(s.head_dim, backward, i) > static_cast<std::size_t>(smem_limit) ||
+            !ops::attention_cuda_variant_available(s.head_dim, backward, i)) {
+          continue;
+        }
+        SCOPED_TRACE(describe(s) + (backward ? " backward [" : " forward [") +
+                     ops::attention_cuda_variant_name(s.head_dim, backward, i) + "]");
+        const Outputs before = run(s, in, false, backward ? -1 : i, backward ? i : -1);
+        const Outputs after = run(s, changed, false, backward ? -1 : i, backward ? i : -1);
+        auto first_half_equal = [](const auto& a, const auto& b) {
+          return std::equal(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(a.size() / 2), b.begin());
+        };
+        EXPECT_TRUE(first_half_equal(before.out, after.out)) << "out of batch 0";
+        EXPECT_TRUE(first_half_equal(before.lse, after.lse)) << "lse of batch 0";
+        EXPECT_TRUE(first_half_equal(before.dq, after.dq)) << "dq of batch 0";
+        EXPECT_TRUE(first_half_equal(before.dk, after.dk)) << "dk of batch 0";
+        EXPECT_TRUE(first_half_equal(before.dv, after.dv)) << "dv of batch 0";
+        EXPECT_FALSE(std::equal(before.out.begin(), before.out.end(), after.out.begin())) << "batch 1 did not change";
       }
     }
   }

@@ -1,0 +1,632 @@
+// attention_hopper.cuh's kernels with warp-specialised loading (FlashAttention-3's structure): a
+// third warpgroup only loads, by TMA (models/ops/tma.cuh), into a ring of stages; each stage has a
+// full barrier (its bytes landed) and an empty barrier (every computing warp is done with it). The
+// two computing warpgroups then wait only for their own data, never for each other or for a
+// block-wide barrier, so one's softmax runs under the other's products. setmaxnreg moves the
+// loading warpgroup's registers to them. The products, their order and the masks are those of
+// attention_hopper.cuh: results are bit-identical to it (the test compares the two).
+//
+// The maps read 2D token rows (batch * seq rows of heads * head_dim bf16) in 64 x 64 boxes with
+// the 128-byte swizzle, so a landed box is wgmma.cuh's tile layout. Rows past a sequence's end
+// hold the next sequence's tokens (zeros past the batch) instead of attention_hopper.cuh's zeros:
+// keys there are masked as future keys and query rows there are not stored; the backward's key
+// side, whose lse and D are 0 there, masks queries at or past seq explicitly.
+//
+// Included by attention.cu after attention_hopper.cuh, inside its namespace.
+#pragma once
+
+namespace hopper {
+
+// The loading warpgroup, and the registers setmaxnreg leaves it and gives the two computing ones
+// (3 x 128 threads launch with 168 each: 2 x 128 x consumer + 128 x producer <= 65536).
+constexpr int kProducerThreads = 128;
+constexpr int kLoadingThreads = kThreads + kProducerThreads;
+constexpr int kForwardProducerRegisters = 40, kForwardConsumerRegisters = 232;
+constexpr int kBackwardProducerRegisters = 24, kBackwardConsumerRegisters = 240;
+constexpr int kBoxRows = 64;  // token rows a TMA box copies
+
+// This thread's warpgroup through a shuffle, so that the compiler sees it uniform over each warp
+// (a branch it takes as divergent would serialise the wgmma instructions behind it).
+__device__ __forceinline__ int warpgroup_role() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+}
+
+// Starts TMA copies of token rows [row0, row0 + kRows) and columns [column0, column0 + kHeadDim)
+// of `map` into a WarpgroupTile, completing their bytes on `barrier`.
+template <int kRows, int kHeadDim>
+__device__ __forceinline__ void load_tile_tma(std::uint32_t tile, const CUtensorMap* map, std::uint32_t barrier,
+                                              int column0, int row0) {
+  using Tile = WarpgroupTile<kRows, kHeadDim>;
+#pragma unroll
+  for (int h = 0; h < kHeadDim / 64; ++h) {
+#pragma unroll
+    for (int r = 0; r < kRows / kBoxRows; ++r) {
+      gpu::tma_load_2d(tile + h * Tile::kColumnTileBytes + r * kBoxRows * 128, map, barrier, column0 + 64 * h,
+                       row0 + r * kBoxRows);
+    }
+  }
+}
+
+// A ring of kStages stages after `base`: stage s's full barrier at base + 8 (1 + s), its empty
+// barrier at base + 8 (1 + kStages + s); base itself is the barrier of the tiles loaded once.
+template <int kStages>
+struct StageBarriers {
+  std::uint32_t base;
+  static constexpr std::size_t kBytes = 8 * (1 + 2 * kStages);
+  __device__ __forceinline__ std::uint32_t once() const { return base; }
+  __device__ __forceinline__ std::uint32_t full(int use) const {
+    return base + 8u * static_cast<std::uint32_t>(1 + use % kStages);
+  }
+  __device__ __forceinline__ std::uint32_t empty(int use) const {
+    return base + 8u * static_cast<std::uint32_t>(1 + kStages + use % kStages);
+  }
+  // Thread 0 initialises them before the block's __syncthreads: the full barriers wait for
+  // `full_arrivals` arrivals and their bytes, the empty ones for one arrival per computing warp.
+  __device__ __forceinline__ void init(int full_arrivals) const {
+    if (threadIdx.x == 0) {
+      gpu::mbarrier_init(once(), 1);
+      for (int stage = 0; stage < kStages; ++stage) {
+        gpu::mbarrier_init(full(stage), static_cast<std::uint32_t>(full_arrivals));
+        gpu::mbarrier_init(empty(stage), kThreads / 32);
+      }
+      gpu::fence_barrier_init();
+    }
+  }
+  // The loader, before refilling the stage of use `use`: the computing warps released use - kStages.
+  __device__ __forceinline__ void wait_empty(int use) const {
+    if (use >= kStages) gpu::mbarrier_wait(empty(use), static_cast<std::uint32_t>(use / kStages - 1) & 1u);
+  }
+  __device__ __forceinline__ void wait_full(int use) const {
+    gpu::mbarrier_wait(full(use), static_cast<std::uint32_t>(use / kStages) & 1u);
+  }
+  // A computing warp is done with the stage of use `use` (its products landed, its lanes' reads of
+  // it done): one arrival per warp.
+  __device__ __forceinline__ void release(int use) const {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) gpu::mbarrier_arrive(empty(use));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Forward: attention_forward_wgmma_kernel with K and V in a ring of 3 stages.
+
+struct ForwardMaps {
+  ForwardArgs args;
+  CUtensorMap q, k, v;
+};
+
+template <int kHeadDim, int kBlockN_>
+struct TmaForwardTiles {
+  static constexpr int kBlockM = 2 * kWarpgroupRows, kBlockN = kBlockN_, kStages = 3;
+  using QTile = WarpgroupTile<kBlockM, kHeadDim>;
+  using KeyTile = WarpgroupTile<kBlockN, kHeadDim>;
+  static constexpr std::uint32_t kStageBytes = 2 * KeyTile::kBytes;  // K, then V
+  static constexpr std::uint32_t kBarrierOffset = QTile::kBytes + kStages * kStageBytes;
+  static constexpr std::size_t kSmemBytes = 1024 + kBarrierOffset + StageBarriers<kStages>::kBytes;
+};
+
+// kPingpong: the two warpgroups take turns issuing their products (named barrier 3 + w is
+// warpgroup w's turn; each hands the turn over once its products are issued), so that one's
+// softmax runs while the other's products keep the tensor cores busy.
+template <int kHeadDim, int kBlockN_, bool kPingpong>
+__global__ void __launch_bounds__(kLoadingThreads, 1)
+    attention_forward_tma_kernel(const __grid_constant__ ForwardMaps maps) {
+  using Tiles = TmaForwardTiles<kHeadDim, kBlockN_>;
+  using QTile = typename Tiles::QTile;
+  using KeyTile = typename Tiles::KeyTile;
+  constexpr int kBlockM = Tiles::kBlockM, kBlockN = Tiles::kBlockN;
+  const ForwardArgs& args = maps.args;
+
+  extern __shared__ __align__(1024) unsigned char smem[];
+  unsigned char* q_generic = nullptr;
+  const std::uint32_t q_tile = aligned_shared_base(smem, &q_generic);
+  auto k_tile = [&](int block) {
+    return q_tile + QTile::kBytes + static_cast<std::uint32_t>(block % Tiles::kStages) * Tiles::kStageBytes;
+  };
+  auto v_tile = [&](int block) { return k_tile(block) + KeyTile::kBytes; };
+  const StageBarriers<Tiles::kStages> barriers{q_tile + Tiles::kBarrierOffset};
+  barriers.init(1);
+  __syncthreads();
+
+  const int seq = args.seq;
+  const int q_start = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * kBlockM;
+  const int head = static_cast<int>(blockIdx.y), kv_head = head / args.group;
+  const int batch = static_cast<int>(blockIdx.z);
+  const int key_blocks = (min(q_start + kBlockM, seq) - 1) / kBlockN + 1;
+
+  const int role = warpgroup_role();
+  if (role == kThreads / 128) {  // the loading warpgroup: its first thread issues every copy
+    gpu::lower_registers<kForwardProducerRegisters>();
+    if (threadIdx.x == kThreads) {
+      const int row0 = batch * seq;  // the sequence's first token row
+      gpu::mbarrier_arrive_expect_bytes(barriers.once(), QTile::kBytes);
+      load_tile_tma<kBlockM, kHeadDim>(q_tile, &maps.q, barriers.once(), head * kHeadDim, row0 + q_start);
+      for (int block = 0; block < key_blocks; ++block) {
+        barriers.wait_empty(block);
+        gpu::mbarrier_arrive_expect_bytes(barriers.full(block), Tiles::kStageBytes);
+        load_tile_tma<kBlockN, kHeadDim>(k_tile(block), &maps.k, barriers.full(block), kv_head * kHeadDim,
+                                         row0 + block * kBlockN);
+        load_tile_tma<kBlockN, kHeadDim>(v_tile(block), &maps.v, barriers.full(block), kv_head * kHeadDim,
+                                         row0 + block * kBlockN);
+      }
+    }
+    return;
+  }
+  gpu::raise_registers<kForwardConsumerRegisters>();
+
+  const int warpgroup = role;
+  const int warp = static_cast<int>(threadIdx.x) % 128 / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int row0 = warpgroup * kWarpgroupRows;  // this warpgroup's first row within the tile
+  const int first_row = q_start + row0;
+  const int thread_row = first_row + 16 * warp + lane / 4;  // this thread's rows: + 0 and + 8
+  const int thread_column = 2 * (lane % 4);
+
+  float o[kHeadDim / 2];
+  set_zero(o);
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  std::uint32_t p[kBlockN / 16][4];  // P of the previous block, the A operand of its P V
+
+  auto issue_pv = [&](int j) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      gpu::wgmma_rs_mn<kHeadDim>(o, p[kk], KeyTile::mn_major(v_tile(j), 16 * kk), true);
+    }
+    gpu::wgmma_commit();
+  };
+
+  constexpr int kTurnBarrier = 3, kTurnThreads = 2 * 128;  // barriers 1 and 2: store_warpgroup_rows
+  if constexpr (kPingpong) {
+    if (warpgroup == 1) barrier_arrive(kTurnBarrier, kTurnThreads);  // warpgroup 0 goes first
+  }
+  gpu::mbarrier_wait(barriers.once(), 0);
+  for (int block = 0; block < key_blocks; ++block) {
+    barriers.wait_full(block);
+    const int key0 = block * kBlockN;
+
+    float s[kBlockN / 2];  // the first product overwrites it
+    if constexpr (kPingpong) barrier_sync(kTurnBarrier + warpgroup, kTurnThreads);
+    gpu::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      gpu::wgmma_ss<kBlockN>(s, QTile::k_major(q_tile, row0, ks), KeyTile::k_major(k_tile(block), 0, ks), ks > 0);
+    }
+    gpu::wgmma_commit();
+    if (block > 0) {
+      issue_pv(block - 1);
+    } else {
+      gpu::wgmma_commit();  // an empty group, so that the waits below count alike
+    }
+    // The other warpgroup's turn (the last hand-over of warpgroup 1 is left unmatched at exit).
+    if constexpr (kPingpong) barrier_arrive(kTurnBarrier + 1 - warpgroup, kTurnThreads);
+    gpu::wgmma_wait<1>();  // S landed; P V of the previous block may still run
+    gpu::keep_in_registers(s);
+
+    if (key0 + kBlockN - 1 > first_row) {  // the tile crosses the diagonal: mask key > query
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = thread_row + 8 * (e >> 1), key = key0 + 8 * j + thread_column + (e & 1);
+          if (key > row) s[4 * j + e] = -INFINITY;
+        }
+      }
+    }
+
+    float rescale[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[i], tile_max * args.scale_log2);
+      const float shift = new_max == -INFINITY ? 0.0f : new_max;
+      rescale[i] = fast_exp2(row_max[i] - shift);
+      row_max[i] = new_max;
+      float sum = row_sum[i] * rescale[i];
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float probability = fast_exp2(fmaf(s[4 * j + 2 * i + c], args.scale_log2, -shift));
+          s[4 * j + 2 * i + c] = probability;
+          sum += probability;
+        }
+      }
+      row_sum[i] = sum;
+    }
+
+    gpu::wgmma_wait<0>();  // P V of the previous block landed: O, P and its stage are free
+    gpu::keep_in_registers(o);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) gpu::keep_in_registers(p[kk]);
+    if (block > 0) barriers.release(block - 1);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        o[4 * j + 2 * i] *= rescale[i];
+        o[4 * j + 2 * i + 1] *= rescale[i];
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) accumulators_to_fragment(p[kk], s, kk);
+  }
+  gpu::wgmma_fence();
+  issue_pv(key_blocks - 1);
+  gpu::wgmma_wait<0>();
+  gpu::keep_in_registers(o);
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) gpu::keep_in_registers(p[kk]);
+
+  const std::int64_t batch_row = static_cast<std::int64_t>(batch) * seq;
+  const std::int64_t lse_row0 = (static_cast<std::int64_t>(batch) * args.q_heads + head) * seq;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float sum = row_sum[i];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inverse = 1.0f / sum;
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      o[4 * j + 2 * i] *= inverse;
+      o[4 * j + 2 * i + 1] *= inverse;
+    }
+    const int row = thread_row + 8 * i;
+    if (lane % 4 == 0 && row < seq) args.lse[lse_row0 + row] = (row_max[i] + log2f(sum)) * kLn2;
+  }
+  const std::int64_t out_stride = static_cast<std::int64_t>(args.q_heads) * kHeadDim;
+  store_warpgroup_rows<kBlockM, kHeadDim>(o, q_generic, row0,
+                                          args.out + (batch_row + first_row) * out_stride + head * kHeadDim, out_stride,
+                                          first_row, seq);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward: attention_hopper.cuh's two sides with their step tiles in rings of 3 stages.
+
+struct BackwardMaps {
+  BackwardArgs args;
+  CUtensorMap q, k, v, dout;
+};
+
+// Key side: K and V of 128 keys loaded once; a stage holds Q and dO of 64 queries and their lse
+// and D (written by the loading warpgroup's second warp; zeros past seq). Released once the dK
+// product that read its Q has landed (during the next step).
+template <int kHeadDim>
+struct TmaKeySideTiles {
+  static constexpr int kBlockN = 2 * kWarpgroupRows, kBlockM = 64, kStages = 3;
+  using KeyTile = WarpgroupTile<kBlockN, kHeadDim>;
+  using RowTile = WarpgroupTile<kBlockM, kHeadDim>;
+  static constexpr std::uint32_t kStageBytes = 2 * RowTile::kBytes;  // Q, then dO
+  static constexpr std::uint32_t kStagesOffset = 2 * KeyTile::kBytes;
+  static constexpr std::uint32_t kVectorsOffset = kStagesOffset + kStages * kStageBytes;  // lse, D a stage
+  static constexpr std::uint32_t kBarrierOffset = kVectorsOffset + kStages * 2 * kBlockM * sizeof(float);
+  static constexpr std::size_t kSmemBytes = 1024 + kBarrierOffset + StageBarriers<kStages>::kBytes;
+};
+
+template <int kHeadDim>
+__device__ __forceinline__ void backward_key_block_tma(const BackwardMaps& maps, int block_x, int block_y,
+                                                       int block_z) {
+  using Tiles = TmaKeySideTiles<kHeadDim>;
+  constexpr int kBlockN = Tiles::kBlockN, kBlockM = Tiles::kBlockM;
+  using KeyTile = typename Tiles::KeyTile;
+  using RowTile = typename Tiles::RowTile;
+  const BackwardArgs& args = maps.args;
+
+  extern __shared__ __align__(1024) unsigned char smem[];
+  unsigned char* generic = nullptr;
+  const std::uint32_t k_tile = aligned_shared_base(smem, &generic);
+  const std::uint32_t v_tile = k_tile + KeyTile::kBytes;
+  auto q_tile = [&](int step) {
+    return k_tile + Tiles::kStagesOffset + static_cast<std::uint32_t>(step % Tiles::kStages) * Tiles::kStageBytes;
+  };
+  auto do_tile = [&](int step) { return q_tile(step) + RowTile::kBytes; };
+  auto vectors = [&](int step) {  // lse of the step's queries, then their D
+    return reinterpret_cast<float*>(generic + Tiles::kVectorsOffset) + (step % Tiles::kStages) * 2 * kBlockM;
+  };
+  const StageBarriers<Tiles::kStages> barriers{k_tile + Tiles::kBarrierOffset};
+  barriers.init(1 + 32);  // the copies' thread, and the 32 lanes that write lse and D
+  __syncthreads();
+
+  const int seq = args.seq;
+  const int key_start = block_x * kBlockN;
+  const int kv_head = block_y;
+  const int batch = block_z;
+  const KeySteps<kBlockM> walk(key_start, seq, kv_head, args.group);
+  const int steps = walk.count;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+
+  const int role = warpgroup_role();
+  if (role == kThreads / 128) {
+    gpu::lower_registers<kBackwardProducerRegisters>();
+    const int loader_warp = __shfl_sync(0xffffffffu, (static_cast<int>(threadIdx.x) - kThreads) / 32, 0);
+    const int row0 = batch * seq;  // the sequence's first token row
+    if (loader_warp == 0) {
+      if (lane == 0) {
+        gpu::mbarrier_arrive_expect_bytes(barriers.once(), 2 * KeyTile::kBytes);
+        load_tile_tma<kBlockN, kHeadDim>(k_tile, &maps.k, barriers.once(), kv_head * kHeadDim, row0 + key_start);
+        load_tile_tma<kBlockN, kHeadDim>(v_tile, &maps.v, barriers.once(), kv_head * kHeadDim, row0 + key_start);
+        for (int step = 0; step < steps; ++step) {
+          barriers.wait_empty(step);
+          gpu::mbarrier_arrive_expect_bytes(barriers.full(step), Tiles::kStageBytes);
+          const int column = walk.head(step) * kHeadDim, row = row0 + walk.q_start(step);
+          load_tile_tma<kBlockM, kHeadDim>(q_tile(step), &maps.q, barriers.full(step), column, row);
+          load_tile_tma<kBlockM, kHeadDim>(do_tile(step), &maps.dout, barriers.full(step), column, row);
+        }
+      }
+    } else if (loader_warp == 1) {
+      for (int step = 0; step < steps; ++step) {
+        barriers.wait_empty(step);
+        const std::int64_t vector_row0 = (static_cast<std::int64_t>(batch) * args.q_heads + walk.head(step)) * seq;
+        const int q_start = walk.q_start(step);
+        float* lse_delta = vectors(step);
+        for (int i = lane; i < kBlockM; i += 32) {
+          const bool valid = q_start + i < seq;
+          lse_delta[i] = valid ? args.lse_log2[vector_row0 + q_start + i] : 0.0f;
+          lse_delta[kBlockM + i] = valid ? args.delta[vector_row0 + q_start + i] : 0.0f;
+        }
+        gpu::mbarrier_arrive(barriers.full(step));
+      }
+    }
+    return;
+  }
+  gpu::raise_registers<kBackwardConsumerRegisters>();
+
+  const int warpgroup = role;
+  const int warp = static_cast<int>(threadIdx.x) % 128 / 32;
+  const int key_row0 = warpgroup * kWarpgroupRows;  // this warpgroup's first key within the tile
+  const int first_key = key_start + key_row0;
+  const int thread_key = first_key + 16 * warp + lane / 4;  // this thread's keys: + 0 and + 8
+  const int thread_column = 2 * (lane % 4);
+
+  float dk[kHeadDim / 2], dv[kHeadDim / 2];
+  set_zero(dk);
+  set_zero(dv);
+  std::uint32_t a_ds[kBlockM / 16][4];  // dS^T of the step whose dK product may still run
+
+  gpu::mbarrier_wait(barriers.once(), 0);
+  for (int step = 0; step < steps; ++step) {
+    // Every warp waits for every stage, also one it skips: a stage is refilled only after all
+    // eight warps released it, and a warp must not release a stage whose copies are in flight.
+    barriers.wait_full(step);
+    const int q_start = walk.q_start(step);
+    if (first_key > q_start + kBlockM - 1) {  // every query precedes every key: P = 0
+      gpu::wgmma_wait<0>();                   // the previous step's dK product
+      if (step > 0) barriers.release(step - 1);
+      continue;
+    }
+    const std::uint32_t q_step = q_tile(step), do_step = do_tile(step);
+    const float* lse_stage = vectors(step);
+    const float* delta_stage = lse_stage + kBlockM;
+
+    float st[kBlockM / 2], dpt[kBlockM / 2];
+    gpu::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      gpu::wgmma_ss<kBlockM>(st, KeyTile::k_major(k_tile, key_row0, ks), RowTile::k_major(q_step, 0, ks), ks > 0);
+    }
+    gpu::wgmma_commit();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      gpu::wgmma_ss<kBlockM>(dpt, KeyTile::k_major(v_tile, key_row0, ks), RowTile::k_major(do_step, 0, ks), ks > 0);
+    }
+    gpu::wgmma_commit();
+
+    // S^T, dP^T and the previous step's dK product landed: that step's stage is free. Both scores
+    // are formed before either product that reads them is issued, so that P^T and dS^T are never
+    // live as accumulators and as fragments together (with both, 240 registers are too few and
+    // ptxas serialises the products); the other warpgroup's products fill the tensor cores.
+    gpu::wgmma_wait<0>();
+    gpu::keep_in_registers(st);
+    gpu::keep_in_registers(dpt);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) gpu::keep_in_registers(a_ds[kk]);
+    if (step > 0) barriers.release(step - 1);
+    // Masked: key > query, and queries at or past seq (the next sequence's rows, lse and D 0).
+    const bool masked = first_key + kWarpgroupRows - 1 > q_start || q_start + kBlockM > seq;
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      const float2 lse2 = *reinterpret_cast<const float2*>(lse_stage + 8 * j + thread_column);
+      const float2 delta2 = *reinterpret_cast<const float2*>(delta_stage + 8 * j + thread_column);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = fast_exp2(fmaf(st[4 * j + e], args.scale_log2, -((e & 1) ? lse2.y : lse2.x)));
+        if (masked) {
+          const int key = thread_key + 8 * (e >> 1), query = q_start + 8 * j + thread_column + (e & 1);
+          if (key > query || query >= seq) p = 0.0f;
+        }
+        st[4 * j + e] = p;
+        dpt[4 * j + e] = p * (dpt[4 * j + e] - ((e & 1) ? delta2.y : delta2.x));
+      }
+    }
+    // dV += P^T dO, then dK += dS^T Q, the latter left running under the next step's scores.
+    std::uint32_t a_p[kBlockM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      accumulators_to_fragment(a_p[kk], st, kk);
+      accumulators_to_fragment(a_ds[kk], dpt, kk);
+    }
+    gpu::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      gpu::wgmma_rs_mn<kHeadDim>(dv, a_p[kk], RowTile::mn_major(do_step, 16 * kk), true);
+    }
+    gpu::wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      gpu::wgmma_rs_mn<kHeadDim>(dk, a_ds[kk], RowTile::mn_major(q_step, 16 * kk), true);
+    }
+    gpu::wgmma_commit();
+    gpu::wgmma_wait<1>();  // dV landed
+    gpu::keep_in_registers(dv);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) gpu::keep_in_registers(a_p[kk]);
+  }
+  gpu::wgmma_wait<0>();
+  gpu::keep_in_registers(dk);
+#pragma unroll
+  for (int kk = 0; kk < kBlockM / 16; ++kk) gpu::keep_in_registers(a_ds[kk]);
+
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) dk[i] *= args.scale;
+  const std::int64_t key_row_global = static_cast<std::int64_t>(batch) * seq + first_key;
+  store_warpgroup_rows<kBlockN, kHeadDim>(dk, generic, key_row0,
+                                          args.dk + key_row_global * args.dk_stride + kv_head * kHeadDim,
+                                          args.dk_stride, first_key, seq);
+  store_warpgroup_rows<kBlockN, kHeadDim>(dv, generic + KeyTile::kBytes, key_row0,
+                                          args.dv + key_row_global * args.dv_stride + kv_head * kHeadDim,
+                                          args.dv_stride, first_key, seq);
+}
+
+// Query side: Q and dO of 128 queries loaded once; a stage holds K and V of 64 keys, released
+// once the dQ product that read its K has landed (during the next block).
+template <int kHeadDim>
+struct TmaQuerySideTiles {
+  static constexpr int kBlockM = 2 * kWarpgroupRows, kBlockN = 64, kStages = 3;
+  using RowTile = WarpgroupTile<kBlockM, kHeadDim>;
+  using KeyTile = WarpgroupTile<kBlockN, kHeadDim>;
+  static constexpr std::uint32_t kStageBytes = 2 * KeyTile::kBytes;  // K, then V
+  static constexpr std::uint32_t kBarrierOffset = 2 * RowTile::kBytes + kStages * kStageBytes;
+  static constexpr std::size_t kSmemBytes = 1024 + kBarrierOffset + StageBarriers<kStages>::kBytes;
+};
+
+template <int kHeadDim>
+__device__ __forceinline__ void backward_query_block_tma(const BackwardMaps& maps, int block_x, int block_y,
+                                                         int block_z, int grid_x) {
+  using Tiles = TmaQuerySideTiles<kHeadDim>;
+  constexpr int kBlockM = Tiles::kBlockM, kBlockN = Tiles::kBlockN;
+  using RowTile = typename Tiles::RowTile;
+  using KeyTile = typename Tiles::KeyTile;
+  const BackwardArgs& args = maps.args;
+
+  extern __shared__ __align__(1024) unsigned char smem[];
+  unsigned char* generic = nullptr;
+  const std::uint32_t q_tile = aligned_shared_base(smem, &generic);
+  const std::uint32_t do_tile = q_tile + RowTile::kBytes;
+  auto k_tile = [&](int block) {
+    return q_tile + 2 * RowTile::kBytes + static_cast<std::uint32_t>(block % Tiles::kStages) * Tiles::kStageBytes;
+  };
+  auto v_tile = [&](int block) { return k_tile(block) + KeyTile::kBytes; };
+  const StageBarriers<Tiles::kStages> barriers{q_tile + Tiles::kBarrierOffset};
+  barriers.init(1);
+  __syncthreads();
+
+  const int seq = args.seq;
+  const int q_start = (grid_x - 1 - block_x) * kBlockM;
+  const int head = block_y, kv_head = head / args.group;
+  const int batch = block_z;
+  const int key_blocks = (min(q_start + kBlockM, seq) - 1) / kBlockN + 1;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+
+  const int role = warpgroup_role();
+  if (role == kThreads / 128) {
+    gpu::lower_registers<kBackwardProducerRegisters>();
+    if (threadIdx.x == kThreads) {
+      const int row0 = batch * seq;
+      gpu::mbarrier_arrive_expect_bytes(barriers.once(), 2 * RowTile::kBytes);
+      load_tile_tma<kBlockM, kHeadDim>(q_tile, &maps.q, barriers.once(), head * kHeadDim, row0 + q_start);
+      load_tile_tma<kBlockM, kHeadDim>(do_tile, &maps.dout, barriers.once(), head * kHeadDim, row0 + q_start);
+      for (int block = 0; block < key_blocks; ++block) {
+        barriers.wait_empty(block);
+        gpu::mbarrier_arrive_expect_bytes(barriers.full(block), Tiles::kStageBytes);
+        load_tile_tma<kBlockN, kHeadDim>(k_tile(block), &maps.k, barriers.full(block), kv_head * kHeadDim,
+                                         row0 + block * kBlockN);
+        load_tile_tma<kBlockN, kHeadDim>(v_tile(block), &maps.v, barriers.full(block), kv_head * kHeadDim,
+                                         row0 + block * kBlockN);
+      }
+    }
+    return;
+  }
+  gpu::raise_registers<kBackwardConsumerRegisters>();
+
+  const int warpgroup = role;
+  const int warp = static_cast<int>(threadIdx.x) % 128 / 32;
+  const int row0 = warpgroup * kWarpgroupRows;
+  const int first_row = q_start + row0;
+  const int thread_row = first_row + 16 * warp + lane / 4;  // this thread's rows: + 0 and + 8
+  const int thread_column = 2 * (lane % 4);
+  const std::int64_t vector_row0 = (static_cast<std::int64_t>(batch) * args.q_heads + head) * seq;
+  float lse_row[2], delta_row[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = thread_row + 8 * i;
+    lse_row[i] = row < seq ? args.lse_log2[vector_row0 + row] : 0.0f;
+    delta_row[i] = row < seq ? args.delta[vector_row0 + row] : 0.0f;
+  }
+
+  float dq[kHeadDim / 2];
+  set_zero(dq);
+  std::uint32_t a_ds[kBlockN / 16][4];  // dS of the block whose dQ product may still run
+
+  gpu::mbarrier_wait(barriers.once(), 0);
+  for (int block = 0; block < key_blocks; ++block) {
+    barriers.wait_full(block);  // also by a warp that skips it (see the key side)
+    const int key0 = block * kBlockN;
+    if (key0 > first_row + kWarpgroupRows - 1) {  // every key follows every row of the warpgroup
+      gpu::wgmma_wait<0>();                       // the previous block's dQ product
+      if (block > 0) barriers.release(block - 1);
+      continue;
+    }
+
+    float s[kBlockN / 2], dp[kBlockN / 2];
+    gpu::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      gpu::wgmma_ss<kBlockN>(s, RowTile::k_major(q_tile, row0, ks), KeyTile::k_major(k_tile(block), 0, ks), ks > 0);
+    }
+    gpu::wgmma_commit();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      gpu::wgmma_ss<kBlockN>(dp, RowTile::k_major(do_tile, row0, ks), KeyTile::k_major(v_tile(block), 0, ks), ks > 0);
+    }
+    gpu::wgmma_commit();
+
+    gpu::wgmma_wait<1>();  // S, and the previous block's dQ product: its stage is free
+    gpu::keep_in_registers(s);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) gpu::keep_in_registers(a_ds[kk]);
+    if (block > 0) barriers.release(block - 1);
+    const bool crosses_diagonal = key0 + kBlockN - 1 > first_row;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = fast_exp2(fmaf(s[4 * j + e], args.scale_log2, -lse_row[e >> 1]));
+        if (crosses_diagonal) {
+          const int row = thread_row + 8 * (e >> 1), key = key0 + 8 * j + thread_column + (e & 1);
+          if (key > row) p = 0.0f;
+        }
+        s[4 * j + e] = p;
+      }
+    }
+    gpu::wgmma_wait<0>();
+    gpu::keep_in_registers(dp);
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - delta_row[e >> 1]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) accumulators_to_fragment(a_ds[kk], dp, kk);
+    gpu::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      gpu::wgmma_rs_mn<kHeadDim>(dq, a_ds[kk], KeyTile::mn_major(k_tile(block), 16 * kk), true);
+    }
+    gpu::wgmma_commit();
+  }
+  gpu::wgmma_wait<0>();
+  gpu::keep_in_registers(dq);
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) gpu::keep_in_registers(a_ds[kk]);
+
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) dq[i] *= args.scale;
+  store_warpgroup_rows<kBlockM, kHeadDim>(
+      dq, generic, row0,
+      args.dq + (static_cast<std::int64_t>(batch) * seq + first_row) * args.dq_stride + head * kHeadDim, args.dq_stride,
+      first_row, seq);
+}
+
+}  // namespace hopper
