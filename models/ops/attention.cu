@@ -1105,9 +1105,8 @@ __device__ __forceinline__ void backward_query_block(const BackwardArgs& args, i
   }
 }
 
-// The same kernels on Hopper's warpgroup products (sm_90a), and with their tiles loaded by TMA.
+// The same algorithm on Hopper's warpgroup products (sm_90a), its tiles loaded by TMA.
 #include "models/ops/attention_hopper.cuh"
-#include "models/ops/attention_hopper_tma.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Launchers and tile variants
@@ -1155,17 +1154,6 @@ bool hopper_kernels_available() {
 
 bool always_available() { return true; }
 
-template <int kHeadDim, int kBlockN>
-struct HopperForward {
-  static constexpr std::size_t kSmemBytes = hopper::ForwardTiles<kHeadDim, kBlockN>::kSmemBytes;
-  static void run(const ForwardArgs& args, int batch, cudaStream_t stream) {
-    constexpr int kBlockM = hopper::ForwardTiles<kHeadDim, kBlockN>::kBlockM;
-    const dim3 grid((args.seq + kBlockM - 1) / kBlockM, args.q_heads, batch);
-    launch(hopper::attention_forward_wgmma_kernel<kHeadDim, kBlockN>, grid, hopper::kThreads, kSmemBytes, args, stream,
-           "attention_forward_wgmma_kernel");
-  }
-};
-
 // The driver's cuTensorMapEncodeTiled, taken through the runtime (the build links no libcuda).
 using TensorMapEncoder = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                       const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -1205,8 +1193,8 @@ CUtensorMap token_rows_map(const std::uint16_t* data, std::int64_t rows, std::in
 }
 
 template <int kHeadDim, int kBlockN, bool kPingpong>
-struct HopperTmaForward {
-  using Tiles = hopper::TmaForwardTiles<kHeadDim, kBlockN>;
+struct HopperForward {
+  using Tiles = hopper::ForwardTiles<kHeadDim, kBlockN>;
   static constexpr std::size_t kSmemBytes = Tiles::kSmemBytes;
   static void run(const ForwardArgs& args, int batch, cudaStream_t stream) {
     const std::int64_t rows = static_cast<std::int64_t>(batch) * args.seq;
@@ -1217,8 +1205,8 @@ struct HopperTmaForward {
     maps.k = token_rows_map(args.k, rows, kv_columns, args.k_stride);
     maps.v = token_rows_map(args.v, rows, kv_columns, args.v_stride);
     const dim3 grid((args.seq + Tiles::kBlockM - 1) / Tiles::kBlockM, args.q_heads, batch);
-    launch(hopper::attention_forward_tma_kernel<kHeadDim, kBlockN, kPingpong>, grid, hopper::kLoadingThreads,
-           kSmemBytes, maps, stream, "attention_forward_tma_kernel");
+    launch(hopper::attention_forward_wgmma_kernel<kHeadDim, kBlockN, kPingpong>, grid, hopper::kLoadingThreads,
+           kSmemBytes, maps, stream, "attention_forward_wgmma_kernel");
   }
 };
 
@@ -1311,34 +1299,6 @@ struct QuerySide {
   }
 };
 
-// The wgmma sides (attention_hopper.cuh): 128 keys a block over 64-query tiles; 128 queries a
-// block over 64-key tiles.
-template <int kHeadDim>
-struct HopperKeySide {
-  static constexpr int kThreads = hopper::kThreads;
-  static constexpr int kKeys = hopper::KeySideTiles<kHeadDim>::kBlockN;
-  static constexpr std::size_t kSmemBytes = hopper::KeySideTiles<kHeadDim>::kSmemBytes;
-  static dim3 grid(const BackwardArgs& args, int batch) {
-    return dim3((args.seq + kKeys - 1) / kKeys, args.q_heads / args.group, batch);
-  }
-  static __device__ __forceinline__ void block(const BackwardArgs& args, int x, int y, int z, int) {
-    hopper::backward_key_block<kHeadDim>(args, x, y, z);
-  }
-};
-
-template <int kHeadDim>
-struct HopperQuerySide {
-  static constexpr int kThreads = hopper::kThreads;
-  static constexpr int kRows = hopper::QuerySideTiles<kHeadDim>::kBlockM;
-  static constexpr std::size_t kSmemBytes = hopper::QuerySideTiles<kHeadDim>::kSmemBytes;
-  static dim3 grid(const BackwardArgs& args, int batch) {
-    return dim3((args.seq + kRows - 1) / kRows, args.q_heads, batch);
-  }
-  static __device__ __forceinline__ void block(const BackwardArgs& args, int x, int y, int z, int grid_x) {
-    hopper::backward_query_block<kHeadDim>(args, x, y, z, grid_x);
-  }
-};
-
 // Two launches: the key side, then the query side.
 template <typename Key, typename Query>
 struct Backward {
@@ -1391,28 +1351,28 @@ struct FusedBackward {
   }
 };
 
-// The Hopper sides with TMA loads (attention_hopper_tma.cuh) in one grid, ordered as
+// The Hopper sides (attention_hopper.cuh) in one grid, ordered as
 // attention_backward_fused_kernel's: key blocks (128 keys of one kv head), then query blocks (128
 // queries of one q head).
 template <int kHeadDim>
 __global__ void __launch_bounds__(hopper::kLoadingThreads, 1)
-    attention_backward_tma_kernel(const __grid_constant__ hopper::BackwardMaps maps, int key_x, int key_y,
-                                  int key_blocks, int query_x, int query_y) {
+    attention_backward_wgmma_kernel(const __grid_constant__ hopper::BackwardMaps maps, int key_x, int key_y,
+                                    int key_blocks, int query_x, int query_y) {
   wait_for_prerequisite_grid();
   const int index = static_cast<int>(blockIdx.x);
   if (index < key_blocks) {
-    hopper::backward_key_block_tma<kHeadDim>(maps, index % key_x, (index / key_x) % key_y, index / (key_x * key_y));
+    hopper::backward_key_block<kHeadDim>(maps, index % key_x, (index / key_x) % key_y, index / (key_x * key_y));
   } else {
     const int q = index - key_blocks;
-    hopper::backward_query_block_tma<kHeadDim>(maps, q % query_x, (q / query_x) % query_y, q / (query_x * query_y),
-                                               query_x);
+    hopper::backward_query_block<kHeadDim>(maps, q % query_x, (q / query_x) % query_y, q / (query_x * query_y),
+                                           query_x);
   }
 }
 
 template <int kHeadDim>
-struct HopperTmaBackward {
-  using KeyTiles = hopper::TmaKeySideTiles<kHeadDim>;
-  using QueryTiles = hopper::TmaQuerySideTiles<kHeadDim>;
+struct HopperBackward {
+  using KeyTiles = hopper::KeySideTiles<kHeadDim>;
+  using QueryTiles = hopper::QuerySideTiles<kHeadDim>;
   static constexpr std::size_t kSmemBytes =
       KeyTiles::kSmemBytes > QueryTiles::kSmemBytes ? KeyTiles::kSmemBytes : QueryTiles::kSmemBytes;
   static void run(const BackwardArgs& args, int batch, cudaStream_t stream) {
@@ -1428,8 +1388,8 @@ struct HopperTmaBackward {
     const int key_x = (args.seq + KeyTiles::kBlockN - 1) / KeyTiles::kBlockN, key_y = args.q_heads / args.group;
     const int query_x = (args.seq + QueryTiles::kBlockM - 1) / QueryTiles::kBlockM, query_y = args.q_heads;
     const int key_blocks = key_x * key_y * batch, query_blocks = query_x * query_y * batch;
-    launch_after_prepare(attention_backward_tma_kernel<kHeadDim>, key_blocks + query_blocks, hopper::kLoadingThreads,
-                         kSmemBytes, stream, "attention_backward_tma_kernel", maps, key_x, key_y, key_blocks, query_x,
+    launch_after_prepare(attention_backward_wgmma_kernel<kHeadDim>, key_blocks + query_blocks, hopper::kLoadingThreads,
+                         kSmemBytes, stream, "attention_backward_wgmma_kernel", maps, key_x, key_y, key_blocks, query_x,
                          query_y);
   }
 };
@@ -1462,32 +1422,26 @@ constexpr BackwardVariant backward_variant(const char* name, bool (*available)()
 // device's shared memory per block. Names: m = query rows and n = keys per block (a/b: loaded a at
 // a time, used b at a time), w = warps x rows per warp, "pairs" = warp pairs x keys per pair.
 constexpr ForwardVariant kForward64[] = {
-    forward_variant<HopperTmaForward<64, 128, true>>("wgmma m128 n128 wg2x64 (tma loads, pingpong)",
-                                                     hopper_kernels_available),
-    forward_variant<HopperTmaForward<64, 128, false>>("wgmma m128 n128 wg2x64 (tma loads)", hopper_kernels_available),
-    forward_variant<HopperForward<64, 64>>("wgmma m128 n64 wg2x64", hopper_kernels_available),
-    forward_variant<HopperForward<64, 128>>("wgmma m128 n128 wg2x64", hopper_kernels_available),
+    forward_variant<HopperForward<64, 128, true>>("wgmma m128 n128 wg2x64 (tma loads, pingpong)",
+                                                  hopper_kernels_available),
+    forward_variant<HopperForward<64, 128, false>>("wgmma m128 n128 wg2x64 (tma loads)", hopper_kernels_available),
     forward_variant<Forward<64, 128, 128, 4>>("m128 n128 w4x32"),
     forward_variant<Forward<64, 128, 64, 4>>("m128 n64 w4x32"),
     forward_variant<Forward<64, 64, 64, 4>>("m64 n64 w4x16"),
     forward_variant<Forward<64, 128, 64, 8>>("m128 n64 w8x16"),
 };
 constexpr ForwardVariant kForward128[] = {
-    forward_variant<HopperTmaForward<128, 128, true>>("wgmma m128 n128 wg2x64 (tma loads, pingpong)",
-                                                      hopper_kernels_available),
-    forward_variant<HopperTmaForward<128, 128, false>>("wgmma m128 n128 wg2x64 (tma loads)", hopper_kernels_available),
-    forward_variant<HopperForward<128, 128>>("wgmma m128 n128 wg2x64", hopper_kernels_available),
-    forward_variant<HopperForward<128, 64>>("wgmma m128 n64 wg2x64", hopper_kernels_available),
+    forward_variant<HopperForward<128, 128, true>>("wgmma m128 n128 wg2x64 (tma loads, pingpong)",
+                                                   hopper_kernels_available),
+    forward_variant<HopperForward<128, 128, false>>("wgmma m128 n128 wg2x64 (tma loads)", hopper_kernels_available),
     forward_variant<Forward<128, 128, 64, 4>>("m128 n64 w4x32"),
     forward_variant<Forward<128, 64, 64, 4>>("m64 n64 w4x16"),
     forward_variant<Forward<128, 128, 64, 8>>("m128 n64 w8x16"),
     forward_variant<Forward<128, 128, 32, 4>>("m128 n32 w4x32"),
 };
 constexpr BackwardVariant kBackward64[] = {
-    backward_variant<HopperTmaBackward<64>>("wgmma fused key n128 m64 wg2x64 | query m128 n64 wg2x64 (tma loads)",
-                                            hopper_kernels_available),
-    backward_variant<FusedBackward<HopperKeySide<64>, HopperQuerySide<64>>>(
-        "wgmma fused key n128 m64 wg2x64 | query m128 n64 wg2x64", hopper_kernels_available),
+    backward_variant<HopperBackward<64>>("wgmma fused key n128 m64 wg2x64 | query m128 n64 wg2x64 (tma loads)",
+                                         hopper_kernels_available),
     backward_variant<FusedBackward<KeySide<64, 4, 2, 128, 32>, QuerySide<64, 4, 2, 128, 32>>>(
         "fused key n128 m128/32 w4x32 | query m128 n128/32 w4x32"),
     backward_variant<Backward<KeySide<64, 4, 2, 128, 32>, QuerySide<64, 4, 2, 128, 32>>>(
@@ -1500,10 +1454,8 @@ constexpr BackwardVariant kBackward64[] = {
         "key n64 m128/64 w4x16 | query m64 n128 w4x16"),
 };
 constexpr BackwardVariant kBackward128[] = {
-    backward_variant<HopperTmaBackward<128>>("wgmma fused key n128 m64 wg2x64 | query m128 n64 wg2x64 (tma loads)",
-                                             hopper_kernels_available),
-    backward_variant<FusedBackward<HopperKeySide<128>, HopperQuerySide<128>>>(
-        "wgmma fused key n128 m64 wg2x64 | query m128 n64 wg2x64", hopper_kernels_available),
+    backward_variant<HopperBackward<128>>("wgmma fused key n128 m64 wg2x64 | query m128 n64 wg2x64 (tma loads)",
+                                          hopper_kernels_available),
     backward_variant<FusedBackward<KeyPairsSide<128, 2, 2, 64, 64>, QuerySide<128, 4, 2, 32, 32>>>(
         "fused key n64 m64 pairs2x32 | query m128 n32 w4x32 (> 99 KB smem)"),
     backward_variant<FusedBackward<KeyPairsSide<128, 2, 2, 64, 32>, QuerySide<128, 4, 2, 32, 32>>>(

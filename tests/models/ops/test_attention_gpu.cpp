@@ -2,7 +2,7 @@
 // in double on the same bf16-rounded inputs: out, lse and the gradients over awkward sizes (seq 1 to
 // 1000, batch 1 and 3, GQA groups 1, 2 and 4, head dims 64 and 128) and every tile variant; causal
 // masking (a changed future key/value leaves earlier rows bit-identical, and so does a changed next
-// sequence); the TMA-loaded variants bit-identical to their twins; bit-identical reruns of
+// sequence); the pingpong variants bit-identical to their twins; bit-identical reruns of
 // the backward; packed qkv inputs and packed dqkv outputs; argument checks. Every output is
 // poisoned with NaN before each run, so an element left unwritten fails.
 //
@@ -311,13 +311,13 @@ TEST(AttentionGpu, EveryTileVariantMatchesReference) {
   }
 }
 
-// The variants whose tiles are loaded by TMA ("... (tma loads...)") run their twin's products
-// (the name before the parenthesis) in the same order: on awkward shapes their results equal the
-// twin's bit for bit, though they read the next sequence's rows where the twin reads zeros.
-TEST(AttentionGpu, TmaVariantsEqualTheirTwinsBitForBit) {
+// The forward variants whose two warpgroups take turns issuing their products ("..., pingpong)")
+// run the products of their twin (the same name without ", pingpong") in the same order: on awkward
+// shapes their results equal the twin's bit for bit.
+TEST(AttentionGpu, PingpongVariantsEqualTheirTwinsBitForBit) {
   REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
-  const std::string marker = " (tma loads";  // the rest of the name: ")" or ", pingpong)"
+  const std::string marker = ", pingpong";
   const AttentionShape shapes[] = {{1, 1, 2, 1, 64},    {3, 17, 4, 1, 64},   {3, 65, 4, 2, 128}, {2, 129, 8, 2, 64},
                                    {3, 200, 4, 4, 128}, {2, 301, 4, 2, 128}, {1, 1000, 2, 2, 64}};
   int compared = 0;
@@ -330,7 +330,7 @@ TEST(AttentionGpu, TmaVariantsEqualTheirTwinsBitForBit) {
         const std::string name = ops::attention_cuda_variant_name(s.head_dim, backward, i);
         const std::size_t at = name.find(marker);
         if (at == std::string::npos || !ops::attention_cuda_variant_available(s.head_dim, backward, i)) continue;
-        const std::string twin_name = name.substr(0, at);
+        const std::string twin_name = name.substr(0, at) + name.substr(at + marker.size());
         int twin = -1;
         for (int j = 0; j < count; ++j) {
           if (twin_name == ops::attention_cuda_variant_name(s.head_dim, backward, j)) twin = j;
@@ -338,22 +338,23 @@ TEST(AttentionGpu, TmaVariantsEqualTheirTwinsBitForBit) {
         ASSERT_GE(twin, 0) << name << " has no twin named " << twin_name;
         const std::string where = describe(s) + (backward ? " backward [" : " forward [") + name + "]";
         SCOPED_TRACE(where);
-        const Outputs tma = run(s, in, false, backward ? -1 : i, backward ? i : -1);
+        const Outputs pingpong = run(s, in, false, backward ? -1 : i, backward ? i : -1);
         const Outputs other = run(s, in, false, backward ? -1 : twin, backward ? twin : -1);
-        expect_matches_reference(s, tma, ref, where);
-        EXPECT_EQ(tma.out, other.out);
-        EXPECT_EQ(tma.lse, other.lse);
-        EXPECT_EQ(tma.dq, other.dq);
-        EXPECT_EQ(tma.dk, other.dk);
-        EXPECT_EQ(tma.dv, other.dv);
+        expect_matches_reference(s, pingpong, ref, where);
+        EXPECT_EQ(pingpong.out, other.out);
+        EXPECT_EQ(pingpong.lse, other.lse);
+        EXPECT_EQ(pingpong.dq, other.dq);
+        EXPECT_EQ(pingpong.dk, other.dk);
+        EXPECT_EQ(pingpong.dv, other.dv);
         ++compared;
       }
     }
   }
-  if (compared == 0) GTEST_SKIP() << "no TMA variant runs here: it needs a Hopper GPU and a build with sm_90a code";
+  if (compared == 0)
+    GTEST_SKIP() << "no pingpong variant runs here: it needs a Hopper GPU and a build with sm_90a code";
 }
 
-// What a block reads past its sequence's end changes nothing (the TMA variants read the next
+// What a block reads past its sequence's end changes nothing (the Hopper variants read the next
 // sequence's rows there): with every input of batch 1 replaced, batch 0's outputs, lse and
 // gradients are bit-identical, for every variant.
 TEST(AttentionGpu, NextSequenceDoesNotLeak) {
