@@ -1,9 +1,11 @@
 // Shared-memory transfers by the copy engine and the barriers that track them (PTX wrappers, sm_90
-// and later): mbarriers with transaction counts, bulk global -> shared copies, stores into another
-// block of the cluster that complete its mbarrier's bytes, the L2 evict-first policy, and the
-// nanosecond timer that deadlines read. One definition for the persistent kernels: the Qwen3
-// decode megakernel streams its weights with them; the E29a persistent kernels' cluster exchanges
-// signal with them and their deadlines read the same timer.
+// and later): mbarriers with transaction counts, bulk global -> shared copies and 2D tensor (TMA)
+// copies, stores into another block of the cluster that complete its mbarrier's bytes, the L2
+// evict-first policy, and the nanosecond timer that deadlines read. One definition for the kernels
+// that load through the copy engine: the Qwen3 decode megakernel streams its weights with them; the
+// E29a persistent kernels' cluster exchanges signal with them and their deadlines read the same
+// timer; the Hopper attention kernels load their tiles with the tensor copies. A barrier is named
+// by its shared-memory address (the 32-bit form) or by a pointer to it.
 #pragma once
 
 #include <cstdint>
@@ -14,16 +16,39 @@ __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar, std::uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+__device__ __forceinline__ void mbar_init(std::uint32_t bar, std::uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, std::uint32_t count) { mbar_init(smem_addr(bar), count); }
+
+// Barrier initialisations visible to the other threads and the copy engine before any uses them.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
+// Arrives and adds `bytes` to the transactions the current phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+  mbar_arrive_expect_tx(smem_addr(bar), bytes);
 }
 
-__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+__device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) { mbar_arrive(smem_addr(bar)); }
+
+// Waits until the phase of `bar` with this parity (0 for the first, then alternating) has
+// completed: a spin with no deadline, for kernels whose every wait is bounded by their own copies.
+__device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
 }
 
 // Whether the phase of `bar` with this parity has completed (acquire, CTA scope).
@@ -86,6 +111,17 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint3
         "l"(src), "r"(bytes), "r"(smem_addr(bar))
         : "memory");
   }
+}
+
+// Copies the box at element coordinates (x, y) of the 2D tensor map `map` (a kernel parameter
+// declared __grid_constant__, or global memory) to shared address `dst`, completing its bytes on
+// `bar`'s current phase.
+__device__ __forceinline__ void tensor_copy_2d(std::uint32_t dst, const void* map, std::uint32_t bar, int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          dst),
+      "l"(map), "r"(bar), "r"(x), "r"(y)
+      : "memory");
 }
 
 __device__ __forceinline__ std::uint64_t globaltimer() {

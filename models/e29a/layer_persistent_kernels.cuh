@@ -518,7 +518,7 @@ struct SeqShared {
     for (int i = threadIdx.x; i < kWarps * kStride; i += kThreads) warp_part[i] = 0.0f;
     if constexpr (C > 1) {
       if (threadIdx.x < 2) core::mbar_init(bars + threadIdx.x, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      core::fence_mbarrier_init();
       cg::this_cluster().sync();
     }
   }

@@ -37,10 +37,10 @@
 #include <string>
 #include <string_view>
 
+#include "core/async_copy.cuh"
 #include "core/error.h"
 #include "models/ops/mma_bf16.cuh"
 #include "models/ops/op_checks.h"
-#include "models/ops/tma.cuh"
 #include "models/ops/wgmma.cuh"
 
 namespace models::ops {
@@ -1358,6 +1358,7 @@ template <int kHeadDim>
 __global__ void __launch_bounds__(hopper::kLoadingThreads, 1)
     attention_backward_wgmma_kernel(const __grid_constant__ hopper::BackwardMaps maps, int key_x, int key_y,
                                     int key_blocks, int query_x, int query_y) {
+#ifdef LLMTRAIN_WGMMA  // TMA, mbarrier transactions, setmaxnreg and wgmma need sm_90a
   wait_for_prerequisite_grid();
   const int index = static_cast<int>(blockIdx.x);
   if (index < key_blocks) {
@@ -1367,6 +1368,9 @@ __global__ void __launch_bounds__(hopper::kLoadingThreads, 1)
     hopper::backward_query_block<kHeadDim>(maps, q % query_x, (q / query_x) % query_y, q / (query_x * query_y),
                                            query_x);
   }
+#else
+  gpu::wgmma_trap();
+#endif
 }
 
 template <int kHeadDim>

@@ -1,6 +1,6 @@
 // The Hopper (sm_90a) kernels of attention.cu: the same causal GQA forward and deterministic
 // two-sided backward, with every product a warpgroup wgmma (models/ops/wgmma.cuh) reading its
-// shared-memory operands through descriptors, and the tiles loaded by TMA (models/ops/tma.cuh)
+// shared-memory operands through descriptors, and the tiles loaded by TMA (core/async_copy.cuh)
 // from a warpgroup of their own (FlashAttention-3's structure). Included by attention.cu only,
 // inside its namespace, after its primitives (named barriers, fast_exp2) and argument structs.
 //
@@ -119,6 +119,17 @@ constexpr int kForwardProducerRegisters = 40, kForwardConsumerRegisters = 232;
 constexpr int kBackwardProducerRegisters = 24, kBackwardConsumerRegisters = 240;
 constexpr int kBoxRows = 64;  // token rows a TMA box copies
 
+// A warpgroup's register budget per thread, lowered or raised (a multiple of 8 in [24, 256]): the
+// loading warpgroup gives registers to the computing ones. Every thread of the warpgroup calls it.
+template <int kRegisters>
+__device__ __forceinline__ void lower_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void raise_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
 // This thread's warpgroup through a shuffle, so that the compiler sees it uniform over each warp
 // (a branch it takes as divergent would serialise the wgmma instructions behind it).
 __device__ __forceinline__ int warpgroup_role() {
@@ -135,8 +146,8 @@ __device__ __forceinline__ void load_tile_tma(std::uint32_t tile, const CUtensor
   for (int h = 0; h < kHeadDim / 64; ++h) {
 #pragma unroll
     for (int r = 0; r < kRows / kBoxRows; ++r) {
-      gpu::tma_load_2d(tile + h * Tile::kColumnTileBytes + r * kBoxRows * 128, map, barrier, column0 + 64 * h,
-                       row0 + r * kBoxRows);
+      core::tensor_copy_2d(tile + h * Tile::kColumnTileBytes + r * kBoxRows * 128, map, barrier, column0 + 64 * h,
+                           row0 + r * kBoxRows);
     }
   }
 }
@@ -158,26 +169,26 @@ struct StageBarriers {
   // `full_arrivals` arrivals and their bytes, the empty ones for one arrival per computing warp.
   __device__ __forceinline__ void init(int full_arrivals) const {
     if (threadIdx.x == 0) {
-      gpu::mbarrier_init(once(), 1);
+      core::mbar_init(once(), 1);
       for (int stage = 0; stage < kStages; ++stage) {
-        gpu::mbarrier_init(full(stage), static_cast<std::uint32_t>(full_arrivals));
-        gpu::mbarrier_init(empty(stage), kThreads / 32);
+        core::mbar_init(full(stage), static_cast<std::uint32_t>(full_arrivals));
+        core::mbar_init(empty(stage), kThreads / 32);
       }
-      gpu::fence_barrier_init();
+      core::fence_mbarrier_init();
     }
   }
   // The loader, before refilling the stage of use `use`: the computing warps released use - kStages.
   __device__ __forceinline__ void wait_empty(int use) const {
-    if (use >= kStages) gpu::mbarrier_wait(empty(use), static_cast<std::uint32_t>(use / kStages - 1) & 1u);
+    if (use >= kStages) core::mbar_wait(empty(use), static_cast<std::uint32_t>(use / kStages - 1) & 1u);
   }
   __device__ __forceinline__ void wait_full(int use) const {
-    gpu::mbarrier_wait(full(use), static_cast<std::uint32_t>(use / kStages) & 1u);
+    core::mbar_wait(full(use), static_cast<std::uint32_t>(use / kStages) & 1u);
   }
   // A computing warp is done with the stage of use `use` (its products landed, its lanes' reads of
   // it done): one arrival per warp.
   __device__ __forceinline__ void release(int use) const {
     __syncwarp();
-    if (threadIdx.x % 32 == 0) gpu::mbarrier_arrive(empty(use));
+    if (threadIdx.x % 32 == 0) core::mbar_arrive(empty(use));
   }
 };
 
@@ -191,7 +202,7 @@ __device__ __forceinline__ void load_key_blocks(const StageBarriers<kStages>& ba
   using KeyTile = WarpgroupTile<kBlockN, kHeadDim>;
   for (int block = 0; block < key_blocks; ++block) {
     barriers.wait_empty(block);
-    gpu::mbarrier_arrive_expect_bytes(barriers.full(block), 2 * KeyTile::kBytes);
+    core::mbar_arrive_expect_tx(barriers.full(block), 2 * KeyTile::kBytes);
     load_tile_tma<kBlockN, kHeadDim>(stage_tile(block), k, barriers.full(block), column, row0 + block * kBlockN);
     load_tile_tma<kBlockN, kHeadDim>(stage_tile(block) + KeyTile::kBytes, v, barriers.full(block), column,
                                      row0 + block * kBlockN);
@@ -222,6 +233,7 @@ struct ForwardTiles {
 template <int kHeadDim, int kBlockN_, bool kPingpong>
 __global__ void __launch_bounds__(kLoadingThreads, 1)
     attention_forward_wgmma_kernel(const __grid_constant__ ForwardMaps maps) {
+#ifdef LLMTRAIN_WGMMA  // TMA, mbarrier transactions, setmaxnreg and wgmma need sm_90a
   using Tiles = ForwardTiles<kHeadDim, kBlockN_>;
   using QTile = typename Tiles::QTile;
   using KeyTile = typename Tiles::KeyTile;
@@ -247,16 +259,16 @@ __global__ void __launch_bounds__(kLoadingThreads, 1)
 
   const int role = warpgroup_role();
   if (role == kThreads / 128) {  // the loading warpgroup: its first thread issues every copy
-    gpu::lower_registers<kForwardProducerRegisters>();
+    lower_registers<kForwardProducerRegisters>();
     if (threadIdx.x == kThreads) {
       const int row0 = batch * seq;  // the sequence's first token row
-      gpu::mbarrier_arrive_expect_bytes(barriers.once(), QTile::kBytes);
+      core::mbar_arrive_expect_tx(barriers.once(), QTile::kBytes);
       load_tile_tma<kBlockM, kHeadDim>(q_tile, &maps.q, barriers.once(), head * kHeadDim, row0 + q_start);
       load_key_blocks<kBlockN, kHeadDim>(barriers, k_tile, &maps.k, &maps.v, kv_head * kHeadDim, row0, key_blocks);
     }
     return;
   }
-  gpu::raise_registers<kForwardConsumerRegisters>();
+  raise_registers<kForwardConsumerRegisters>();
 
   const int warpgroup = role;
   const int warp = static_cast<int>(threadIdx.x) % 128 / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -282,7 +294,7 @@ __global__ void __launch_bounds__(kLoadingThreads, 1)
   if constexpr (kPingpong) {
     if (warpgroup == 1) barrier_arrive(kTurnBarrier, kTurnThreads);  // warpgroup 0 goes first
   }
-  gpu::mbarrier_wait(barriers.once(), 0);
+  core::mbar_wait(barriers.once(), 0);
   for (int block = 0; block < key_blocks; ++block) {
     barriers.wait_full(block);
     const int key0 = block * kBlockN;
@@ -384,6 +396,9 @@ __global__ void __launch_bounds__(kLoadingThreads, 1)
   store_warpgroup_rows<kBlockM, kHeadDim>(o, q_generic, row0,
                                           args.out + (batch_row + first_row) * out_stride + head * kHeadDim, out_stride,
                                           first_row, seq);
+#else
+  gpu::wgmma_trap();
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -442,17 +457,17 @@ __device__ __forceinline__ void backward_key_block(const BackwardMaps& maps, int
 
   const int role = warpgroup_role();
   if (role == kThreads / 128) {
-    gpu::lower_registers<kBackwardProducerRegisters>();
+    lower_registers<kBackwardProducerRegisters>();
     const int loader_warp = __shfl_sync(0xffffffffu, (static_cast<int>(threadIdx.x) - kThreads) / 32, 0);
     const int row0 = batch * seq;  // the sequence's first token row
     if (loader_warp == 0) {
       if (lane == 0) {
-        gpu::mbarrier_arrive_expect_bytes(barriers.once(), 2 * KeyTile::kBytes);
+        core::mbar_arrive_expect_tx(barriers.once(), 2 * KeyTile::kBytes);
         load_tile_tma<kBlockN, kHeadDim>(k_tile, &maps.k, barriers.once(), kv_head * kHeadDim, row0 + key_start);
         load_tile_tma<kBlockN, kHeadDim>(v_tile, &maps.v, barriers.once(), kv_head * kHeadDim, row0 + key_start);
         for (int step = 0; step < steps; ++step) {
           barriers.wait_empty(step);
-          gpu::mbarrier_arrive_expect_bytes(barriers.full(step), Tiles::kStageBytes);
+          core::mbar_arrive_expect_tx(barriers.full(step), Tiles::kStageBytes);
           const int column = walk.head(step) * kHeadDim, row = row0 + walk.q_start(step);
           load_tile_tma<kBlockM, kHeadDim>(q_tile(step), &maps.q, barriers.full(step), column, row);
           load_tile_tma<kBlockM, kHeadDim>(do_tile(step), &maps.dout, barriers.full(step), column, row);
@@ -469,12 +484,12 @@ __device__ __forceinline__ void backward_key_block(const BackwardMaps& maps, int
           lse_delta[i] = valid ? args.lse_log2[vector_row0 + q_start + i] : 0.0f;
           lse_delta[kBlockM + i] = valid ? args.delta[vector_row0 + q_start + i] : 0.0f;
         }
-        gpu::mbarrier_arrive(barriers.full(step));
+        core::mbar_arrive(barriers.full(step));
       }
     }
     return;
   }
-  gpu::raise_registers<kBackwardConsumerRegisters>();
+  raise_registers<kBackwardConsumerRegisters>();
 
   const int warpgroup = role;
   const int warp = static_cast<int>(threadIdx.x) % 128 / 32;
@@ -488,7 +503,7 @@ __device__ __forceinline__ void backward_key_block(const BackwardMaps& maps, int
   set_zero(dv);
   std::uint32_t a_ds[kBlockM / 16][4];  // dS^T of the step whose dK product may still run
 
-  gpu::mbarrier_wait(barriers.once(), 0);
+  core::mbar_wait(barriers.once(), 0);
   for (int step = 0; step < steps; ++step) {
     // Every warp waits for every stage, also one it skips: a stage is refilled only after all
     // eight warps released it, and a warp must not release a stage whose copies are in flight.
@@ -624,17 +639,17 @@ __device__ __forceinline__ void backward_query_block(const BackwardMaps& maps, i
 
   const int role = warpgroup_role();
   if (role == kThreads / 128) {
-    gpu::lower_registers<kBackwardProducerRegisters>();
+    lower_registers<kBackwardProducerRegisters>();
     if (threadIdx.x == kThreads) {
       const int row0 = batch * seq;
-      gpu::mbarrier_arrive_expect_bytes(barriers.once(), 2 * RowTile::kBytes);
+      core::mbar_arrive_expect_tx(barriers.once(), 2 * RowTile::kBytes);
       load_tile_tma<kBlockM, kHeadDim>(q_tile, &maps.q, barriers.once(), head * kHeadDim, row0 + q_start);
       load_tile_tma<kBlockM, kHeadDim>(do_tile, &maps.dout, barriers.once(), head * kHeadDim, row0 + q_start);
       load_key_blocks<kBlockN, kHeadDim>(barriers, k_tile, &maps.k, &maps.v, kv_head * kHeadDim, row0, key_blocks);
     }
     return;
   }
-  gpu::raise_registers<kBackwardConsumerRegisters>();
+  raise_registers<kBackwardConsumerRegisters>();
 
   const int warpgroup = role;
   const int warp = static_cast<int>(threadIdx.x) % 128 / 32;
@@ -655,7 +670,7 @@ __device__ __forceinline__ void backward_query_block(const BackwardMaps& maps, i
   set_zero(dq);
   std::uint32_t a_ds[kBlockN / 16][4];  // dS of the block whose dQ product may still run
 
-  gpu::mbarrier_wait(barriers.once(), 0);
+  core::mbar_wait(barriers.once(), 0);
   for (int block = 0; block < key_blocks; ++block) {
     barriers.wait_full(block);  // also by a warp that skips it (see the key side)
     const int key0 = block * kBlockN;

@@ -1282,7 +1282,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) decode_megakernel(const __grid
       mbar_init(full + s, 1);
       mbar_init(empty + s, static_cast<std::uint32_t>(p.geo.consumer_warps));
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    core::fence_mbarrier_init();
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
